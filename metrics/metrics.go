@@ -1,0 +1,119 @@
+// Package metrics defines walrelay's Prometheus metrics. The names are a
+// public interface (dashboards and alerts depend on them): add, never
+// rename.
+//
+// There is no global registry: New registers everything on the registerer it
+// is given, so tests and several relays in one process do not collide.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics holds every collector walrelay updates.
+type Metrics struct {
+	EventsPublished    *prometheus.CounterVec
+	EventsDeadLettered *prometheus.CounterVec
+	Transactions       prometheus.Counter
+	ProduceErrors      prometheus.Counter
+	ReceivedLSN        prometheus.Gauge
+	ConfirmedLSN       prometheus.Gauge
+	ServerWALEndLSN    prometheus.Gauge
+	SlotRetainedWAL    prometheus.Gauge
+	SlotLag            prometheus.Gauge
+	ReplicationLag     prometheus.Gauge
+	CommitToAck        prometheus.Histogram
+	InflightEvents     prometheus.Gauge
+	Heartbeats         prometheus.Counter
+	StandbyStatusSent  prometheus.Counter
+	StreamRestarts     *prometheus.CounterVec
+	Streaming          prometheus.Gauge
+	ReceivedBytes      prometheus.Counter
+}
+
+// New creates the metrics and registers them on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		EventsPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walrelay_events_published_total",
+			Help: "Outbox events acknowledged by Kafka, by topic. Flat while walrelay_inflight_events is high means the broker is not accepting writes.",
+		}, []string{"topic"}),
+		EventsDeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walrelay_events_dead_lettered_total",
+			Help: "Outbox events sent to the dead-letter topic instead of their own, by reason. Any increase means a writer produced an invalid outbox row: inspect the dead-letter topic.",
+		}, []string{"reason"}),
+		Transactions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_transactions_total",
+			Help: "PostgreSQL transactions received from the replication slot (committed ones only).",
+		}),
+		ProduceErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_produce_errors_total",
+			Help: "Records Kafka refused after the producer's retries; each one restarts the stream from the last confirmed LSN. Check broker health and ACLs.",
+		}),
+		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_received_lsn",
+			Help: "WAL position of the newest replication message received, as a number.",
+		}),
+		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_confirmed_lsn",
+			Help: "WAL position last confirmed to PostgreSQL (everything before it is acknowledged by Kafka), as a number.",
+		}),
+		ServerWALEndLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_server_wal_end_lsn",
+			Help: "Server WAL end reported by the newest replication message, as a number.",
+		}),
+		SlotRetainedWAL: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_retained_wal_bytes",
+			Help: "WAL the slot keeps on the server's disk (current LSN minus restart_lsn). Growing without bound fills the disk: check the relay is running and confirming.",
+		}),
+		SlotLag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_lag_bytes",
+			Help: "WAL between the server's current position and the slot's confirmed_flush_lsn.",
+		}),
+		ReplicationLag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_replication_lag_seconds",
+			Help: "Now minus the commit time of the newest confirmed transaction; 0 when nothing is in flight.",
+		}),
+		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "walrelay_commit_to_ack_seconds",
+			Help:    "Time from a transaction's commit in PostgreSQL to Kafka acknowledging its last event.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		InflightEvents: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_inflight_events",
+			Help: "Events handed to the producer and not yet acknowledged. Pinned at the limit means Kafka is the bottleneck.",
+		}),
+		Heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_heartbeats_total",
+			Help: "Heartbeats sent (WAL nudges and heartbeat records).",
+		}),
+		StandbyStatusSent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_standby_status_updates_total",
+			Help: "Standby status updates sent to PostgreSQL.",
+		}),
+		StreamRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walrelay_stream_restarts_total",
+			Help: "Replication stream restarts from the last confirmed LSN, by cause. A steady rate means a recurring fault: read the logs.",
+		}, []string{"cause"}),
+		Streaming: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_streaming",
+			Help: "1 while the replication stream is open, 0 while connecting, waiting for the slot or backing off.",
+		}),
+		ReceivedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_received_bytes_total",
+			Help: "Bytes of pgoutput messages received from the replication slot.",
+		}),
+	}
+	reg.MustRegister(
+		m.EventsPublished, m.EventsDeadLettered, m.Transactions, m.ProduceErrors,
+		m.ReceivedLSN, m.ConfirmedLSN, m.ServerWALEndLSN, m.SlotRetainedWAL,
+		m.SlotLag, m.ReplicationLag, m.CommitToAck, m.InflightEvents,
+		m.Heartbeats, m.StandbyStatusSent, m.StreamRestarts, m.Streaming,
+		m.ReceivedBytes,
+	)
+	return m
+}
+
+// NewUnregistered returns metrics registered nowhere, for tools and tests
+// that do not serve them.
+func NewUnregistered() *Metrics { return New(prometheus.NewRegistry()) }

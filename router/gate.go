@@ -1,0 +1,60 @@
+package router
+
+import (
+	"sync/atomic"
+
+	"github.com/walrelay/walrelay/metrics"
+)
+
+// gate bounds what is produced and not yet acknowledged, so memory is
+// bounded by the producer buffer rather than by transaction size. The
+// sending goroutine acquires; promises release from the producer's
+// goroutine.
+type gate struct {
+	events, bytes       atomic.Int64
+	maxEvents, maxBytes int64
+	waiting             atomic.Bool
+	wake                chan struct{}
+	metrics             *metrics.Metrics
+}
+
+func (g *gate) init(maxEvents, maxBytes int64, m *metrics.Metrics) {
+	g.maxEvents, g.maxBytes = maxEvents, maxBytes
+	g.wake = make(chan struct{}, 1)
+	g.metrics = m
+}
+
+func (g *gate) full() bool {
+	return g.events.Load() >= g.maxEvents || g.bytes.Load() >= g.maxBytes
+}
+
+// wait returns nil when there is room, or a channel that receives after
+// the next release. The flag is raised before the second check, so a
+// release racing with it either is seen by the check or sends the wakeup.
+func (g *gate) wait() <-chan struct{} {
+	if !g.full() {
+		return nil
+	}
+	g.waiting.Store(true)
+	if !g.full() {
+		g.waiting.Store(false)
+		return nil
+	}
+	return g.wake
+}
+
+func (g *gate) acquire(size int) {
+	g.bytes.Add(int64(size))
+	g.metrics.InflightEvents.Set(float64(g.events.Add(1)))
+}
+
+func (g *gate) release(size int) {
+	g.bytes.Add(-int64(size))
+	g.metrics.InflightEvents.Set(float64(g.events.Add(-1)))
+	if g.waiting.Load() && g.waiting.CompareAndSwap(true, false) {
+		select {
+		case g.wake <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -1,0 +1,377 @@
+// Package router turns outbox events into Kafka records and produces them.
+//
+// The record: topic from a template on aggregate_type, key = aggregate_id,
+// header "id" (and "type" and configured header columns), value = payload,
+// timestamp = the transaction's commit time. Keyed records are partitioned
+// with murmur2 exactly as Kafka's Java client does, so consumers joining by
+// key across topics see the same partition.
+//
+// Ordering and acknowledgement: the producer is idempotent with acks=all;
+// records of one partition are written in the order Send was called, across
+// retries. Each record's fate is reported to the Acker given to Send, on the
+// producer's promise goroutine: Ack once Kafka has it, or the router's fatal
+// handler when Kafka refused it for good (the caller then restarts from the
+// last confirmed position: duplicates, never loss).
+//
+// Invalid events (no aggregate type, a topic name Kafka rejects, no
+// aggregate id, no id, larger than the broker accepts) go to a dead-letter
+// topic with headers naming the reason, table, LSN and id, and count as
+// acknowledged once the dead-letter record is.
+//
+// Send never blocks: when the producer buffer is full, or a new topic is
+// being created, it returns a channel to wait on (so the caller can keep
+// answering PostgreSQL meanwhile) and should be called again afterwards.
+package router
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/metrics"
+)
+
+// Acker is the transaction a record belongs to; *checkpoint.Txn is one. Add
+// is called once per record before it is handed to the producer, Ack once
+// Kafka has acknowledged it (on the promise goroutine). A record Kafka
+// refuses is never acked.
+type Acker interface {
+	Add()
+	Ack()
+}
+
+// OnInvalid says what happens to an invalid event.
+type OnInvalid string
+
+const (
+	// InvalidDeadLetter produces the event to the dead-letter topic (default).
+	InvalidDeadLetter OnInvalid = "dlq"
+	// InvalidFail stops the relay with an error naming the event.
+	InvalidFail OnInvalid = "fail"
+	// InvalidSkip drops the event after logging it and counting it.
+	InvalidSkip OnInvalid = "skip"
+)
+
+// Config configures a Router. The zero value of each field means its
+// documented default.
+type Config struct {
+	// TopicTemplate maps aggregate_type to a topic. Default
+	// "outbox.event.{aggregate_type}".
+	TopicTemplate string
+	// DeadLetterTopic receives invalid events. Default "walrelay.dlq".
+	DeadLetterTopic string
+	// OnInvalid: dlq (default), fail or skip.
+	OnInvalid OnInvalid
+	// CreateTopics creates missing topics (and the dead-letter topic)
+	// before the first record goes to them.
+	CreateTopics bool
+	// TopicPartitions and TopicReplicationFactor for created topics; -1
+	// (the default when zero) means the broker's default.
+	TopicPartitions        int32
+	TopicReplicationFactor int16
+	// MaxInflightEvents bounds records produced and not yet acknowledged.
+	// Default 50,000.
+	MaxInflightEvents int64
+	// MaxInflightBytes bounds their approximate size. Default 64 MiB. One
+	// event larger than this still goes through, alone.
+	MaxInflightBytes int64
+	// MaxRecordBytes is the largest record the broker accepts; larger
+	// events are invalid. Default 1,000,012 (Kafka's message.max.bytes).
+	MaxRecordBytes int
+	// HeaderID and HeaderType name the id and type headers. Defaults "id"
+	// and "type".
+	HeaderID, HeaderType string
+	// OnPublished, if set, is called on the promise goroutine with every
+	// record Kafka acknowledged (partition and offset set). It must be fast.
+	OnPublished func(*kgo.Record)
+}
+
+func (c *Config) setDefaults() {
+	if c.TopicTemplate == "" {
+		c.TopicTemplate = "outbox.event.{aggregate_type}"
+	}
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = "walrelay.dlq"
+	}
+	if c.OnInvalid == "" {
+		c.OnInvalid = InvalidDeadLetter
+	}
+	if c.TopicPartitions == 0 {
+		c.TopicPartitions = -1
+	}
+	if c.TopicReplicationFactor == 0 {
+		c.TopicReplicationFactor = -1
+	}
+	if c.MaxInflightEvents <= 0 {
+		c.MaxInflightEvents = 50_000
+	}
+	if c.MaxInflightBytes <= 0 {
+		c.MaxInflightBytes = 64 << 20
+	}
+	if c.MaxRecordBytes <= 0 {
+		c.MaxRecordBytes = 1_000_012
+	}
+	if c.HeaderID == "" {
+		c.HeaderID = "id"
+	}
+	if c.HeaderType == "" {
+		c.HeaderType = "type"
+	}
+}
+
+// Router produces outbox events to Kafka. Send belongs to one goroutine;
+// everything else is safe for concurrent use.
+type Router struct {
+	cfg       Config
+	tmpl      Template
+	client    *kgo.Client
+	admin     *kadm.Client
+	log       *zap.Logger
+	metrics   *metrics.Metrics
+	fatal     func(error)
+	gate      gate
+	promise   func(*kgo.Record, error)
+	byAggType map[string]*topic // key: aggregate_type value
+	byName    map[string]*topic
+	dlq       *topic
+	failed    atomic.Bool
+}
+
+// New returns a Router producing through client, which it owns from now on
+// (Close closes it). Build the client with ClientOptions. fatal is called
+// (on the promise goroutine, at most once) with the first error Kafka
+// returns for a record after the producer's own retries; records sent after
+// it may or may not be acknowledged, and the caller must restart from its
+// last confirmed position.
+func New(cfg Config, client *kgo.Client, log *zap.Logger, m *metrics.Metrics, fatal func(error)) (*Router, error) {
+	cfg.setDefaults()
+	tmpl, err := ParseTemplate(cfg.TopicTemplate)
+	if err != nil {
+		return nil, err
+	}
+	if err := ValidTopic(cfg.DeadLetterTopic); err != nil {
+		return nil, fmt.Errorf("dead-letter topic: %w", err)
+	}
+	switch cfg.OnInvalid {
+	case InvalidDeadLetter, InvalidFail, InvalidSkip:
+	default:
+		return nil, fmt.Errorf("on-invalid %q: want dlq, fail or skip", cfg.OnInvalid)
+	}
+	r := &Router{
+		cfg:       cfg,
+		tmpl:      tmpl,
+		client:    client,
+		admin:     kadm.NewClient(client),
+		log:       log,
+		metrics:   m,
+		fatal:     fatal,
+		byAggType: make(map[string]*topic),
+		byName:    make(map[string]*topic),
+	}
+	r.gate.init(cfg.MaxInflightEvents, cfg.MaxInflightBytes, m)
+	r.promise = r.onPromise
+	r.dlq = r.topicNamed(cfg.DeadLetterTopic)
+	return r, nil
+}
+
+// ClientOptions returns the producer options the router relies on: acks=all,
+// idempotence, murmur2 key partitioning as in Kafka's Java client, unlimited
+// retries, and a buffer larger than the router's own in-flight limit so that
+// producing never blocks inside the client. Append connection options
+// (seed brokers, TLS, SASL, compression) to them.
+func ClientOptions(cfg Config) []kgo.Opt {
+	cfg.setDefaults()
+	return []kgo.Opt{
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.MaxBufferedRecords(int(cfg.MaxInflightEvents) + dlqSlack),
+		kgo.ProducerBatchMaxBytes(int32(max(cfg.MaxRecordBytes, 1_000_012))),
+	}
+}
+
+// dlqSlack is room in the client's buffer for dead-letter records, which
+// bypass the in-flight gate because they replace an event already counted.
+const dlqSlack = 1024
+
+// Start creates the dead-letter topic when topic creation is on. It blocks
+// until the broker answers or ctx ends.
+func (r *Router) Start(ctx context.Context) error {
+	if !r.cfg.CreateTopics || r.cfg.OnInvalid != InvalidDeadLetter {
+		r.dlq.state = topicReady
+		return nil
+	}
+	r.startCreate(ctx, r.dlq)
+	select {
+	case <-r.dlq.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	r.settle(r.dlq)
+	if r.dlq.state == topicRejected {
+		return fmt.Errorf("create dead-letter topic %q: %w", r.dlq.name, r.dlq.rejectErr)
+	}
+	if r.dlq.state != topicReady {
+		return fmt.Errorf("create dead-letter topic %q: broker did not confirm, see the log", r.dlq.name)
+	}
+	return nil
+}
+
+// Send hands ev, an event of the transaction acked by a, to the producer.
+// lsn is the WAL position of the event's message, for dead-letter headers.
+//
+// If it returns a non-nil channel, nothing was sent: wait until the channel
+// delivers (or a short timeout passes) and call Send again with the same
+// event. An error means the relay must stop (an invalid event with
+// on-invalid=fail).
+func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struct{}, error) {
+	if wait := r.gate.wait(); wait != nil {
+		return wait, nil
+	}
+	reason, t, detail := r.route(ev)
+	if t != nil {
+		switch t.state {
+		case topicUnknown:
+			r.startCreate(context.Background(), t)
+			return t.ready, nil
+		case topicCreating:
+			select {
+			case <-t.ready:
+				r.settle(t)
+				return r.Send(ev, lsn, a)
+			default:
+				return t.ready, nil
+			}
+		case topicRejected:
+			reason, detail = ReasonTopicRejected, t.rejectErr.Error()
+		}
+	}
+	if reason == "" {
+		o := r.newRecord(ev, t, a)
+		if o.size > r.cfg.MaxRecordBytes {
+			reason, detail = ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d", o.size, r.cfg.MaxRecordBytes)
+		} else {
+			r.gate.acquire(o.size)
+			a.Add()
+			r.client.TryProduce(context.Background(), &o.rec, r.promise)
+			return nil, nil
+		}
+	}
+	return nil, r.invalid(ev, lsn, a, reason, detail)
+}
+
+// route finds the destination of ev, or why it has none.
+func (r *Router) route(ev *decoder.Event) (reason Reason, t *topic, detail string) {
+	switch {
+	case len(ev.AggregateType) == 0 && !r.tmpl.fixed:
+		return ReasonNoAggregateType, nil, "aggregate type is NULL or empty"
+	case ev.AggregateID == nil:
+		return ReasonNoAggregateID, nil, "aggregate id is NULL"
+	case ev.ID == nil:
+		return ReasonNoID, nil, "id is NULL"
+	}
+	if t = r.byAggType[string(ev.AggregateType)]; t != nil {
+		return "", t, ""
+	}
+	name := r.tmpl.Topic(ev.AggregateType)
+	if err := ValidTopic(name); err != nil {
+		return ReasonInvalidTopic, nil, err.Error()
+	}
+	t = r.topicNamed(name)
+	r.byAggType[string(ev.AggregateType)] = t
+	return "", t, ""
+}
+
+func (r *Router) topicNamed(name string) *topic {
+	if t := r.byName[name]; t != nil {
+		return t
+	}
+	t := &topic{name: name, published: r.metrics.EventsPublished.WithLabelValues(name)}
+	if !r.cfg.CreateTopics {
+		t.state = topicReady
+	}
+	r.byName[name] = t
+	return t
+}
+
+// outRecord is a record and everything its promise needs, in one
+// allocation. rec must stay the first field: the promise converts the
+// *kgo.Record it is given back to the *outRecord it was allocated as.
+type outRecord struct {
+	rec   kgo.Record
+	hdrs  [4]kgo.RecordHeader
+	topic *topic
+	ack   Acker
+	size  int
+}
+
+func recordOf(r *kgo.Record) *outRecord { return (*outRecord)(unsafe.Pointer(r)) }
+
+// recordOverhead approximates the bytes Kafka's record format adds around
+// a record's key, value and headers (varints, attributes, and a share of
+// the batch header).
+const recordOverhead = 80
+
+func (r *Router) newRecord(ev *decoder.Event, t *topic, a Acker) *outRecord {
+	o := &outRecord{topic: t, ack: a}
+	o.rec.Topic = t.name
+	o.rec.Key = ev.AggregateID
+	o.rec.Value = ev.Payload
+	o.rec.Timestamp = ev.CommitTime
+	h := o.hdrs[:0]
+	h = append(h, kgo.RecordHeader{Key: r.cfg.HeaderID, Value: ev.ID})
+	if ev.Type != nil {
+		h = append(h, kgo.RecordHeader{Key: r.cfg.HeaderType, Value: ev.Type})
+	}
+	for _, x := range ev.Headers {
+		if x.Value != nil {
+			h = append(h, kgo.RecordHeader{Key: x.Key, Value: x.Value})
+		}
+	}
+	o.rec.Headers = h
+	o.size = recordOverhead + len(o.rec.Key) + len(o.rec.Value)
+	for _, x := range h {
+		o.size += len(x.Key) + len(x.Value) + 2
+	}
+	return o
+}
+
+// onPromise runs on the producer's promise goroutine, once per record.
+func (r *Router) onPromise(rec *kgo.Record, err error) {
+	o := recordOf(rec)
+	r.gate.release(o.size)
+	if err != nil {
+		r.metrics.ProduceErrors.Inc()
+		if r.failed.CompareAndSwap(false, true) {
+			r.fatal(fmt.Errorf("produce to %s: %w", rec.Topic, err))
+		}
+		return
+	}
+	o.topic.published.Inc()
+	if r.cfg.OnPublished != nil {
+		r.cfg.OnPublished(rec)
+	}
+	o.ack.Ack()
+}
+
+// Failed reports whether Kafka refused a record for good; the router should
+// then be closed and replaced.
+func (r *Router) Failed() bool { return r.failed.Load() }
+
+// Flush waits until every record sent so far is acknowledged or failed, or
+// ctx ends.
+func (r *Router) Flush(ctx context.Context) error { return r.client.Flush(ctx) }
+
+// Inflight returns how many records are produced and not yet acknowledged.
+func (r *Router) Inflight() int64 { return r.gate.events.Load() }
+
+// Client returns the Kafka client, for health checks.
+func (r *Router) Client() *kgo.Client { return r.client }
+
+// Close closes the Kafka client; records not yet acknowledged fail.
+func (r *Router) Close() { r.client.Close() }

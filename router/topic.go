@@ -1,0 +1,98 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// aggregateTypePlaceholder is replaced by the row's aggregate_type in the
+// topic template.
+const aggregateTypePlaceholder = "{aggregate_type}"
+
+// Template turns an aggregate type into a topic name.
+type Template struct {
+	prefix, suffix string
+	fixed          bool // no placeholder: every event goes to one topic
+}
+
+// ParseTemplate parses a topic template such as "outbox.event.{aggregate_type}".
+// A template without the placeholder routes every event to one topic.
+func ParseTemplate(s string) (Template, error) {
+	if s == "" {
+		return Template{}, errors.New("topic template is empty")
+	}
+	n := strings.Count(s, aggregateTypePlaceholder)
+	if n > 1 {
+		return Template{}, fmt.Errorf("topic template %q: %s may appear once", s, aggregateTypePlaceholder)
+	}
+	if n == 0 {
+		if strings.ContainsAny(s, "{}") {
+			return Template{}, fmt.Errorf("topic template %q: only %s is a placeholder", s, aggregateTypePlaceholder)
+		}
+		if err := ValidTopic(s); err != nil {
+			return Template{}, fmt.Errorf("topic template: %w", err)
+		}
+		return Template{prefix: s, fixed: true}, nil
+	}
+	i := strings.Index(s, aggregateTypePlaceholder)
+	t := Template{prefix: s[:i], suffix: s[i+len(aggregateTypePlaceholder):]}
+	if strings.ContainsAny(t.prefix+t.suffix, "{}") {
+		return Template{}, fmt.Errorf("topic template %q: only %s is a placeholder", s, aggregateTypePlaceholder)
+	}
+	return t, nil
+}
+
+// Topic returns the topic for an aggregate type.
+func (t Template) Topic(aggregateType []byte) string {
+	if t.fixed {
+		return t.prefix
+	}
+	return t.prefix + string(aggregateType) + t.suffix
+}
+
+// maxTopicLen is Kafka's limit on topic name length.
+const maxTopicLen = 249
+
+// ValidTopic reports why Kafka would reject name, or nil. Kafka allows 1 to
+// 249 characters from [a-zA-Z0-9._-], except "." and "..".
+func ValidTopic(name string) error {
+	switch {
+	case name == "":
+		return errors.New("topic name is empty")
+	case name == "." || name == "..":
+		return fmt.Errorf("topic name %q is not allowed", name)
+	case len(name) > maxTopicLen:
+		return fmt.Errorf("topic name is %d characters long, Kafka allows %d", len(name), maxTopicLen)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic name %q has character %q; Kafka allows [a-zA-Z0-9._-]", name, c)
+		}
+	}
+	return nil
+}
+
+// topicState is what the router knows about one destination topic.
+type topicState int
+
+const (
+	topicUnknown  topicState = iota // not yet created or checked
+	topicCreating                   // creation running in the background
+	topicReady                      // records may be produced
+	topicRejected                   // Kafka refused it for good: dead-letter its events
+)
+
+// topic is the router's cache entry for one destination. It is touched only
+// by the goroutine that calls Send, except published, a counter.
+type topic struct {
+	name      string
+	state     topicState
+	rejectErr error
+	ready     chan struct{} // closed when creation finishes, while state is topicCreating
+	result    *error        // creation outcome, written before ready closes
+	published prometheus.Counter
+}
