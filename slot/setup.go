@@ -1,0 +1,244 @@
+package slot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/decoder"
+)
+
+// SetupConfig says what the source database must provide.
+type SetupConfig struct {
+	URL         string
+	Slot        string
+	Publication string
+	Tables      []decoder.Table
+	// Columns are the mapped columns every outbox table must have.
+	Columns []string
+	// CreatePublication creates the publication when it is missing and
+	// adds outbox tables it lacks.
+	CreatePublication bool
+	// CreateSlot creates the slot (pgoutput) when it is missing.
+	CreateSlot bool
+}
+
+// Connect opens a normal (non-replication) connection for checks and
+// queries, with the password kept out of any error.
+func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), redactErr(err, url))
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = "walrelay"
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", Redact(url), redactErr(err, url))
+	}
+	return conn, nil
+}
+
+// Prepare checks the source database and creates the publication and slot
+// when allowed. A *SetupError means walrelay must not start; other errors
+// (connection failures) may go away on retry.
+func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
+	conn, err := Connect(ctx, cfg.URL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+
+	if err := checkServer(ctx, conn); err != nil {
+		return err
+	}
+	for _, t := range cfg.Tables {
+		if err := checkTable(ctx, conn, t, cfg.Columns); err != nil {
+			return err
+		}
+	}
+	if err := ensurePublication(ctx, conn, cfg, log); err != nil {
+		return err
+	}
+	return ensureSlot(ctx, conn, cfg, log)
+}
+
+func checkServer(ctx context.Context, conn *pgx.Conn) error {
+	var walLevel string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		return setupErrorf("wal_level is %q: set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL", walLevel)
+	}
+	var user string
+	var canReplicate bool
+	err := conn.QueryRow(ctx, "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&user, &canReplicate)
+	if err != nil {
+		return fmt.Errorf("read role attributes: %w", err)
+	}
+	if !canReplicate {
+		return setupErrorf("role %q lacks the REPLICATION attribute: run ALTER ROLE %s WITH REPLICATION as a superuser", user, pgx.Identifier{user}.Sanitize())
+	}
+	return nil
+}
+
+func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []string) error {
+	ident := pgx.Identifier{t.Schema, t.Name}.Sanitize()
+	var oid *uint32
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1)::oid", ident).Scan(&oid); err != nil {
+		return fmt.Errorf("look up table %s: %w", t, err)
+	}
+	if oid == nil {
+		return setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one with --table", t)
+	}
+	rows, err := conn.Query(ctx, "SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped", *oid)
+	if err != nil {
+		return fmt.Errorf("read columns of %s: %w", t, err)
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read columns of %s: %w", t, err)
+	}
+	for _, c := range want {
+		if !slices.Contains(have, c) {
+			return setupErrorf("outbox table %s has no column %q: add it, or map another column with the matching --column-* or --header-column flag (it has: %s)", t, c, strings.Join(have, ", "))
+		}
+	}
+	return nil
+}
+
+func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
+	var pubInsert, allTables bool
+	err := conn.QueryRow(ctx, "SELECT pubinsert, puballtables FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert, &allTables)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if !cfg.CreatePublication {
+			return setupErrorf("publication %q does not exist: create it with CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'), or allow --create-publication", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), tableList(cfg.Tables))
+		}
+		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", pgx.Identifier{cfg.Publication}.Sanitize(), tableList(cfg.Tables))
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return publicationError(cfg, "create", err)
+		}
+		log.Info("created publication", zap.String("publication", cfg.Publication), zap.String("sql", sql))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up publication %q: %w", cfg.Publication, err)
+	}
+	if !pubInsert {
+		return setupErrorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize())
+	}
+	if allTables {
+		return nil
+	}
+	rows, err := conn.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1", cfg.Publication)
+	if err != nil {
+		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
+	}
+	have, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (decoder.Table, error) {
+		var t decoder.Table
+		err := r.Scan(&t.Schema, &t.Name)
+		return t, err
+	})
+	if err != nil {
+		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
+	}
+	var missing []decoder.Table
+	for _, t := range cfg.Tables {
+		if !slices.Contains(have, t) {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	sql := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{cfg.Publication}.Sanitize(), tableList(missing))
+	if !cfg.CreatePublication {
+		return setupErrorf("publication %q lacks outbox tables: run %s, or allow --create-publication", cfg.Publication, sql)
+	}
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return publicationError(cfg, "alter", err)
+	}
+	log.Info("added tables to publication", zap.String("publication", cfg.Publication), zap.String("sql", sql))
+	return nil
+}
+
+func publicationError(cfg SetupConfig, verb string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return setupErrorf("cannot %s publication %q: %s; create it as the tables' owner or a superuser, then restart walrelay", verb, cfg.Publication, pgErr.Message)
+	}
+	return fmt.Errorf("%s publication %q: %w", verb, cfg.Publication, err)
+}
+
+func tableList(ts []decoder.Table) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
+	}
+	return strings.Join(parts, ", ")
+}
+
+func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
+	info, err := ReadInfo(ctx, conn, cfg.Slot)
+	if errors.Is(err, ErrNoSlot) {
+		if !cfg.CreateSlot {
+			return setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or allow --create-slot", cfg.Slot, cfg.Slot)
+		}
+		return createSlot(ctx, cfg, log)
+	}
+	if err != nil {
+		return err
+	}
+	var db string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		return fmt.Errorf("read current database: %w", err)
+	}
+	switch {
+	case info.SlotType != "logical":
+		return setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another --slot", cfg.Slot, info.SlotType)
+	case info.Plugin != "pgoutput":
+		return setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another --slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
+	case info.Database != db:
+		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another --slot", cfg.Slot, info.Database, db)
+	case info.WALStatus == "lost":
+		return setupErrorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone and events written meanwhile cannot be recovered from it; walrelay never recreates a slot silently. Re-publish what was lost from the outbox source, then drop and recreate the slot (walrelay drop, walrelay setup)", cfg.Slot)
+	}
+	return nil
+}
+
+func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
+	rcfg, err := ReplicationConfig(cfg.URL)
+	if err != nil {
+		return err
+	}
+	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return fmt.Errorf("replication connection: %w", redactErr(err, cfg.URL))
+	}
+	defer rconn.Close(context.Background())
+	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Mode:           pglogrepl.LogicalReplication,
+		SnapshotAction: "NOEXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by another walrelay
+			return nil
+		}
+		if errors.As(err, &pgErr) && pgErr.Code == "53400" {
+			return setupErrorf("cannot create replication slot %q: %s; raise max_replication_slots or drop unused slots", cfg.Slot, pgErr.Message)
+		}
+		return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
+	}
+	log.Info("created replication slot", zap.String("slot", cfg.Slot), zap.String("consistent_point", res.ConsistentPoint))
+	return nil
+}

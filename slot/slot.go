@@ -1,0 +1,98 @@
+// Package slot owns walrelay's side of PostgreSQL logical replication: the
+// checks that must pass before streaming (wal_level, privileges, tables and
+// columns, publication, slot), creating the publication and slot, the
+// replication stream itself (START_REPLICATION, receiving, standby status
+// updates) and slot figures from pg_replication_slots.
+//
+// The stream is owned by one goroutine; it never blocks on anything but the
+// socket, and its reads have deadlines so the owner can keep sending status
+// updates while Kafka is slow.
+package slot
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walrelay/walrelay/decoder"
+)
+
+// LSN is a PostgreSQL WAL position.
+type LSN = pglogrepl.LSN
+
+// ParseTable parses "schema.table" or "table" (schema public). Names are
+// taken literally (case-sensitive, as PostgreSQL stores them).
+func ParseTable(s string) (decoder.Table, error) {
+	schema, name, ok := strings.Cut(s, ".")
+	if !ok {
+		schema, name = "public", s
+	}
+	if schema == "" || name == "" || strings.Contains(name, ".") {
+		return decoder.Table{}, fmt.Errorf("table %q: want schema.table or table", s)
+	}
+	return decoder.Table{Schema: schema, Name: name}, nil
+}
+
+var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// ValidSlotName reports why PostgreSQL would refuse name as a slot name.
+func ValidSlotName(name string) error {
+	if !slotNameRE.MatchString(name) {
+		return fmt.Errorf("slot name %q: PostgreSQL allows 1 to 63 characters from [a-z0-9_]", name)
+	}
+	return nil
+}
+
+// SetupError is a reason not to start, worded to name the fix.
+type SetupError struct{ Msg string }
+
+func (e *SetupError) Error() string { return e.Msg }
+
+func setupErrorf(format string, args ...any) error {
+	return &SetupError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// IsSetupError reports whether err is a reason not to start that retrying
+// will not fix.
+func IsSetupError(err error) bool {
+	var se *SetupError
+	return errors.As(err, &se)
+}
+
+var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// Redact hides the password in a PostgreSQL URL or key=value DSN, for logs
+// and errors.
+func Redact(conn string) string {
+	if u, err := url.Parse(conn); err == nil && u.Scheme != "" && u.Host != "" || err == nil && strings.Contains(conn, "://") {
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.Redacted()
+	}
+	return dsnPassword.ReplaceAllString(conn, "${1}xxxxx")
+}
+
+// redactErr removes any trace of the password of conn from err's text.
+func redactErr(err error, conn string) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if cfg, perr := pgconn.ParseConfig(conn); perr == nil && cfg.Password != "" {
+		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
+	}
+	if u, perr := url.Parse(conn); perr == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		}
+	}
+	return errors.New(msg)
+}

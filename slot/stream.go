@@ -1,0 +1,234 @@
+package slot
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// StreamOptions are the pgoutput options of a stream.
+type StreamOptions struct {
+	Slot        string
+	Publication string
+	// Binary asks pgoutput for binary values where a type supports it
+	// (PostgreSQL 14+): less work for the walsender.
+	Binary bool
+}
+
+// MessageKind tells a data message from a keepalive.
+type MessageKind uint8
+
+const (
+	// XLogData carries one pgoutput message in Data.
+	XLogData MessageKind = iota + 1
+	// Keepalive carries the server's WAL end and whether it wants a reply.
+	Keepalive
+)
+
+// Message is one message of the replication stream. Data is valid only
+// until the next Receive: it points into the connection's read buffer.
+type Message struct {
+	Kind           MessageKind
+	WALStart       LSN // XLogData: position of the message's WAL record
+	ServerWALEnd   LSN // the server's WAL end when it sent the message
+	ServerTime     time.Time
+	ReplyRequested bool   // Keepalive: reply now or be disconnected
+	Data           []byte // XLogData: the pgoutput message
+}
+
+// ErrTimeout is returned by Receive when its deadline passes before a
+// message arrives. The stream stays usable.
+var ErrTimeout = errors.New("slot: no message before the deadline")
+
+// ErrInterrupted is returned by Receive after Interrupt.
+var ErrInterrupted = errors.New("slot: receive interrupted")
+
+// Stream is a logical replication stream from one slot. It is owned by one
+// goroutine: Receive and SendStatus must not be called concurrently.
+type Stream struct {
+	conn        *pgconn.PgConn
+	fe          *pgproto3.Frontend
+	net         net.Conn
+	deadline    time.Time
+	interrupted atomic.Bool
+	// System is what IDENTIFY_SYSTEM reported when the stream opened.
+	System pglogrepl.IdentifySystemResult
+}
+
+// Start opens a replication connection to url and starts streaming slot
+// from start (0 means the slot's confirmed position). PostgreSQL resumes
+// at the later of start and the slot's confirmed_flush_lsn.
+func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Stream, error) {
+	cfg, err := ReplicationConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replication connection: %w", err)
+	}
+	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn()}
+	if s.System, err = pglogrepl.IdentifySystem(ctx, conn); err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	args := []string{
+		"proto_version '1'",
+		"publication_names " + quoteLiteral(quoteIdent(opts.Publication)),
+	}
+	if opts.Binary {
+		args = append(args, "binary 'true'")
+	}
+	err = pglogrepl.StartReplication(ctx, conn, opts.Slot, start, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: args,
+	})
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("START_REPLICATION SLOT %s at %s: %w", opts.Slot, start, err)
+	}
+	return s, nil
+}
+
+// ReplicationConfig derives the replication connection's configuration from
+// a normal connection URL or DSN.
+func ReplicationConfig(url string) (*pgconn.Config, error) {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), redactErr(err, url))
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = "walrelay"
+	}
+	// pgoutput renders values with the session's settings; the decoder
+	// expects bytea in hex whatever the server's default is.
+	cfg.RuntimeParams["bytea_output"] = "hex"
+	return cfg, nil
+}
+
+// Receive returns the next message, or ErrTimeout once deadline passes.
+// Other errors mean the stream is broken; Close it.
+func (s *Stream) Receive(deadline time.Time) (Message, error) {
+	if !deadline.Equal(s.deadline) {
+		if err := s.net.SetReadDeadline(deadline); err != nil {
+			return Message{}, fmt.Errorf("set read deadline: %w", err)
+		}
+		s.deadline = deadline
+	}
+	for {
+		msg, err := s.fe.Receive()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				if s.interrupted.Swap(false) {
+					s.deadline = time.Time{} // re-arm the caller's deadline next time
+					return Message{}, ErrInterrupted
+				}
+				return Message{}, ErrTimeout
+			}
+			return Message{}, fmt.Errorf("replication stream: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			return parseCopyData(m.Data)
+		case *pgproto3.ErrorResponse:
+			return Message{}, fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return Message{}, errors.New("replication stream: server ended the stream (CopyDone)")
+		case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus:
+			continue
+		default:
+			return Message{}, fmt.Errorf("replication stream: unexpected %T", msg)
+		}
+	}
+}
+
+// pgEpoch is PostgreSQL's time origin.
+var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func pgTime(micros uint64) time.Time {
+	return pgEpoch.Add(time.Duration(int64(micros)) * time.Microsecond)
+}
+
+func parseCopyData(b []byte) (Message, error) {
+	if len(b) == 0 {
+		return Message{}, errors.New("replication stream: empty CopyData")
+	}
+	switch b[0] {
+	case pglogrepl.XLogDataByteID:
+		if len(b) < 25 {
+			return Message{}, fmt.Errorf("replication stream: XLogData of %d bytes", len(b))
+		}
+		return Message{
+			Kind:         XLogData,
+			WALStart:     LSN(binary.BigEndian.Uint64(b[1:])),
+			ServerWALEnd: LSN(binary.BigEndian.Uint64(b[9:])),
+			ServerTime:   pgTime(binary.BigEndian.Uint64(b[17:])),
+			Data:         b[25:],
+		}, nil
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		if len(b) != 18 {
+			return Message{}, fmt.Errorf("replication stream: keepalive of %d bytes", len(b))
+		}
+		return Message{
+			Kind:           Keepalive,
+			ServerWALEnd:   LSN(binary.BigEndian.Uint64(b[1:])),
+			ServerTime:     pgTime(binary.BigEndian.Uint64(b[9:])),
+			ReplyRequested: b[17] != 0,
+		}, nil
+	default:
+		return Message{}, fmt.Errorf("replication stream: unknown CopyData type %q", b[0])
+	}
+}
+
+// Interrupt makes a Receive blocked in another goroutine return
+// ErrInterrupted (or ErrTimeout) promptly. It is safe for concurrent use.
+func (s *Stream) Interrupt() {
+	s.interrupted.Store(true)
+	s.net.SetReadDeadline(time.Now())
+}
+
+// SendStatus reports confirmed as written, flushed and applied. PostgreSQL
+// may then recycle WAL before it and will not resend transactions that end
+// at or before it: confirmed must be acknowledged by Kafka. All three
+// positions are set explicitly (pglogrepl would fill zero flush and apply
+// positions with the write position).
+//
+// Reporting the received position as written would look better in
+// pg_stat_replication, but the walsender only sends the keepalives that let
+// an idle slot advance while the reported write position is behind it.
+func (s *Stream) SendStatus(confirmed LSN, replyRequested bool) error {
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: confirmed,
+		WALFlushPosition: confirmed,
+		WALApplyPosition: confirmed,
+		ClientTime:       time.Now(),
+		ReplyRequested:   replyRequested,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status update: %w", err)
+	}
+	return nil
+}
+
+// Close closes the replication connection. A final SendStatus before it is
+// processed by the server: it reads the socket in order.
+func (s *Stream) Close(ctx context.Context) error {
+	return s.conn.Close(ctx)
+}
+
+// quoteIdent quotes a PostgreSQL identifier.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// quoteLiteral quotes a PostgreSQL string literal.
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
