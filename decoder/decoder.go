@@ -1,0 +1,419 @@
+// Package decoder turns pgoutput logical replication messages into outbox
+// events.
+//
+// The slot package hands every XLogData.WALData payload to Decoder.Decode. The
+// decoder keeps the relation cache that pgoutput expects its client to keep,
+// tracks the enclosing transaction, and reports one of a few kinds per message:
+// Begin and Commit delimit a transaction, Insert carries one outbox row
+// (Decoder.Event), Relation says the cache changed, and everything that carries
+// nothing for the relay is Ignored.
+//
+// It speaks pgoutput protocol version 1 without streaming. It is pure (no I/O),
+// never panics on any input, and allocates exactly one buffer per outbox row:
+// the hot path of the relay decodes every outbox INSERT of the database, and
+// the rows of other tables cost a map lookup and nothing else. pglogrepl's own
+// tuple decoder is not used because it allocates per column and does not check
+// lengths (see DESIGN.md).
+//
+// A Decoder is not safe for concurrent use. Use one per replication
+// connection: pgoutput announces every relation again on a new connection, so
+// a reconnect should start with a new Decoder.
+package decoder
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// LSN is a PostgreSQL log sequence number. It is pglogrepl's type so that
+// positions flow to standby status updates without conversion.
+type LSN = pglogrepl.LSN
+
+// Sentinel errors. Decode wraps one of them with what went wrong and where;
+// test with errors.Is.
+var (
+	// ErrMalformed means the message does not follow the pgoutput protocol
+	// (truncated, bad lengths, trailing bytes, unknown message type, a value
+	// that cannot be decoded, an Insert outside a transaction). The stream
+	// cannot be trusted after it.
+	ErrMalformed = errors.New("malformed pgoutput message")
+
+	// ErrMissingColumn means a configured outbox table lacks a mapped column.
+	// The relay should refuse to run: the table or the mapping must change.
+	ErrMissingColumn = errors.New("outbox table is missing a mapped column")
+
+	// ErrUnknownRelation means an Insert named a relation OID that no Relation
+	// message announced. pgoutput always announces a relation before its first
+	// row on a connection, so this means a lost message or a reused Decoder.
+	ErrUnknownRelation = errors.New("insert into a relation that was never announced")
+
+	// ErrUnsupported means the message uses a protocol feature the relay does
+	// not request (streaming, two-phase) or a binary value of a type it cannot
+	// render as text.
+	ErrUnsupported = errors.New("unsupported pgoutput feature")
+)
+
+// Table names one outbox table.
+type Table struct {
+	// Schema is the namespace as the Relation message sends it ("public" for
+	// the default schema).
+	Schema string
+	// Name is the table name, unquoted and case-sensitive as stored in
+	// pg_class.
+	Name string
+}
+
+// String returns "schema.name" for logs and Kafka headers.
+func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// HeaderColumn maps an extra outbox column to a Kafka header.
+type HeaderColumn struct {
+	Column string // the outbox column
+	Header string // the Kafka header key
+}
+
+// Mapping names the outbox columns. The defaults follow the common outbox
+// schema; Debezium users map AggregateType and AggregateID to
+// "aggregatetype" and "aggregateid".
+type Mapping struct {
+	ID            string // required: becomes the id header consumers dedupe on
+	AggregateType string // required: selects the topic
+	AggregateID   string // required: the record key
+	Type          string // optional: "" means no type header
+	Payload       string // required: the record value
+
+	// Headers are extra columns copied into headers, in this order.
+	Headers []HeaderColumn
+}
+
+// DefaultMapping returns the mapping of the common outbox schema: id,
+// aggregate_type, aggregate_id, type and payload, with no extra headers.
+func DefaultMapping() Mapping {
+	return Mapping{
+		ID:            "id",
+		AggregateType: "aggregate_type",
+		AggregateID:   "aggregate_id",
+		Type:          "type",
+		Payload:       "payload",
+	}
+}
+
+// Config configures a Decoder.
+type Config struct {
+	// Tables are the outbox tables. Relations of other tables are cached only
+	// so that their rows can be told apart and ignored.
+	Tables []Table
+
+	// Mapping names the outbox columns; it applies to every table.
+	Mapping Mapping
+
+	// Binary tells the decoder whether values may come in binary format
+	// (pgoutput's binary option). Text-format values are always accepted; a
+	// binary value when Binary is false means the server and the relay
+	// disagree about the stream and is reported as ErrMalformed.
+	Binary bool
+}
+
+// Kind says what a decoded message was.
+type Kind uint8
+
+// Kinds of decoded messages.
+const (
+	// KindIgnored is a message that carries nothing for the relay: Update,
+	// Delete, Truncate, Origin, Type, a logical decoding message ('M'), or an
+	// insert into a table that is not an outbox table. Decode also returns it
+	// with every error.
+	KindIgnored Kind = iota
+	// KindBegin starts a transaction: Decoder.Begin is valid.
+	KindBegin
+	// KindInsert is an outbox insert: Decoder.Event is valid.
+	KindInsert
+	// KindCommit ends a transaction: Decoder.Commit is valid, and its EndLSN
+	// is the position to confirm once the transaction's records are acked.
+	KindCommit
+	// KindRelation means a relation (re)definition was cached.
+	KindRelation
+)
+
+// String returns the kind's name for logs.
+func (k Kind) String() string {
+	switch k {
+	case KindIgnored:
+		return "Ignored"
+	case KindBegin:
+		return "Begin"
+	case KindInsert:
+		return "Insert"
+	case KindCommit:
+		return "Commit"
+	case KindRelation:
+		return "Relation"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// Begin is a pgoutput Begin message.
+type Begin struct {
+	FinalLSN   LSN       // the LSN of the transaction's commit record
+	CommitTime time.Time // when the transaction committed (UTC)
+	Xid        uint32    // the transaction id
+}
+
+// Commit is a pgoutput Commit message.
+type Commit struct {
+	Flags     uint8 // unused by PostgreSQL so far (0)
+	CommitLSN LSN   // the LSN of the commit record
+	// EndLSN is the end of the commit record (pglogrepl's
+	// TransactionEndLSN). Confirming it, and never a message's start LSN,
+	// is what makes a resume start after this transaction and not inside it.
+	EndLSN     LSN
+	CommitTime time.Time // when the transaction committed (UTC)
+}
+
+// Header is one extra header of an event.
+type Header struct {
+	Key   string // the configured header key
+	Value []byte // the column's value; nil for SQL NULL
+}
+
+// Event is one outbox row.
+//
+// Every []byte is nil when the column is SQL NULL and non-nil (possibly empty)
+// otherwise. All byte slices point into one buffer allocated for this event
+// alone, each capped at its own length: the caller owns them and may keep
+// them after the next Decode without copying. The Event struct itself (and
+// its Headers slice) is reused by the decoder: copy what you need before the
+// next Decode.
+type Event struct {
+	Table         *Table   // the configured table this row belongs to (stable pointer)
+	ID            []byte   // text form (a uuid as 36 chars, a bigint as digits)
+	AggregateType []byte   // text form
+	AggregateID   []byte   // text form
+	Type          []byte   // nil also when Mapping.Type is ""
+	Payload       []byte   // json/jsonb/text as is, bytea as raw bytes
+	Headers       []Header // one per Mapping.Headers entry, in that order
+
+	// CommitTime and Xid come from the enclosing Begin: the default Kafka
+	// record timestamp is the commit time, shared by the whole transaction.
+	CommitTime time.Time
+	Xid        uint32
+}
+
+// field is one event value the mapping asks for: where it comes from and
+// where it goes. The list is built once in New so that Insert decoding is a
+// loop over it instead of a switch per value.
+type field struct {
+	role   string  // "id", "payload", or "header <key>": for error messages
+	column string  // the outbox column
+	dst    *[]byte // the Event field (or header value) it fills
+}
+
+// Decoder decodes the pgoutput messages of one replication connection.
+type Decoder struct {
+	tables []Table // copy of Config.Tables; Event.Table points into it
+	binary bool
+	fields []field
+
+	relations map[uint32]*relation
+
+	// Scratch reused by every Insert so that decoding allocates nothing but
+	// the event buffer: column positions in the message, sized at Relation
+	// time for the widest outbox relation, and the decoded length per field.
+	cols  []colSpan
+	sizes []int
+
+	inTxn  bool
+	begin  Begin
+	commit Commit
+	event  Event
+}
+
+// New validates cfg and returns a Decoder for it.
+func New(cfg Config) (*Decoder, error) {
+	if len(cfg.Tables) == 0 {
+		return nil, errors.New("decoder: no outbox tables configured")
+	}
+	tables := make([]Table, len(cfg.Tables))
+	for i, t := range cfg.Tables {
+		if t.Schema == "" || t.Name == "" {
+			return nil, fmt.Errorf("decoder: outbox table %d needs both schema and name, got %q", i, t.String())
+		}
+		for _, u := range tables[:i] {
+			if u == t {
+				return nil, fmt.Errorf("decoder: outbox table %s configured twice", t)
+			}
+		}
+		tables[i] = t
+	}
+
+	m := cfg.Mapping
+	d := &Decoder{
+		tables:    tables,
+		binary:    cfg.Binary,
+		relations: make(map[uint32]*relation),
+	}
+	d.event.Headers = make([]Header, len(m.Headers))
+	add := func(role, column string, dst *[]byte) {
+		d.fields = append(d.fields, field{role: role, column: column, dst: dst})
+	}
+	required := []struct {
+		role, column string
+		dst          *[]byte
+	}{
+		{"id", m.ID, &d.event.ID},
+		{"aggregate_type", m.AggregateType, &d.event.AggregateType},
+		{"aggregate_id", m.AggregateID, &d.event.AggregateID},
+		{"payload", m.Payload, &d.event.Payload},
+	}
+	for _, f := range required {
+		if f.column == "" {
+			return nil, fmt.Errorf("decoder: mapping has no column for %s", f.role)
+		}
+		add(f.role, f.column, f.dst)
+	}
+	if m.Type != "" {
+		add("type", m.Type, &d.event.Type)
+	}
+	for i, h := range m.Headers {
+		if h.Column == "" || h.Header == "" {
+			return nil, fmt.Errorf("decoder: header mapping %d needs both column and header, got %+v", i, h)
+		}
+		d.event.Headers[i].Key = h.Header
+		add("header "+h.Header, h.Column, &d.event.Headers[i].Value)
+	}
+	d.sizes = make([]int, len(d.fields))
+	return d, nil
+}
+
+// Begin returns the last Begin message.
+func (d *Decoder) Begin() Begin { return d.begin }
+
+// Commit returns the last Commit message.
+func (d *Decoder) Commit() Commit { return d.commit }
+
+// Event returns the event of the last KindInsert. The pointer is the same for
+// every event; see Event for what may be kept.
+func (d *Decoder) Event() *Event { return &d.event }
+
+// Decode decodes one pgoutput message. data is only read during the call (the
+// caller reuses its buffer). It never panics on any input; malformed input
+// returns an error wrapping ErrMalformed with the message type, the field and
+// its offset. On error the kind is KindIgnored; Begin, Commit and the
+// transaction state are unchanged, Event is not valid until the next
+// KindInsert, and a Relation message of an outbox table that lacks mapped
+// columns still replaces the cached relation, so that its rows fail with
+// ErrMissingColumn too.
+func (d *Decoder) Decode(data []byte) (Kind, error) {
+	if len(data) == 0 {
+		return KindIgnored, fmt.Errorf("decoder: empty message: %w", ErrMalformed)
+	}
+	r := reader{buf: data, off: 1}
+	switch t := data[0]; t {
+	case 'B':
+		return d.decodeBegin(&r)
+	case 'C':
+		return d.decodeCommit(&r)
+	case 'R':
+		return d.decodeRelation(&r)
+	case 'I':
+		return d.decodeInsert(&r)
+	case 'U', 'D', 'T':
+		// Outbox rows are usually deleted in the transaction that inserted
+		// them: these are as frequent as inserts, so they are skipped by
+		// type without parsing.
+		return KindIgnored, nil
+	case 'O':
+		r.u64("commit LSN")
+		r.cstring("name")
+		return KindIgnored, d.end(&r, t)
+	case 'Y':
+		r.u32("type OID")
+		r.cstring("namespace")
+		r.cstring("name")
+		return KindIgnored, d.end(&r, t)
+	case 'M':
+		r.u8("flags")
+		r.u64("LSN")
+		r.cstring("prefix")
+		at := r.off
+		n := int32(r.u32("content length"))
+		if n < 0 {
+			return KindIgnored, malformed(t, "content length", at, fmt.Sprintf("negative length %d", n))
+		}
+		r.skip(int(n), "content")
+		return KindIgnored, d.end(&r, t)
+	case 'S', 'E', 'c', 'A':
+		return KindIgnored, fmt.Errorf("decoder: %s message: streaming is not requested: %w", messageName(t), ErrUnsupported)
+	case 'b', 'P', 'K', 'r', 'p':
+		return KindIgnored, fmt.Errorf("decoder: %s message: two-phase commit is not requested: %w", messageName(t), ErrUnsupported)
+	default:
+		return KindIgnored, malformed(t, "message type", 0, fmt.Sprintf("unknown message type 0x%02x", t))
+	}
+}
+
+// end turns a failed read or unread trailing bytes into an error. Trailing
+// bytes are an error because pgoutput messages have no padding: they mean the
+// decoder and the server disagree about the format.
+func (d *Decoder) end(r *reader, t byte) error {
+	if r.failed {
+		return malformed(t, r.field, r.at, "message truncated")
+	}
+	if n := r.rest(); n != 0 {
+		return malformed(t, "message", r.off, fmt.Sprintf("%d trailing bytes", n))
+	}
+	return nil
+}
+
+// malformed builds an ErrMalformed error naming the message type, the field
+// and its offset in the message (the type byte is offset 0).
+func malformed(t byte, field string, off int, why string) error {
+	return fmt.Errorf("decoder: %s message: %s at offset %d: %s: %w", messageName(t), field, off, why, ErrMalformed)
+}
+
+// messageName names a message type byte for errors.
+func messageName(t byte) string {
+	switch t {
+	case 'B':
+		return "Begin"
+	case 'C':
+		return "Commit"
+	case 'O':
+		return "Origin"
+	case 'R':
+		return "Relation"
+	case 'Y':
+		return "Type"
+	case 'I':
+		return "Insert"
+	case 'U':
+		return "Update"
+	case 'D':
+		return "Delete"
+	case 'T':
+		return "Truncate"
+	case 'M':
+		return "logical decoding"
+	case 'S':
+		return "Stream Start"
+	case 'E':
+		return "Stream Stop"
+	case 'c':
+		return "Stream Commit"
+	case 'A':
+		return "Stream Abort"
+	case 'b':
+		return "Begin Prepare"
+	case 'P':
+		return "Prepare"
+	case 'K':
+		return "Commit Prepared"
+	case 'r':
+		return "Rollback Prepared"
+	case 'p':
+		return "Stream Prepare"
+	}
+	return fmt.Sprintf("unknown (0x%02x)", t)
+}
