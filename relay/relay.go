@@ -1,0 +1,309 @@
+// Package relay wires walrelay's pipeline together and keeps it running:
+//
+//	slot (replication stream) → decoder → router (Kafka) → acks → checkpoint → slot (standby status)
+//
+// Run prepares the source database, then runs sessions: one replication
+// stream each, from the last confirmed position. A session ends when the
+// connection breaks, Kafka refuses a record for good, or Run's context ends;
+// the next one starts after a capped, jittered backoff. Nothing carries over
+// between sessions but the confirmed position, so every restart is the same
+// simple, safe path: duplicates after it, never loss.
+//
+// The pipeline lives here rather than in cmd/walrelay so that integration
+// tests, `walrelay dev` and the benchmark run the very code the daemon runs.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// Config configures a Relay. Zero durations mean their documented defaults.
+type Config struct {
+	// PGURL is the source database; the replication connection is derived
+	// from it.
+	PGURL       string
+	Slot        string
+	Publication string
+	Tables      []decoder.Table
+	Mapping     decoder.Mapping
+	// CreatePublication and CreateSlot create what is missing at start.
+	CreatePublication, CreateSlot bool
+	// Binary asks pgoutput for binary values (PostgreSQL 14+).
+	Binary bool
+
+	// Router configures records and topics.
+	Router router.Config
+	// KafkaOptions connect the producer: seed brokers, TLS, SASL,
+	// compression, linger. Router.ClientOptions are added to them.
+	KafkaOptions []kgo.Opt
+
+	// StatusInterval is the longest time between standby status updates
+	// (default 10s). It must stay well under the server's
+	// wal_sender_timeout (default 60s), which disconnects a silent client.
+	StatusInterval time.Duration
+	// ConfirmDelay is the shortest time between two status updates that
+	// only move the confirmed position forward (default 100ms): confirming
+	// promptly keeps slot lag low, without a message per transaction.
+	ConfirmDelay time.Duration
+	// ShutdownTimeout bounds the wait for outstanding acks when Run's
+	// context ends (default 30s).
+	ShutdownTimeout time.Duration
+	// BackoffMin and BackoffMax bound the jittered exponential wait between
+	// sessions (defaults 500ms and 30s).
+	BackoffMin, BackoffMax time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.StatusInterval <= 0 {
+		c.StatusInterval = 10 * time.Second
+	}
+	if c.ConfirmDelay <= 0 {
+		c.ConfirmDelay = 100 * time.Millisecond
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.BackoffMin <= 0 {
+		c.BackoffMin = 500 * time.Millisecond
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = 30 * time.Second
+	}
+}
+
+// Relay runs the pipeline. Create it with New, then call Run once.
+type Relay struct {
+	cfg     Config
+	log     *zap.Logger
+	metrics *metrics.Metrics
+	backoff *backoff.ExponentialBackOff
+
+	confirmed atomic.Uint64 // last position sent to PostgreSQL
+	streaming atomic.Bool
+	current   atomic.Pointer[session]
+	// slotSeen is set once a stream has started: from then on a missing
+	// slot was dropped under us, and recreating it would skip data.
+	slotSeen bool
+}
+
+// New checks cfg and returns a Relay.
+func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
+	cfg.setDefaults()
+	if err := slot.ValidSlotName(cfg.Slot); err != nil {
+		return nil, err
+	}
+	if cfg.Publication == "" {
+		return nil, errors.New("publication name is empty")
+	}
+	if len(cfg.Tables) == 0 {
+		return nil, errors.New("no outbox table")
+	}
+	if _, err := decoder.New(decoder.Config{Tables: cfg.Tables, Mapping: cfg.Mapping, Binary: cfg.Binary}); err != nil {
+		return nil, err
+	}
+	if _, err := router.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
+		return nil, err
+	}
+	if cfg.StatusInterval < cfg.ConfirmDelay {
+		return nil, fmt.Errorf("status interval %s is shorter than the confirm delay %s", cfg.StatusInterval, cfg.ConfirmDelay)
+	}
+	return &Relay{
+		cfg:     cfg,
+		log:     log,
+		metrics: m,
+		backoff: &backoff.ExponentialBackOff{
+			InitialInterval:     cfg.BackoffMin,
+			RandomizationFactor: 0.5,
+			Multiplier:          2,
+			MaxInterval:         cfg.BackoffMax,
+		},
+	}, nil
+}
+
+// Confirmed returns the position last confirmed to PostgreSQL by this
+// process (0 before the first status update).
+func (r *Relay) Confirmed() decoder.LSN { return decoder.LSN(r.confirmed.Load()) }
+
+// Streaming reports whether a replication stream is open.
+func (r *Relay) Streaming() bool { return r.streaming.Load() }
+
+// Run prepares the database and relays until ctx ends, then waits (at most
+// ShutdownTimeout) for outstanding acks, confirms them and returns nil.
+// It returns an error only for what retrying cannot fix: a setup refusal,
+// an invalidated or vanished slot, an outbox table that lost a mapped
+// column, an invalid event with on-invalid=fail.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := r.prepare(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	var rt *router.Router
+	defer func() {
+		if rt != nil {
+			rt.Close()
+		}
+	}()
+	for {
+		if rt == nil {
+			var err error
+			if rt, err = r.newRouter(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				if !r.retry(ctx, "kafka", err) {
+					return nil
+				}
+				continue
+			}
+		}
+		err := r.session(ctx, rt)
+		if rt.Failed() {
+			// A producer that lost a record is not reused: its
+			// idempotence state and buffered records are suspect.
+			rt.Close()
+			rt = nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if isFatal(err) {
+			return err
+		}
+		if !r.retry(ctx, causeOf(err), err) {
+			return nil
+		}
+	}
+}
+
+// prepare runs the setup checks, retrying what may be transient.
+func (r *Relay) prepare(ctx context.Context) error {
+	cols := []string{r.cfg.Mapping.ID, r.cfg.Mapping.AggregateType, r.cfg.Mapping.AggregateID, r.cfg.Mapping.Payload}
+	if r.cfg.Mapping.Type != "" {
+		cols = append(cols, r.cfg.Mapping.Type)
+	}
+	for _, h := range r.cfg.Mapping.Headers {
+		cols = append(cols, h.Column)
+	}
+	for {
+		err := slot.Prepare(ctx, slot.SetupConfig{
+			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
+			Columns: cols, CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
+		}, r.log)
+		if err == nil || slot.IsSetupError(err) || ctx.Err() != nil {
+			r.backoff.Reset()
+			return err
+		}
+		if !r.retry(ctx, "setup", err) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
+	opts := append(router.ClientOptions(r.cfg.Router), r.cfg.KafkaOptions...)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	rt, err := router.New(r.cfg.Router, client, r.log, r.metrics, r.onProduceError)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	if err := rt.Start(ctx); err != nil {
+		rt.Close()
+		return nil, err
+	}
+	return rt, nil
+}
+
+// retry logs err, counts it and sleeps a backoff; false when ctx ended.
+func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
+	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
+	r.metrics.StreamRestarts.WithLabelValues(cause).Inc()
+	lvl := r.log.Warn
+	if cause == "slot_busy" {
+		lvl = r.log.Info
+	}
+	lvl("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
+		zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// onProduceError is the router's fatal handler: it ends the current
+// session, whose successor starts from the last confirmed position.
+func (r *Relay) onProduceError(err error) {
+	if s := r.current.Load(); s != nil {
+		select {
+		case s.failed <- &produceError{err}:
+		default:
+		}
+		s.stream.Interrupt()
+	}
+}
+
+// produceError wraps a record Kafka refused for good.
+type produceError struct{ err error }
+
+func (e *produceError) Error() string { return e.err.Error() }
+func (e *produceError) Unwrap() error { return e.err }
+
+// fatalError marks what restarting will not fix.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+func isFatal(err error) bool {
+	var f *fatalError
+	var inv *router.InvalidEventError
+	return errors.As(err, &f) || errors.As(err, &inv) || slot.IsSetupError(err) ||
+		errors.Is(err, decoder.ErrMissingColumn) || errors.Is(err, decoder.ErrUnsupported)
+}
+
+// causeOf names a session's end for the restarts metric.
+func causeOf(err error) string {
+	var pgErr *pgconn.PgError
+	var produceErr *produceError
+	switch {
+	case errors.As(err, &produceErr):
+		return "kafka"
+	case errors.Is(err, errSlotBusy):
+		return "slot_busy"
+	case errors.Is(err, decoder.ErrMalformed):
+		return "decode"
+	case errors.As(err, &pgErr):
+		return "postgres"
+	default:
+		return "connection"
+	}
+}
+
+// jitter spreads d by ±10%.
+func jitter(d time.Duration) time.Duration {
+	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
+}

@@ -1,0 +1,318 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// errSlotBusy means another client streams from the slot: this relay waits
+// as a standby and tries again after a backoff.
+var errSlotBusy = errors.New("replication slot is in use by another process")
+
+// tick is how often the session wakes while transactions are in flight, to
+// confirm them promptly once acknowledged.
+const tick = 50 * time.Millisecond
+
+// session is one replication stream. All its fields belong to the goroutine
+// running it, except what the router's promises touch through the
+// checkpoint.Txn and the failed channel.
+type session struct {
+	r       *Relay
+	ctx     context.Context
+	stream  *slot.Stream
+	dec     *decoder.Decoder
+	rt      *router.Router
+	tr      *checkpoint.Tracker
+	txn     *checkpoint.Txn
+	failed  chan error
+	timer   *time.Timer
+	lastLSN decoder.LSN // WAL position of the current message, for errors
+
+	sent       decoder.LSN // position in the last status update
+	sentAt     time.Time
+	nextStatus time.Time
+	nextTick   time.Time
+}
+
+// session streams until the connection breaks, Kafka refuses a record, or
+// ctx ends; then it drains acks and confirms what it can.
+func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
+	start, err := r.startPosition(ctx)
+	if err != nil {
+		return err
+	}
+	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
+		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+			return fmt.Errorf("%w: %s", errSlotBusy, pgErr.Message)
+		}
+		return err
+	}
+	r.slotSeen = true
+	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping, Binary: r.cfg.Binary})
+	if err != nil {
+		stream.Close(context.Background())
+		return &fatalError{err}
+	}
+	s := &session{
+		r:      r,
+		ctx:    ctx,
+		stream: stream,
+		dec:    dec,
+		rt:     rt,
+		failed: make(chan error, 1),
+		timer:  time.NewTimer(time.Hour),
+	}
+	s.tr = checkpoint.New(start, checkpoint.OnComplete(func(commit time.Time) {
+		r.metrics.CommitToAck.Observe(time.Since(commit).Seconds())
+	}))
+	r.current.Store(s)
+	stopInterrupt := context.AfterFunc(ctx, stream.Interrupt)
+	defer stopInterrupt()
+	r.streaming.Store(true)
+	r.metrics.Streaming.Set(1)
+	r.backoff.Reset()
+	r.log.Info("streaming", zap.String("slot", r.cfg.Slot), zap.Stringer("start_lsn", start),
+		zap.String("system_id", stream.System.SystemID), zap.Int32("timeline", stream.System.Timeline),
+		zap.Stringer("server_wal_end", stream.System.XLogPos))
+	defer func() {
+		r.current.Store(nil)
+		r.streaming.Store(false)
+		r.metrics.Streaming.Set(0)
+		s.timer.Stop()
+	}()
+
+	err = s.loop()
+	return s.finish(err)
+}
+
+// startPosition is where the next stream starts: the later of what this
+// process confirmed and the slot's confirmed_flush_lsn.
+func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, error) {
+	conn, err := slot.Connect(ctx, r.cfg.PGURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
+	switch {
+	case errors.Is(err, slot.ErrNoSlot) && r.slotSeen:
+		return 0, &fatalError{fmt.Errorf("replication slot %q was dropped while walrelay used it; walrelay never recreates a slot silently (a new slot would skip everything written meanwhile): recreate it deliberately with walrelay setup after recovering the gap", r.cfg.Slot)}
+	case errors.Is(err, slot.ErrNoSlot):
+		return 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
+	case err != nil:
+		return 0, err
+	case info.WALStatus == "lost":
+		return 0, &fatalError{fmt.Errorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone, events written meanwhile cannot be read from it. walrelay never recreates a slot silently: recover the gap from the outbox source, then recreate the slot", r.cfg.Slot)}
+	}
+	return max(info.ConfirmedLSN, r.Confirmed()), nil
+}
+
+// loop reads the stream until something ends it.
+func (s *session) loop() error {
+	s.housekeep(true) // confirm a position this process got to and the slot did not
+	for {
+		select {
+		case err := <-s.failed:
+			return err
+		default:
+		}
+		if err := s.ctx.Err(); err != nil {
+			return err
+		}
+		m, err := s.stream.Receive(s.deadline())
+		switch {
+		case errors.Is(err, slot.ErrTimeout):
+			s.housekeep(false)
+			continue
+		case errors.Is(err, slot.ErrInterrupted):
+			continue // the checks at the top say why
+		case err != nil:
+			return err
+		}
+		s.r.metrics.ServerWALEndLSN.Set(float64(m.ServerWALEnd))
+		switch m.Kind {
+		case slot.Keepalive:
+			s.tr.Marker(m.ServerWALEnd)
+			s.housekeep(m.ReplyRequested)
+		case slot.XLogData:
+			s.lastLSN = m.WALStart
+			s.r.metrics.ReceivedLSN.Set(float64(m.WALStart))
+			s.r.metrics.ReceivedBytes.Add(float64(len(m.Data)))
+			if err := s.handle(m.Data); err != nil {
+				return err
+			}
+			if !time.Now().Before(s.nextTick) {
+				s.housekeep(false)
+			}
+		}
+	}
+}
+
+// deadline is when Receive should give the loop a chance to send a status
+// update: soon while transactions are in flight, else at the next periodic
+// update.
+func (s *session) deadline() time.Time {
+	if s.tr.InFlight() > 0 || s.tr.Confirmed().LSN > s.sent {
+		return s.nextTick
+	}
+	return s.nextStatus
+}
+
+// handle processes one pgoutput message.
+func (s *session) handle(data []byte) error {
+	kind, err := s.dec.Decode(data)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message at %s: %w", s.lastLSN, err)
+	}
+	switch kind {
+	case decoder.KindBegin:
+		s.txn = s.tr.Begin(s.dec.Begin().CommitTime)
+		s.r.metrics.Transactions.Inc()
+	case decoder.KindInsert:
+		if s.txn == nil {
+			return fmt.Errorf("decode pgoutput message at %s: %w: insert outside a transaction", s.lastLSN, decoder.ErrMalformed)
+		}
+		ev := s.dec.Event()
+		for {
+			wait, err := s.rt.Send(ev, s.lastLSN, s.txn)
+			if err != nil {
+				return err
+			}
+			if wait == nil {
+				return nil
+			}
+			if err := s.await(wait); err != nil {
+				return err
+			}
+		}
+	case decoder.KindCommit:
+		if s.txn == nil {
+			return fmt.Errorf("decode pgoutput message at %s: %w: commit without begin", s.lastLSN, decoder.ErrMalformed)
+		}
+		s.tr.Commit(s.txn, s.dec.Commit().EndLSN)
+		s.txn = nil
+	}
+	return nil
+}
+
+// await blocks until ch delivers, while still sending status updates: the
+// walsender disconnects a client that stays silent for wal_sender_timeout,
+// and Kafka may be slow for longer than that.
+func (s *session) await(ch <-chan struct{}) error {
+	for {
+		s.timer.Reset(time.Until(s.nextTick))
+		select {
+		case <-ch:
+			return nil
+		case <-s.timer.C:
+			s.housekeep(false)
+		case err := <-s.failed:
+			return err
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		}
+	}
+}
+
+// housekeep advances the watermark and sends a status update when one is
+// due: at once when forced (the server asked for a reply), every
+// StatusInterval, and ConfirmDelay after the watermark moved.
+func (s *session) housekeep(force bool) {
+	now := time.Now()
+	if !now.Before(s.nextTick) {
+		s.nextTick = now.Add(tick)
+	}
+	pos := s.tr.Advance()
+	m := s.r.metrics
+	if s.tr.InFlight() == 0 || pos.CommitTime.IsZero() {
+		m.ReplicationLag.Set(0)
+	} else {
+		m.ReplicationLag.Set(now.Sub(pos.CommitTime).Seconds())
+	}
+	due := force || !now.Before(s.nextStatus) ||
+		pos.LSN > s.sent && now.Sub(s.sentAt) >= s.r.cfg.ConfirmDelay
+	if !due {
+		return
+	}
+	if err := s.stream.SendStatus(pos.LSN, false); err != nil {
+		// The next Receive fails on the same broken connection and ends
+		// the session; nothing more to do here.
+		s.r.log.Debug("standby status update failed", zap.Error(err))
+		return
+	}
+	m.StandbyStatusSent.Inc()
+	m.ConfirmedLSN.Set(float64(pos.LSN))
+	if pos.LSN > s.sent {
+		s.r.log.Debug("confirmed", zap.Stringer("lsn", pos.LSN))
+	}
+	s.sent, s.sentAt = pos.LSN, now
+	s.nextStatus = now.Add(jitter(s.r.cfg.StatusInterval))
+	s.r.confirmed.Store(uint64(pos.LSN))
+}
+
+// finish ends a session: it waits for outstanding acks (bounded by
+// ShutdownTimeout when stopping, unbounded but cancellable otherwise so
+// the next session starts from an exact position), confirms what they
+// allow when the connection still works, and closes the stream.
+func (s *session) finish(cause error) error {
+	stopping := s.ctx.Err() != nil
+	flushCtx := context.Background()
+	if stopping {
+		var cancel context.CancelFunc
+		flushCtx, cancel = context.WithTimeout(flushCtx, s.r.cfg.ShutdownTimeout)
+		defer cancel()
+		s.r.log.Info("stopping: waiting for outstanding acks", zap.Int64("inflight_events", s.rt.Inflight()),
+			zap.Duration("timeout", s.r.cfg.ShutdownTimeout))
+	} else {
+		var cancel context.CancelFunc
+		flushCtx, cancel = context.WithCancel(s.ctx)
+		defer cancel()
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.rt.Flush(flushCtx) }()
+	ctx := s.ctx
+	if stopping {
+		ctx = context.Background() // keep confirming while draining
+	}
+	var flushErr error
+wait:
+	for {
+		s.timer.Reset(time.Until(s.nextTick))
+		select {
+		case flushErr = <-done:
+			break wait
+		case <-s.timer.C:
+			s.housekeep(false)
+		case <-ctx.Done():
+			flushErr = <-done
+			break wait
+		}
+	}
+	s.housekeep(true)
+	if stopping {
+		if flushErr != nil {
+			s.r.log.Warn("stopped before every event was acknowledged; they will be sent again on restart",
+				zap.Int64("inflight_events", s.rt.Inflight()), zap.Error(flushErr))
+		}
+		s.r.log.Info("stopped", zap.Stringer("confirmed_lsn", s.r.Confirmed()))
+	}
+	s.stream.Close(context.Background())
+	if stopping {
+		return nil
+	}
+	return cause
+}
