@@ -1,0 +1,169 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kzap"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/relay"
+	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// LogFlags configure logging for every command.
+type LogFlags struct {
+	LogLevel  string `default:"info" enum:"debug,info,warn,error" help:"Log level: debug, info, warn, error."`
+	LogFormat string `default:"json" enum:"json,console" help:"Log format: json (one object per line) or console."`
+}
+
+// logger builds the zap logger the flags describe. Logs go to stderr so
+// that stdout stays free for what a command prints (dev's records).
+func (f *LogFlags) logger() (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(f.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	var cfg zap.Config
+	if f.LogFormat == "console" {
+		cfg = zap.NewDevelopmentConfig()
+		cfg.DisableStacktrace = true
+	} else {
+		cfg = zap.NewProductionConfig()
+		cfg.EncoderConfig.TimeKey = "time"
+		cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	}
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.OutputPaths = []string{"stderr"}
+	cfg.ErrorOutputPaths = []string{"stderr"}
+	return cfg.Build()
+}
+
+// SourceFlags say where the events come from.
+type SourceFlags struct {
+	Publication       string   `default:"walrelay_outbox" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert') when missing)."`
+	Slot              string   `default:"walrelay" help:"Logical replication slot (pgoutput)."`
+	Table             []string `default:"public.outbox" help:"Outbox table, schema.table; repeat the flag (or separate with commas) for several."`
+	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing and add outbox tables it lacks."`
+	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
+}
+
+// RecordFlags say what the Kafka records look like.
+type RecordFlags struct {
+	TopicTemplate          string        `default:"outbox.event.{aggregate_type}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
+	CreateTopics           bool          `default:"true" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
+	TopicPartitions        int32         `default:"-1" help:"Partitions of created topics; -1 means the broker's default."`
+	TopicReplicationFactor int16         `default:"-1" help:"Replication factor of created topics; -1 means the broker's default."`
+	DeadLetterTopic        string        `default:"walrelay.dlq" help:"Topic for invalid events (no aggregate type or id, a topic name Kafka rejects, too large)."`
+	OnInvalid              string        `default:"dlq" enum:"dlq,fail,skip" help:"What happens to an invalid event: dlq, fail (stop the relay), skip (log and drop)."`
+	ColumnID               string        `default:"id" help:"Outbox column whose text becomes the id header."`
+	ColumnAggregateType    string        `default:"aggregate_type" help:"Outbox column that selects the topic."`
+	ColumnAggregateID      string        `default:"aggregate_id" help:"Outbox column that becomes the record key."`
+	ColumnType             string        `default:"type" help:"Outbox column that becomes the type header; empty for none."`
+	ColumnPayload          string        `default:"payload" help:"Outbox column that becomes the record value (json/jsonb/text as is, bytea as raw bytes, NULL as a tombstone)."`
+	HeaderColumn           []string      `placeholder:"COLUMN[=HEADER]" help:"Extra outbox column to send as a header (named HEADER, default the column name); repeatable."`
+	HeaderID               string        `default:"id" help:"Name of the id header."`
+	HeaderType             string        `default:"type" help:"Name of the type header."`
+	MaxRecordBytes         int           `default:"1000012" help:"Largest record the broker accepts (its message.max.bytes); larger events are invalid."`
+	Compression            string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Producer compression: none, gzip, snappy, lz4, zstd."`
+	Linger                 time.Duration `default:"5ms" help:"How long the producer waits to fill a batch; 0 sends at once."`
+}
+
+// TuningFlags trade latency, memory and load.
+type TuningFlags struct {
+	StatusInterval    time.Duration `default:"10s" help:"Longest time between standby status updates; keep it well under the server's wal_sender_timeout."`
+	ConfirmDelay      time.Duration `default:"100ms" help:"Shortest time between status updates that only advance the confirmed position."`
+	ShutdownTimeout   time.Duration `default:"30s" help:"On SIGINT/SIGTERM, how long to wait for outstanding acks before exiting."`
+	MaxInflightEvents int64         `default:"50000" help:"Events produced and not yet acknowledged, at most; bounds memory."`
+	MaxInflightBytes  int64         `default:"67108864" help:"Approximate bytes produced and not yet acknowledged, at most; bounds memory."`
+	BackoffMax        time.Duration `default:"30s" help:"Longest wait between reconnection attempts (exponential with jitter, from 500ms)."`
+	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
+}
+
+// relayConfig assembles the relay's configuration from the flag groups.
+func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, log *zap.Logger) (relay.Config, error) {
+	var tables []decoder.Table
+	for _, s := range src.Table {
+		t, err := slot.ParseTable(strings.TrimSpace(s))
+		if err != nil {
+			return relay.Config{}, fmt.Errorf("--table: %w", err)
+		}
+		tables = append(tables, t)
+	}
+	mapping := decoder.Mapping{
+		ID: rec.ColumnID, AggregateType: rec.ColumnAggregateType, AggregateID: rec.ColumnAggregateID,
+		Type: rec.ColumnType, Payload: rec.ColumnPayload,
+	}
+	for _, h := range rec.HeaderColumn {
+		col, hdr, ok := strings.Cut(h, "=")
+		if !ok {
+			hdr = col
+		}
+		if col == "" || hdr == "" {
+			return relay.Config{}, fmt.Errorf("--header-column %q: want COLUMN or COLUMN=HEADER", h)
+		}
+		mapping.Headers = append(mapping.Headers, decoder.HeaderColumn{Column: col, Header: hdr})
+	}
+	codec, err := compression(rec.Compression)
+	if err != nil {
+		return relay.Config{}, err
+	}
+	kopts := []kgo.Opt{
+		kgo.ClientID("walrelay"),
+		kgo.ProducerBatchCompression(codec),
+		kgo.ProducerLinger(rec.Linger),
+		kgo.WithLogger(kzap.New(log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))),
+	}
+	if len(brokers) > 0 {
+		kopts = append(kopts, kgo.SeedBrokers(brokers...))
+	}
+	return relay.Config{
+		PGURL:             pgURL,
+		Slot:              src.Slot,
+		Publication:       src.Publication,
+		Tables:            tables,
+		Mapping:           mapping,
+		CreatePublication: src.CreatePublication,
+		CreateSlot:        src.CreateSlot,
+		Binary:            tun.Binary,
+		Router: router.Config{
+			TopicTemplate:          rec.TopicTemplate,
+			DeadLetterTopic:        rec.DeadLetterTopic,
+			OnInvalid:              router.OnInvalid(rec.OnInvalid),
+			CreateTopics:           rec.CreateTopics,
+			TopicPartitions:        rec.TopicPartitions,
+			TopicReplicationFactor: rec.TopicReplicationFactor,
+			MaxInflightEvents:      tun.MaxInflightEvents,
+			MaxInflightBytes:       tun.MaxInflightBytes,
+			MaxRecordBytes:         rec.MaxRecordBytes,
+			HeaderID:               rec.HeaderID,
+			HeaderType:             rec.HeaderType,
+		},
+		KafkaOptions:    kopts,
+		StatusInterval:  tun.StatusInterval,
+		ConfirmDelay:    tun.ConfirmDelay,
+		ShutdownTimeout: tun.ShutdownTimeout,
+		BackoffMax:      tun.BackoffMax,
+	}, nil
+}
+
+func compression(name string) (kgo.CompressionCodec, error) {
+	switch name {
+	case "none":
+		return kgo.NoCompression(), nil
+	case "gzip":
+		return kgo.GzipCompression(), nil
+	case "snappy":
+		return kgo.SnappyCompression(), nil
+	case "lz4":
+		return kgo.Lz4Compression(), nil
+	case "zstd":
+		return kgo.ZstdCompression(), nil
+	}
+	return kgo.CompressionCodec{}, fmt.Errorf("--compression %q: want none, gzip, snappy, lz4 or zstd", name)
+}

@@ -1,0 +1,69 @@
+// Command walrelay relays committed outbox INSERTs from PostgreSQL logical
+// replication to Kafka, in commit order, confirming the slot only after
+// Kafka acknowledges.
+//
+//	walrelay run --pg-url postgres://… --brokers kafka:9092   the daemon
+//	walrelay dev [--demo N]                                    embedded PostgreSQL + broker
+//
+// Every flag has a WALRELAY_* environment variable (--pg-url is
+// WALRELAY_PG_URL); a flag given on the command line wins.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+)
+
+// version is set by the build (-ldflags "-X main.version=…").
+var version = "dev"
+
+// cli is the command line. Each command is a struct with a Run method.
+type cli struct {
+	LogFlags `embed:""`
+
+	Run runCmd `cmd:"" help:"Relay outbox inserts from PostgreSQL to Kafka (the daemon)."`
+	Dev devCmd `cmd:"" help:"Run the relay against a throwaway PostgreSQL cluster and an in-process Kafka-protocol broker."`
+
+	Version kong.VersionFlag `env:"-" help:"Print the version and exit."`
+}
+
+// exitError carries a process exit code through kong.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func main() {
+	var c cli
+	parser := kong.Must(&c,
+		kong.Name("walrelay"),
+		kong.Description("PostgreSQL outbox to Kafka relay: committed outbox INSERTs, in commit order, confirmed only after Kafka acknowledges."),
+		kong.DefaultEnvars("WALRELAY"),
+		kong.UsageOnError(),
+		kong.Vars{"version": version},
+	)
+	kctx, err := parser.Parse(os.Args[1:])
+	parser.FatalIfErrorf(err)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	err = kctx.Run(&c.LogFlags)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "walrelay:", err)
+		var ee *exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/relay"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// runCmd is `walrelay run`, the daemon.
+type runCmd struct {
+	PGURL       string   `name:"pg-url" required:"" help:"Source database URL (postgres://user:pass@host:5432/db?sslmode=…); the replication connection is derived from it."`
+	Brokers     []string `required:"" help:"Kafka bootstrap brokers, host:port, comma-separated."`
+	MetricsAddr string   `default:":9187" help:"Address serving /metrics, /healthz and /readyz; empty disables."`
+
+	SourceFlags `embed:""`
+	RecordFlags `embed:""`
+	TuningFlags `embed:""`
+}
+
+func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
+	log, err := lf.logger()
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+
+	cfg, err := relayConfig(c.PGURL, c.Brokers, c.SourceFlags, c.RecordFlags, c.TuningFlags, log)
+	if err != nil {
+		return err
+	}
+	r, err := relay.New(cfg, log, m)
+	if err != nil {
+		return err
+	}
+	if c.MetricsAddr != "" {
+		stop, err := serveHTTP(c.MetricsAddr, reg, r, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	log.Info("walrelay starting", zap.String("version", version), zap.String("pg_url", slot.Redact(c.PGURL)),
+		zap.Strings("brokers", c.Brokers), zap.String("slot", c.Slot), zap.String("publication", c.Publication),
+		zap.Strings("tables", c.Table))
+	if err := r.Run(ctx); err != nil {
+		log.Error("walrelay stopped", zap.Error(err))
+		if slot.IsSetupError(err) {
+			return &exitError{code: 2, err: err}
+		}
+		return err
+	}
+	return nil
+}
+
+var errNotReady = errors.New("not streaming")
+
+func readiness(r *relay.Relay) error {
+	if !r.Streaming() {
+		return fmt.Errorf("%w: connecting, waiting for the slot or backing off", errNotReady)
+	}
+	return nil
+}
