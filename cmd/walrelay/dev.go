@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -190,7 +192,7 @@ func (p *printer) print(r *kgo.Record) {
 			id = string(h.Value)
 		}
 	}
-	fmt.Fprintf(&b, "} value=%s\n", printable(r.Value))
+	fmt.Fprintf(&b, "} value=%s\n", printableValue(r.Value))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ids[id] = true
@@ -213,6 +215,14 @@ func printable(b []byte) string {
 	default:
 		return "0x" + hex.EncodeToString(b)
 	}
+}
+
+// printableValue shows a one-line UTF-8 value (JSON, usually) as is.
+func printableValue(b []byte) string {
+	if b != nil && utf8.Valid(b) && !bytes.ContainsFunc(b, unicode.IsControl) {
+		return string(b)
+	}
+	return printable(b)
 }
 
 // outboxDDL is the outbox table walrelay expects by default.

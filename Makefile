@@ -1,0 +1,43 @@
+# walrelay — common tasks. `make test` is what CI runs (through .ci/run).
+
+GO      ?= go
+PKGS    := ./...
+BIN     := bin/walrelay
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: all build test lint unit integration bench-micro fuzz demo clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/walrelay
+
+# Everything CI checks: formatting, vet, every test with the race detector
+# (unit, fuzz seed corpus, integration against a throwaway PostgreSQL and
+# an in-process Kafka-protocol broker), and one pass of each benchmark.
+test: lint
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) test -run '^$$' -bench . -benchtime 1x $(PKGS)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+unit:
+	$(GO) test -race -count=1 ./decoder ./router ./checkpoint ./slot ./relay ./heartbeat ./metrics
+
+integration:
+	$(GO) test -race -count=1 -timeout 20m ./test/integration
+
+bench-micro:
+	$(GO) test -run '^$$' -bench . -benchmem ./decoder ./router ./checkpoint
+
+# Fuzz the pgoutput decoder; new crashers land in decoder/testdata/fuzz.
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $${FUZZTIME:-2m} ./decoder
+
+demo: build
+	./$(BIN) dev --demo 10
+
+clean:
+	rm -rf bin

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/alecthomas/kong"
+)
+
+// runFlags returns the flags of `walrelay run` with their environment
+// variables, from the same kong model the binary parses with.
+func runFlags(t *testing.T) map[string]string {
+	t.Helper()
+	var c cli
+	k, err := kong.New(&c, kong.DefaultEnvars("WALRELAY"), kong.Vars{"version": "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := map[string]string{}
+	for _, n := range k.Model.Children {
+		if n.Name != "run" {
+			continue
+		}
+		for _, g := range n.AllFlags(true) {
+			for _, f := range g {
+				if f.Name == "help" || f.Name == "version" {
+					continue
+				}
+				env := ""
+				if len(f.Envs) > 0 {
+					env = f.Envs[0]
+				}
+				flags[f.Name] = env
+			}
+		}
+	}
+	if len(flags) < 20 {
+		t.Fatalf("found only %d flags of walrelay run", len(flags))
+	}
+	return flags
+}
+
+// TestReadmeListsEveryFlag keeps the README's flag table complete.
+func TestReadmeListsEveryFlag(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range runFlags(t) {
+		if !strings.Contains(string(readme), "`--"+name+"`") && !strings.Contains(string(readme), "`--[no-]"+name+"`") {
+			t.Errorf("README does not document --%s", name)
+		}
+	}
+}
+
+// TestEveryFlagHasItsEnvironmentVariable checks the WALRELAY_* naming rule
+// the README states.
+func TestEveryFlagHasItsEnvironmentVariable(t *testing.T) {
+	for name, env := range runFlags(t) {
+		want := "WALRELAY_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if env != want {
+			t.Errorf("--%s reads %q, want %q", name, env, want)
+		}
+	}
+}
+
+// TestComposeUsesRealVariables catches a docker-compose.yml that sets an
+// environment variable walrelay does not read.
+func TestComposeUsesRealVariables(t *testing.T) {
+	compose, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, env := range runFlags(t) {
+		known[env] = true
+	}
+	found := regexp.MustCompile(`(?m)^\s+(WALRELAY_[A-Z_]+):`).FindAllStringSubmatch(string(compose), -1)
+	if len(found) < 2 {
+		t.Fatalf("found %d WALRELAY_ variables in docker-compose.yml", len(found))
+	}
+	for _, m := range found {
+		if !known[m[1]] {
+			t.Errorf("docker-compose.yml sets %s, which walrelay run does not read", m[1])
+		}
+	}
+}
+
+// TestOutboxDDLMatchesDeploy keeps deploy/outbox.sql (used by compose),
+// the README and `walrelay dev` on one table definition.
+func TestOutboxDDLMatchesDeploy(t *testing.T) {
+	want := outboxDDL("public.outbox")
+	for _, f := range []string{"../../deploy/outbox.sql", "../../README.md"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s does not contain the outbox DDL walrelay dev uses:\n%s", f, want)
+		}
+	}
+}

@@ -1,0 +1,430 @@
+// Package integration runs walrelay end to end against a real PostgreSQL
+// and a Kafka-protocol broker, and asserts on what a Kafka consumer reads
+// back and on pg_replication_slots.
+//
+// By default the tests start what they need: one throwaway PostgreSQL
+// cluster for the package (initdb into a temporary directory, as the
+// postgres user when run as root) and one in-process kfake broker per test.
+// To run them against real services instead (docker-compose.yml):
+//
+//	WALRELAY_TEST_PG_URL=postgres://postgres:postgres@localhost:5432/postgres?sslmode=disable
+//	WALRELAY_TEST_BROKERS=localhost:9092
+//
+// The PostgreSQL role must be able to create databases; each test works in
+// a database and on topics of its own. Tests that inject broker faults need
+// kfake and are skipped against an external broker.
+package integration
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/relay"
+	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
+)
+
+var (
+	pgAdminURL string // superuser URL of the cluster the tests use
+	pgCluster  *devcluster.Postgres
+	extBrokers []string // set when running against an external Kafka
+	binPath    string   // the walrelay binary, built once
+	verbose    = flag.Bool("relay-log", false, "show the relay's debug log")
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx := context.Background()
+	if u := os.Getenv("WALRELAY_TEST_PG_URL"); u != "" {
+		pgAdminURL = u
+	} else {
+		pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{Settings: map[string]string{
+			"wal_sender_timeout": "'20s'",
+		}})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "start PostgreSQL:", err)
+			return 1
+		}
+		defer pg.Close()
+		pgCluster = pg
+		pgAdminURL = pg.URL("postgres")
+	}
+	if b := os.Getenv("WALRELAY_TEST_BROKERS"); b != "" {
+		extBrokers = strings.Split(b, ",")
+	}
+	dir, err := os.MkdirTemp("", "walrelay-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binPath = filepath.Join(dir, "walrelay")
+	build := exec.Command("go", "build", "-o", binPath, "github.com/walrelay/walrelay/cmd/walrelay")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build walrelay:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// env is one test's world: its own database, outbox table, slot,
+// publication, topic prefix and (unless external) broker.
+type env struct {
+	t       *testing.T
+	name    string // unique, lower case: database, slot and topic prefix
+	url     string // the test database
+	brokers []string
+	kafka   *devcluster.Kafka // nil against an external broker
+	ctx     context.Context
+}
+
+var envSeq atomic.Int64
+
+var nonWord = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// newEnv creates the test's database with an outbox table.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	name := nonWord.ReplaceAllString(strings.ToLower(t.Name()), "_")
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	name = fmt.Sprintf("w%d_%s", envSeq.Add(1), name)
+	url, err := devcluster.CreateDatabase(ctx, pgAdminURL, name)
+	if err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	e := &env{t: t, name: name, url: url, ctx: ctx}
+	e.exec(`CREATE TABLE outbox (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+		aggregate_type text,
+		aggregate_id text,
+		type text,
+		payload jsonb,
+		seq bigint
+	)`)
+	if extBrokers != nil {
+		e.brokers = extBrokers
+	} else {
+		k, err := devcluster.StartKafka(devcluster.KafkaOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(k.Close)
+		e.kafka = k
+		e.brokers = []string{k.Addr()}
+	}
+	t.Cleanup(func() {
+		// Drop the slot so the cluster does not keep WAL for it.
+		conn, err := pgx.Connect(context.Background(), e.url)
+		if err == nil {
+			conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", e.name)
+			conn.Close(context.Background())
+		}
+	})
+	return e
+}
+
+// needKfake skips tests that inject broker faults.
+func (e *env) needKfake() {
+	if e.kafka == nil {
+		e.t.Skip("needs the in-process kfake broker for fault injection")
+	}
+}
+
+// conn opens a connection to the test database.
+func (e *env) conn() *pgx.Conn {
+	e.t.Helper()
+	c, err := pgx.Connect(e.ctx, e.url)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	c, err := pgx.Connect(e.ctx, e.url)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	if _, err := c.Exec(e.ctx, sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// topicPrefix keeps topics of tests sharing an external broker apart.
+func (e *env) topicPrefix() string { return e.name + "." }
+
+// topic is the topic events of aggregate type agg go to.
+func (e *env) topic(agg string) string { return e.topicPrefix() + agg }
+
+// config is the relay configuration the tests start from.
+func (e *env) config() relay.Config {
+	return relay.Config{
+		PGURL:             e.url,
+		Slot:              e.name,
+		Publication:       e.name,
+		Tables:            []decoder.Table{{Schema: "public", Name: "outbox"}},
+		Mapping:           decoder.DefaultMapping(),
+		CreatePublication: true,
+		CreateSlot:        true,
+		Router: router.Config{
+			TopicTemplate:   e.topicPrefix() + "{aggregate_type}",
+			DeadLetterTopic: e.topicPrefix() + "dlq",
+			CreateTopics:    true,
+			TopicPartitions: 3,
+		},
+		KafkaOptions:   []kgo.Opt{kgo.SeedBrokers(e.brokers...), kgo.ProducerLinger(time.Millisecond)},
+		StatusInterval: time.Second,
+		BackoffMin:     100 * time.Millisecond,
+		BackoffMax:     time.Second,
+	}
+}
+
+// args are the binary's flags equivalent to config().
+func (e *env) args() []string {
+	return []string{
+		"run", "--pg-url", e.url, "--brokers", strings.Join(e.brokers, ","),
+		"--slot", e.name, "--publication", e.name,
+		"--topic-template", e.topicPrefix() + "{aggregate_type}", "--dead-letter-topic", e.topicPrefix() + "dlq",
+		"--topic-partitions", "3", "--status-interval", "1s", "--backoff-max", "1s", "--linger", "1ms",
+		"--metrics-addr", "", "--log-level", "info",
+	}
+}
+
+// running is an in-process relay.
+type running struct {
+	relay  *relay.Relay
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startRelay runs a relay in-process until the test ends (or stop).
+func (e *env) startRelay(cfg relay.Config) *running {
+	e.t.Helper()
+	var log *zap.Logger
+	if *verbose {
+		log = zaptest.NewLogger(e.t)
+	} else {
+		log = zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
+	}
+	r, err := relay.New(cfg, log, metrics.NewUnregistered())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	rr := &running{relay: r, cancel: cancel, done: make(chan error, 1)}
+	go func() { rr.done <- r.Run(ctx) }()
+	e.t.Cleanup(func() { rr.stop(e.t) })
+	e.waitFor("relay streaming", 30*time.Second, func() (bool, error) {
+		select {
+		case err := <-rr.done:
+			rr.done <- err
+			return false, fmt.Errorf("relay stopped: %v", err)
+		default:
+		}
+		return r.Streaming(), nil
+	})
+	return rr
+}
+
+// stop cancels the relay and waits for Run to return; it returns Run's
+// error.
+func (rr *running) stop(t *testing.T) error {
+	rr.cancel()
+	select {
+	case err := <-rr.done:
+		rr.done <- err
+		return err
+	case <-time.After(60 * time.Second):
+		t.Fatal("relay did not stop within 60s")
+		return nil
+	}
+}
+
+// waitFor polls cond until it holds or fails the test after timeout.
+func (e *env) waitFor(what string, timeout time.Duration, cond func() (bool, error)) {
+	e.t.Helper()
+	if err := devcluster.WaitFor(timeout, 20*time.Millisecond, cond); err != nil {
+		e.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// slotInfo reads the test slot's row of pg_replication_slots.
+func (e *env) slotInfo() slot.Info {
+	e.t.Helper()
+	c, err := pgx.Connect(e.ctx, e.url)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	i, err := slot.ReadInfo(e.ctx, c, e.name)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return i
+}
+
+// currentLSN is the server's WAL insert position.
+func (e *env) currentLSN(c *pgx.Conn) slot.LSN {
+	e.t.Helper()
+	var l slot.LSN
+	if err := c.QueryRow(e.ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&l); err != nil {
+		e.t.Fatal(err)
+	}
+	return l
+}
+
+// consumer reads every topic of the test from the start.
+type consumer struct {
+	e      *env
+	client *kgo.Client
+	mu     sync.Mutex
+	recs   []*kgo.Record
+}
+
+func (e *env) consume() *consumer {
+	e.t.Helper()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(e.brokers...),
+		kgo.ConsumeRegex(),
+		kgo.ConsumeTopics("^"+regexp.QuoteMeta(e.topicPrefix())+".*"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.MetadataMinAge(50*time.Millisecond),
+		kgo.MetadataMaxAge(200*time.Millisecond),
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c := &consumer{e: e, client: cl}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			c.mu.Lock()
+			fs.EachRecord(func(r *kgo.Record) { c.recs = append(c.recs, r) })
+			c.mu.Unlock()
+		}
+	}()
+	e.t.Cleanup(func() {
+		cancel()
+		<-done
+		cl.Close()
+	})
+	return c
+}
+
+// records returns a copy of what was read so far.
+func (c *consumer) records() []*kgo.Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*kgo.Record(nil), c.recs...)
+}
+
+// waitIDs waits until records with n distinct id headers were read, and
+// returns everything read.
+func (c *consumer) waitIDs(n int, timeout time.Duration) []*kgo.Record {
+	c.e.t.Helper()
+	var recs []*kgo.Record
+	c.e.waitFor(fmt.Sprintf("%d distinct ids", n), timeout, func() (bool, error) {
+		recs = c.records()
+		got := len(distinctIDs(recs))
+		return got >= n, fmt.Errorf("%d distinct ids read", got)
+	})
+	return recs
+}
+
+func header(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+func distinctIDs(recs []*kgo.Record) map[string]int {
+	ids := make(map[string]int)
+	for _, r := range recs {
+		if id, ok := header(r, "id"); ok {
+			ids[id]++
+		}
+	}
+	return ids
+}
+
+// runBinary starts the walrelay binary with args; its output goes to the
+// test log.
+func (e *env) runBinary(args ...string) *exec.Cmd {
+	e.t.Helper()
+	cmd := exec.Command(binPath, args...)
+	w := &testWriter{t: e.t, prefix: "walrelay: "}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// testWriter forwards a process's output to the test log, line by line.
+type testWriter struct {
+	t      *testing.T
+	prefix string
+	mu     sync.Mutex
+	buf    []byte
+	done   atomic.Bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := strings.IndexByte(string(w.buf), '\n')
+		if i < 0 {
+			break
+		}
+		if !w.done.Load() {
+			w.t.Log(w.prefix + string(w.buf[:i]))
+		}
+		w.buf = w.buf[i+1:]
+	}
+	return len(p), nil
+}
