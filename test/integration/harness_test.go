@@ -61,7 +61,9 @@ func run(m *testing.M) int {
 		pgAdminURL = u
 	} else {
 		pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{Settings: map[string]string{
-			"wal_sender_timeout": "'20s'",
+			// Short, so tests of backpressure see a relay that stopped
+			// answering get disconnected.
+			"wal_sender_timeout": "'10s'",
 		}})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "start PostgreSQL:", err)

@@ -319,6 +319,53 @@ func TestAckGating(t *testing.T) {
 	})
 }
 
+// TestBackpressureKeepsTheConnection blocks the relay on a full producer
+// buffer (the broker refuses every write) for longer than the server's
+// wal_sender_timeout (10s in the test cluster): the relay keeps sending
+// status updates while it waits, so the walsender does not drop it (same
+// backend pid throughout), and nothing is confirmed past the last ack.
+func TestBackpressureKeepsTheConnection(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	cfg := e.config()
+	cfg.Router.MaxInflightEvents = 5
+	rr := e.startRelay(cfg)
+	c := e.consume()
+	conn := e.conn()
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('o', 'k', 'T', '{"n": 0}', 0)`)
+	c.waitIDs(1, 30*time.Second)
+	pid := e.slotInfo().ActivePID
+
+	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+		SELECT 'o', 'k', 'T', jsonb_build_object('n', g), g FROM generate_series(1, 200) g`)
+	refused := e.currentLSN(conn)
+	time.Sleep(14 * time.Second)
+	info := e.slotInfo()
+	if info.ActivePID == nil || pid == nil || *info.ActivePID != *pid {
+		t.Fatalf("walsender pid changed from %v to %v while Kafka refused writes: the relay was disconnected", deref(pid), deref(info.ActivePID))
+	}
+	if info.ConfirmedLSN >= refused {
+		t.Fatalf("confirmed %s, past the refused transaction (ends before %s)", info.ConfirmedLSN, refused)
+	}
+	if !rr.relay.Streaming() {
+		t.Fatal("relay not streaming")
+	}
+	fault.Remove()
+	recs := c.waitIDs(201, 60*time.Second)
+	checkPerKeyOrder(t, recs)
+	e.waitFor("confirmed past the backlog", 30*time.Second, func() (bool, error) {
+		return e.slotInfo().ConfirmedLSN >= refused, nil
+	})
+}
+
+func deref(p *int32) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
 // TestBigTransaction sends one transaction of 200,000 outbox rows through
 // the relay binary; per key the rows arrive in insert order.
 func TestBigTransaction(t *testing.T) {
