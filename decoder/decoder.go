@@ -136,6 +136,12 @@ const (
 	KindCommit
 	// KindRelation means a relation (re)definition was cached.
 	KindRelation
+	// KindMessage is a non-transactional logical decoding message (from
+	// pg_logical_emit_message(false, …), as walrelay's heartbeat sends):
+	// Decoder.MessageLSN is its position. Everything before it in the
+	// stream has been received, so it is a marker like a keepalive's.
+	// Transactional messages are KindIgnored.
+	KindMessage
 )
 
 // String returns the kind's name for logs.
@@ -151,6 +157,8 @@ func (k Kind) String() string {
 		return "Commit"
 	case KindRelation:
 		return "Relation"
+	case KindMessage:
+		return "Message"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -229,6 +237,8 @@ type Decoder struct {
 	begin  Begin
 	commit Commit
 	event  Event
+
+	messageLSN LSN
 }
 
 // New validates cfg and returns a Decoder for it.
@@ -298,6 +308,9 @@ func (d *Decoder) Commit() Commit { return d.commit }
 // every event; see Event for what may be kept.
 func (d *Decoder) Event() *Event { return &d.event }
 
+// MessageLSN is the position of the last KindMessage.
+func (d *Decoder) MessageLSN() LSN { return d.messageLSN }
+
 // Decode decodes one pgoutput message. data is only read during the call (the
 // caller reuses its buffer). It never panics on any input; malformed input
 // returns an error wrapping ErrMalformed with the message type, the field and
@@ -335,8 +348,8 @@ func (d *Decoder) Decode(data []byte) (Kind, error) {
 		r.cstring("name")
 		return KindIgnored, d.end(&r, t)
 	case 'M':
-		r.u8("flags")
-		r.u64("LSN")
+		flags := r.u8("flags")
+		lsn := LSN(r.u64("LSN"))
 		r.cstring("prefix")
 		at := r.off
 		n := int32(r.u32("content length"))
@@ -344,7 +357,14 @@ func (d *Decoder) Decode(data []byte) (Kind, error) {
 			return KindIgnored, malformed(t, "content length", at, fmt.Sprintf("negative length %d", n))
 		}
 		r.skip(int(n), "content")
-		return KindIgnored, d.end(&r, t)
+		if err := d.end(&r, t); err != nil {
+			return KindIgnored, err
+		}
+		if flags&1 != 0 { // transactional: part of a transaction's changes
+			return KindIgnored, nil
+		}
+		d.messageLSN = lsn
+		return KindMessage, nil
 	case 'S', 'E', 'c', 'A':
 		return KindIgnored, fmt.Errorf("decoder: %s message: streaming is not requested: %w", messageName(t), ErrUnsupported)
 	case 'b', 'P', 'K', 'r', 'p':

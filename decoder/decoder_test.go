@@ -152,7 +152,6 @@ func TestIgnoredMessages(t *testing.T) {
 		{"Origin", originMsg(0x1000, "node_a")},
 		{"Type", typeMsg(16400, "public", "mood")},
 		{"transactional M", logicalMsg(true, 0x1000, "walrelay", []byte("nudge"))},
-		{"non-transactional M", logicalMsg(false, 0x1000, "", nil)},
 		{"insert into other table", insertMsg(otherOID, text("1"), text("9.99"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -164,9 +163,21 @@ func TestIgnoredMessages(t *testing.T) {
 	}
 }
 
-func TestNonTransactionalMessageOutsideTransaction(t *testing.T) {
+// TestNonTransactionalMessage: a heartbeat message from
+// pg_logical_emit_message(false, …) is reported with its LSN, inside or
+// outside a transaction, and leaves an open transaction going.
+func TestNonTransactionalMessage(t *testing.T) {
 	d := newDecoder(t)
-	decode(t, d, logicalMsg(false, 0x1000, "walrelay.heartbeat", []byte("x")), KindIgnored)
+	decode(t, d, logicalMsg(false, 0x1000, "walrelay.heartbeat", []byte("x")), KindMessage)
+	if got := d.MessageLSN(); got != 0x1000 {
+		t.Fatalf("MessageLSN = %v, want 0/1000", got)
+	}
+	d = ready(t)
+	decode(t, d, logicalMsg(false, 0x2000, "", nil), KindMessage)
+	if got := d.MessageLSN(); got != 0x2000 {
+		t.Fatalf("MessageLSN = %v, want 0/2000", got)
+	}
+	decode(t, d, insertMsg(outboxOID, text(uuidText), text("a"), text("1"), null(), text("{}")), KindInsert)
 }
 
 func TestUnsupported(t *testing.T) {

@@ -23,6 +23,9 @@ const (
 	ReasonTooLarge        Reason = "record_too_large"
 )
 
+// Reasons lists every Reason.
+var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge}
+
 // Dead-letter header names. The event's own id and type headers keep their
 // configured names.
 const (
@@ -51,7 +54,6 @@ func (e *InvalidEventError) Error() string {
 
 // invalid handles an event that cannot go to its own topic.
 func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Reason, detail string) error {
-	r.metrics.EventsDeadLettered.WithLabelValues(string(reason)).Inc()
 	fields := []zap.Field{
 		zap.String("reason", string(reason)), zap.String("detail", detail),
 		zap.Stringer("table", ev.Table), zap.Stringer("lsn", lsn), zap.ByteString("id", ev.ID),
@@ -60,9 +62,11 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 	case InvalidFail:
 		return &InvalidEventError{Reason: reason, Detail: detail, Table: ev.Table.String(), LSN: lsn, ID: string(ev.ID)}
 	case InvalidSkip:
+		r.metrics.EventsDeadLettered.WithLabelValues(string(reason)).Inc()
 		r.log.Warn("skipping invalid outbox event", fields...)
 		return nil
 	}
+	r.metrics.EventsDeadLettered.WithLabelValues(string(reason)).Inc()
 	r.log.Warn("dead-lettering invalid outbox event", fields...)
 
 	o := &outRecord{topic: r.dlq, ack: a}
@@ -93,24 +97,18 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 		}
 	}
 	o.rec.Headers = h
-	o.size = recordOverhead + len(o.rec.Key)
-	for _, x := range h {
-		o.size += len(x.Key) + len(x.Value) + 2
-	}
 	// The payload rides along when it fits; a record that was too large
 	// (or whose headers alone are) keeps only what identifies it.
-	if o.size+len(ev.Payload) <= r.cfg.MaxRecordBytes {
-		o.rec.Value = ev.Payload
-		o.size += len(ev.Payload)
-	} else {
+	o.rec.Value = ev.Payload
+	o.size = recordSize(o.rec.Key, o.rec.Value, h)
+	if o.size > r.cfg.MaxRecordBytes {
+		o.rec.Value = nil
 		o.rec.Key = truncate(o.rec.Key, 1024)
 		o.rec.Headers = append(o.rec.Headers, kgo.RecordHeader{Key: HeaderPayloadOmit, Value: []byte(fmt.Sprint(len(ev.Payload)))})
-		o.size = recordOverhead
 		for i := range o.rec.Headers {
-			x := &o.rec.Headers[i]
-			x.Value = truncate(x.Value, 1024)
-			o.size += len(x.Key) + len(x.Value) + 2
+			o.rec.Headers[i].Value = truncate(o.rec.Headers[i].Value, 1024)
 		}
+		o.size = recordSize(o.rec.Key, nil, o.rec.Headers)
 	}
 	r.gate.acquire(o.size)
 	a.Add()

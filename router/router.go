@@ -175,6 +175,9 @@ func New(cfg Config, client *kgo.Client, log *zap.Logger, m *metrics.Metrics, fa
 		byName:    make(map[string]*topic),
 	}
 	r.gate.init(cfg.MaxInflightEvents, cfg.MaxInflightBytes, m)
+	for _, reason := range Reasons {
+		m.EventsDeadLettered.WithLabelValues(string(reason)) // export zeros: alerts see the series
+	}
 	r.promise = r.onPromise
 	r.dlq = r.topicNamed(cfg.DeadLetterTopic)
 	return r, nil
@@ -199,26 +202,34 @@ func ClientOptions(cfg Config) []kgo.Opt {
 // bypass the in-flight gate because they replace an event already counted.
 const dlqSlack = 1024
 
-// Start creates the dead-letter topic when topic creation is on. It blocks
-// until the broker answers or ctx ends.
-func (r *Router) Start(ctx context.Context) error {
-	if !r.cfg.CreateTopics || r.cfg.OnInvalid != InvalidDeadLetter {
-		r.dlq.state = topicReady
+// Start creates the dead-letter topic, and the extra topics (such as the
+// heartbeat topic), when topic creation is on. It blocks until the broker
+// answers or ctx ends.
+func (r *Router) Start(ctx context.Context, extra ...string) error {
+	if !r.cfg.CreateTopics {
 		return nil
 	}
-	r.startCreate(ctx, r.dlq)
-	select {
-	case <-r.dlq.ready:
-	case <-ctx.Done():
-		return ctx.Err()
+	var names []string
+	if r.cfg.OnInvalid == InvalidDeadLetter {
+		names = append(names, r.dlq.name)
 	}
-	r.settle(r.dlq)
-	if r.dlq.state == topicRejected {
-		return fmt.Errorf("create dead-letter topic %q: %w", r.dlq.name, r.dlq.rejectErr)
+	for _, name := range append(names, extra...) {
+		t := r.topicNamed(name)
+		r.startCreate(ctx, t)
+		select {
+		case <-t.ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		r.settle(t)
+		switch t.state {
+		case topicRejected:
+			return fmt.Errorf("create topic %q: %w", name, t.rejectErr)
+		case topicUnknown:
+			return fmt.Errorf("create topic %q: the broker did not confirm; see the log", name)
+		}
 	}
-	if r.dlq.state != topicReady {
-		return fmt.Errorf("create dead-letter topic %q: broker did not confirm, see the log", r.dlq.name)
-	}
+	r.dlq.state = topicReady
 	return nil
 }
 
@@ -312,10 +323,42 @@ type outRecord struct {
 
 func recordOf(r *kgo.Record) *outRecord { return (*outRecord)(unsafe.Pointer(r)) }
 
-// recordOverhead approximates the bytes Kafka's record format adds around
-// a record's key, value and headers (varints, attributes, and a share of
-// the batch header).
-const recordOverhead = 80
+// batchOverhead is what a record batch (format v2) adds around a lone
+// record: its 61-byte header and the 4-byte length the producer counts.
+const batchOverhead = 65
+
+// recordSize is the encoded size of a record alone in a batch, as the
+// broker compares it with max.message.bytes: varint lengths, attributes,
+// the largest timestamp and offset deltas, key, value and headers. It errs
+// high by a few bytes, never low: an event it passes must not fail in the
+// producer with MESSAGE_TOO_LARGE.
+func recordSize(key, value []byte, headers []kgo.RecordHeader) int {
+	n := 1 + 10 + 5 // attributes, timestamp delta, offset delta (varint maxima)
+	n += bytesField(key) + bytesField(value) + varintLen(len(headers))
+	for _, h := range headers {
+		n += varintLen(len(h.Key)) + len(h.Key) + bytesField(h.Value)
+	}
+	return batchOverhead + varintLen(n) + n
+}
+
+// bytesField is a varint length (-1 for nil) and the bytes.
+func bytesField(b []byte) int {
+	if b == nil {
+		return 1
+	}
+	return varintLen(len(b)) + len(b)
+}
+
+// varintLen is the size of n as a zig-zag varint.
+func varintLen(n int) int {
+	u := uint64(n) << 1
+	l := 1
+	for u >= 0x80 {
+		u >>= 7
+		l++
+	}
+	return l
+}
 
 func (r *Router) newRecord(ev *decoder.Event, t *topic, a Acker) *outRecord {
 	o := &outRecord{topic: t, ack: a}
@@ -334,10 +377,7 @@ func (r *Router) newRecord(ev *decoder.Event, t *topic, a Acker) *outRecord {
 		}
 	}
 	o.rec.Headers = h
-	o.size = recordOverhead + len(o.rec.Key) + len(o.rec.Value)
-	for _, x := range h {
-		o.size += len(x.Key) + len(x.Value) + 2
-	}
+	o.size = recordSize(o.rec.Key, o.rec.Value, h)
 	return o
 }
 

@@ -42,6 +42,11 @@ func ParseTemplate(s string) (Template, error) {
 	if strings.ContainsAny(t.prefix+t.suffix, "{}") {
 		return Template{}, fmt.Errorf("topic template %q: only %s is a placeholder", s, aggregateTypePlaceholder)
 	}
+	// The fixed parts must be able to form a valid name around a
+	// one-character aggregate type; else every event would be invalid.
+	if err := ValidTopic(t.prefix + "x" + t.suffix); err != nil {
+		return Template{}, fmt.Errorf("topic template %q can never make a valid topic name: %w", s, err)
+	}
 	return t, nil
 }
 
