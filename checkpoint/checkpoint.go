@@ -181,6 +181,17 @@ func (tr *Tracker) Advance() Position {
 // Confirmed returns the watermark computed by the last Advance.
 func (tr *Tracker) Confirmed() Position { return tr.confirmed }
 
+// OldestCommit returns the commit time of the oldest transaction queued
+// behind the watermark, or zero when only markers (or nothing) are queued.
+func (tr *Tracker) OldestCommit() time.Time {
+	for _, t := range tr.queue {
+		if !t.marker {
+			return t.commitTime
+		}
+	}
+	return time.Time{}
+}
+
 // InFlight returns how many transactions and markers are queued behind the
 // watermark.
 func (tr *Tracker) InFlight() int { return len(tr.queue) }

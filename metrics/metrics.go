@@ -24,11 +24,14 @@ type Metrics struct {
 	ReplicationLag     prometheus.Gauge
 	CommitToAck        prometheus.Histogram
 	InflightEvents     prometheus.Gauge
-	Heartbeats         prometheus.Counter
+	Heartbeats         *prometheus.CounterVec
 	StandbyStatusSent  prometheus.Counter
 	StreamRestarts     *prometheus.CounterVec
 	Streaming          prometheus.Gauge
 	ReceivedBytes      prometheus.Counter
+	SlotSafeWALSize    prometheus.Gauge
+	SlotWALStatus      *prometheus.GaugeVec
+	Ready              prometheus.Gauge
 }
 
 // New creates the metrics and registers them on reg.
@@ -83,10 +86,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_inflight_events",
 			Help: "Events handed to the producer and not yet acknowledged. Pinned at the limit means Kafka is the bottleneck.",
 		}),
-		Heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
+		Heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_heartbeats_total",
-			Help: "Heartbeats sent (WAL nudges and heartbeat records).",
-		}),
+			Help: "Heartbeats sent, by kind: wal (a WAL nudge in the source database) or kafka (a heartbeat record). Flat while enabled means the heartbeat fails: read the log.",
+		}, []string{"kind"}),
 		StandbyStatusSent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_standby_status_updates_total",
 			Help: "Standby status updates sent to PostgreSQL.",
@@ -103,13 +106,25 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_received_bytes_total",
 			Help: "Bytes of pgoutput messages received from the replication slot.",
 		}),
+		SlotSafeWALSize: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_safe_wal_size_bytes",
+			Help: "WAL that may still be written before the slot risks invalidation (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited. Near zero: the slot is about to be lost, get the relay confirming now.",
+		}),
+		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "walrelay_slot_wal_status",
+			Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others. lost means the slot was invalidated and events are gone from it.",
+		}, []string{"status"}),
+		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_ready",
+			Help: "1 while the relay is streaming and its replication lag is under the readiness threshold (what /readyz reports).",
+		}),
 	}
 	reg.MustRegister(
 		m.EventsPublished, m.EventsDeadLettered, m.Transactions, m.ProduceErrors,
 		m.ReceivedLSN, m.ConfirmedLSN, m.ServerWALEndLSN, m.SlotRetainedWAL,
 		m.SlotLag, m.ReplicationLag, m.CommitToAck, m.InflightEvents,
 		m.Heartbeats, m.StandbyStatusSent, m.StreamRestarts, m.Streaming,
-		m.ReceivedBytes,
+		m.ReceivedBytes, m.SlotSafeWALSize, m.SlotWALStatus, m.Ready,
 	)
 	return m
 }

@@ -17,7 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,6 +66,26 @@ type Config struct {
 	// BackoffMin and BackoffMax bound the jittered exponential wait between
 	// sessions (defaults 500ms and 30s).
 	BackoffMin, BackoffMax time.Duration
+
+	// NoIdleAdvance stops confirming keepalive positions (idle advance is
+	// on by default). Only for diagnosis: without it a quiet outbox in a
+	// busy database pins WAL until the next outbox event.
+	NoIdleAdvance bool
+	// HeartbeatInterval is the time between WAL nudges and heartbeat
+	// records; 0 disables both.
+	HeartbeatInterval time.Duration
+	// HeartbeatQuery replaces the default nudge
+	// (pg_logical_emit_message(false, 'walrelay.heartbeat', …)).
+	HeartbeatQuery string
+	// HeartbeatTopic, when set, receives a heartbeat record every
+	// HeartbeatInterval.
+	HeartbeatTopic string
+	// SlotPollInterval is how often pg_replication_slots is read for the
+	// slot metrics and an invalidated slot (default 10s).
+	SlotPollInterval time.Duration
+	// ReadyMaxLag is the replication lag above which the relay reports not
+	// ready (default 60s; negative disables the check).
+	ReadyMaxLag time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -84,6 +104,12 @@ func (c *Config) setDefaults() {
 	if c.BackoffMax <= 0 {
 		c.BackoffMax = 30 * time.Second
 	}
+	if c.SlotPollInterval <= 0 {
+		c.SlotPollInterval = 10 * time.Second
+	}
+	if c.ReadyMaxLag == 0 {
+		c.ReadyMaxLag = 60 * time.Second
+	}
 }
 
 // Relay runs the pipeline. Create it with New, then call Run once.
@@ -94,8 +120,11 @@ type Relay struct {
 	backoff *backoff.ExponentialBackOff
 
 	confirmed atomic.Uint64 // last position sent to PostgreSQL
+	received  atomic.Uint64 // newest WAL position received
+	lag       atomic.Int64  // replication lag in nanoseconds
 	streaming atomic.Bool
 	current   atomic.Pointer[session]
+	router    atomic.Pointer[router.Router]
 	// slotSeen is set once a stream has started: from then on a missing
 	// slot was dropped under us, and recreating it would skip data.
 	slotSeen bool
@@ -122,6 +151,12 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if cfg.StatusInterval < cfg.ConfirmDelay {
 		return nil, fmt.Errorf("status interval %s is shorter than the confirm delay %s", cfg.StatusInterval, cfg.ConfirmDelay)
 	}
+	for _, kind := range []string{"wal", "kafka"} {
+		m.Heartbeats.WithLabelValues(kind)
+	}
+	for _, cause := range []string{"kafka", "slot_busy", "decode", "postgres", "connection", "setup"} {
+		m.StreamRestarts.WithLabelValues(cause)
+	}
 	return &Relay{
 		cfg:     cfg,
 		log:     log,
@@ -142,21 +177,62 @@ func (r *Relay) Confirmed() decoder.LSN { return decoder.LSN(r.confirmed.Load())
 // Streaming reports whether a replication stream is open.
 func (r *Relay) Streaming() bool { return r.streaming.Load() }
 
+// ReplicationLag is now minus the commit time of the oldest transaction
+// not yet confirmed (0 when everything received is confirmed).
+func (r *Relay) ReplicationLag() time.Duration { return time.Duration(r.lag.Load()) }
+
+// Ready returns nil when the relay is streaming and its replication lag is
+// under ReadyMaxLag, else why not.
+func (r *Relay) Ready() error {
+	if !r.Streaming() {
+		return errors.New("not streaming: connecting, waiting for the slot or backing off")
+	}
+	if lag := r.ReplicationLag(); r.cfg.ReadyMaxLag > 0 && lag > r.cfg.ReadyMaxLag {
+		return fmt.Errorf("replication lag %s exceeds %s", lag.Round(time.Millisecond), r.cfg.ReadyMaxLag)
+	}
+	return nil
+}
+
+// updateReady publishes readiness as a metric.
+func (r *Relay) updateReady() {
+	if r.Ready() == nil {
+		r.metrics.Ready.Set(1)
+	} else {
+		r.metrics.Ready.Set(0)
+	}
+}
+
 // Run prepares the database and relays until ctx ends, then waits (at most
 // ShutdownTimeout) for outstanding acks, confirms them and returns nil.
 // It returns an error only for what retrying cannot fix: a setup refusal,
 // an invalidated or vanished slot, an outbox table that lost a mapped
 // column, an invalid event with on-invalid=fail.
-func (r *Relay) Run(ctx context.Context) error {
-	if err := r.prepare(ctx); err != nil {
-		if ctx.Err() != nil {
+func (r *Relay) Run(parent context.Context) error {
+	if err := r.prepare(parent); err != nil {
+		if parent.Err() != nil {
 			return nil
 		}
 		return err
 	}
+	// Background work that may stop the relay (an invalidated slot)
+	// cancels ctx with a cause; the parent's cancellation is a clean stop.
+	ctx, stop := context.WithCancelCause(parent)
+	defer stop(nil)
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	bg.Go(func() { r.watchSlot(ctx, stop) })
+	bg.Go(func() { r.beater().Run(ctx) })
+	stopped := func() error {
+		if cause := context.Cause(ctx); parent.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+			return cause
+		}
+		return nil
+	}
+
 	var rt *router.Router
 	defer func() {
 		if rt != nil {
+			r.router.Store(nil)
 			rt.Close()
 		}
 	}()
@@ -165,29 +241,31 @@ func (r *Relay) Run(ctx context.Context) error {
 			var err error
 			if rt, err = r.newRouter(ctx); err != nil {
 				if ctx.Err() != nil {
-					return nil
+					return stopped()
 				}
 				if !r.retry(ctx, "kafka", err) {
-					return nil
+					return stopped()
 				}
 				continue
 			}
+			r.router.Store(rt)
 		}
 		err := r.session(ctx, rt)
 		if rt.Failed() {
 			// A producer that lost a record is not reused: its
 			// idempotence state and buffered records are suspect.
+			r.router.Store(nil)
 			rt.Close()
 			rt = nil
 		}
 		if ctx.Err() != nil {
-			return nil
+			return stopped()
 		}
 		if isFatal(err) {
 			return err
 		}
 		if !r.retry(ctx, causeOf(err), err) {
-			return nil
+			return stopped()
 		}
 	}
 }
@@ -227,7 +305,11 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		client.Close()
 		return nil, err
 	}
-	if err := rt.Start(ctx); err != nil {
+	var extra []string
+	if r.cfg.HeartbeatTopic != "" && r.cfg.HeartbeatInterval > 0 {
+		extra = append(extra, r.cfg.HeartbeatTopic)
+	}
+	if err := rt.Start(ctx, extra...); err != nil {
 		rt.Close()
 		return nil, err
 	}
@@ -301,9 +383,4 @@ func causeOf(err error) string {
 	default:
 		return "connection"
 	}
-}
-
-// jitter spreads d by ±10%.
-func jitter(d time.Duration) time.Duration {
-	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -38,21 +39,22 @@ type session struct {
 	timer   *time.Timer
 	lastLSN decoder.LSN // WAL position of the current message, for errors
 
-	sent       decoder.LSN // position in the last status update
-	sentAt     time.Time
-	nextStatus time.Time
-	nextTick   time.Time
+	status   *heartbeat.Schedule
+	nextTick time.Time
 }
 
 // session streams until the connection breaks, Kafka refuses a record, or
 // ctx ends; then it drains acks and confirms what it can.
 func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
-	start, err := r.startPosition(ctx)
+	start, version, err := r.startPosition(ctx)
 	if err != nil {
 		return err
 	}
 	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
+		// Heartbeat messages come through the stream as markers (pgoutput
+		// sends logical decoding messages from PostgreSQL 14 on).
+		Messages: version >= 140000,
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -75,6 +77,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		rt:     rt,
 		failed: make(chan error, 1),
 		timer:  time.NewTimer(time.Hour),
+		status: heartbeat.NewSchedule(r.cfg.StatusInterval, r.cfg.ConfirmDelay),
 	}
 	s.tr = checkpoint.New(start, checkpoint.OnComplete(func(commit time.Time) {
 		r.metrics.CommitToAck.Observe(time.Since(commit).Seconds())
@@ -92,6 +95,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		r.current.Store(nil)
 		r.streaming.Store(false)
 		r.metrics.Streaming.Set(0)
+		r.updateReady()
 		s.timer.Stop()
 	}()
 
@@ -100,25 +104,31 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 }
 
 // startPosition is where the next stream starts: the later of what this
-// process confirmed and the slot's confirmed_flush_lsn.
-func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, error) {
+// process confirmed and the slot's confirmed_flush_lsn. It also returns the
+// server's version number.
+func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	conn, err := slot.Connect(ctx, r.cfg.PGURL)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer conn.Close(context.Background())
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return 0, 0, fmt.Errorf("read server version: %w", err)
+	}
 	info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
 	switch {
 	case errors.Is(err, slot.ErrNoSlot) && r.slotSeen:
-		return 0, &fatalError{fmt.Errorf("replication slot %q was dropped while walrelay used it; walrelay never recreates a slot silently (a new slot would skip everything written meanwhile): recreate it deliberately with walrelay setup after recovering the gap", r.cfg.Slot)}
+		return 0, 0, &fatalError{fmt.Errorf("replication slot %q was dropped while walrelay used it; walrelay never recreates a slot silently (a new slot would skip everything written meanwhile): recreate it deliberately with walrelay setup after recovering the gap", r.cfg.Slot)}
 	case errors.Is(err, slot.ErrNoSlot):
-		return 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
+		return 0, 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
 	case err != nil:
-		return 0, err
+		return 0, 0, err
 	case info.WALStatus == "lost":
-		return 0, &fatalError{fmt.Errorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone, events written meanwhile cannot be read from it. walrelay never recreates a slot silently: recover the gap from the outbox source, then recreate the slot", r.cfg.Slot)}
+		return 0, 0, &fatalError{fmt.Errorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone and events written meanwhile cannot be read from it. walrelay never recreates a slot silently: recover the gap from the outbox source, then recreate the slot (walrelay drop, walrelay setup)", r.cfg.Slot)}
 	}
-	return max(info.ConfirmedLSN, r.Confirmed()), nil
+	r.recordSlot(info)
+	return max(info.ConfirmedLSN, r.Confirmed()), version, nil
 }
 
 // loop reads the stream until something ends it.
@@ -146,10 +156,13 @@ func (s *session) loop() error {
 		s.r.metrics.ServerWALEndLSN.Set(float64(m.ServerWALEnd))
 		switch m.Kind {
 		case slot.Keepalive:
-			s.tr.Marker(m.ServerWALEnd)
+			if !s.r.cfg.NoIdleAdvance {
+				s.tr.Marker(m.ServerWALEnd)
+			}
 			s.housekeep(m.ReplyRequested)
 		case slot.XLogData:
 			s.lastLSN = m.WALStart
+			s.r.received.Store(uint64(m.WALStart))
 			s.r.metrics.ReceivedLSN.Set(float64(m.WALStart))
 			s.r.metrics.ReceivedBytes.Add(float64(len(m.Data)))
 			if err := s.handle(m.Data); err != nil {
@@ -163,13 +176,13 @@ func (s *session) loop() error {
 }
 
 // deadline is when Receive should give the loop a chance to send a status
-// update: soon while transactions are in flight, else at the next periodic
-// update.
+// update: soon while transactions are in flight or a new position waits to
+// be confirmed, else at the next periodic update.
 func (s *session) deadline() time.Time {
-	if s.tr.InFlight() > 0 || s.tr.Confirmed().LSN > s.sent {
+	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) {
 		return s.nextTick
 	}
-	return s.nextStatus
+	return s.status.Next()
 }
 
 // handle processes one pgoutput message.
@@ -205,6 +218,10 @@ func (s *session) handle(data []byte) error {
 		}
 		s.tr.Commit(s.txn, s.dec.Commit().EndLSN)
 		s.txn = nil
+	case decoder.KindMessage:
+		// A heartbeat (or any non-transactional message): everything
+		// before it was received, so it is a marker like a keepalive.
+		s.tr.Marker(s.dec.MessageLSN())
 	}
 	return nil
 }
@@ -238,14 +255,21 @@ func (s *session) housekeep(force bool) {
 	}
 	pos := s.tr.Advance()
 	m := s.r.metrics
-	if s.tr.InFlight() == 0 || pos.CommitTime.IsZero() {
-		m.ReplicationLag.Set(0)
-	} else {
-		m.ReplicationLag.Set(now.Sub(pos.CommitTime).Seconds())
+	// Replication lag: now minus the commit time of the newest confirmed
+	// transaction while anything is in flight (the oldest in flight when
+	// nothing was confirmed yet), 0 when caught up.
+	var lag time.Duration
+	if oldest := s.tr.OldestCommit(); !oldest.IsZero() {
+		ref := pos.CommitTime
+		if ref.IsZero() {
+			ref = oldest
+		}
+		lag = max(now.Sub(ref), 0)
 	}
-	due := force || !now.Before(s.nextStatus) ||
-		pos.LSN > s.sent && now.Sub(s.sentAt) >= s.r.cfg.ConfirmDelay
-	if !due {
+	s.r.lag.Store(int64(lag))
+	m.ReplicationLag.Set(lag.Seconds())
+	s.r.updateReady()
+	if !s.status.Due(now, pos.LSN, force) {
 		return
 	}
 	if err := s.stream.SendStatus(pos.LSN, false); err != nil {
@@ -256,11 +280,10 @@ func (s *session) housekeep(force bool) {
 	}
 	m.StandbyStatusSent.Inc()
 	m.ConfirmedLSN.Set(float64(pos.LSN))
-	if pos.LSN > s.sent {
+	if pos.LSN > s.status.Confirmed() {
 		s.r.log.Debug("confirmed", zap.Stringer("lsn", pos.LSN))
 	}
-	s.sent, s.sentAt = pos.LSN, now
-	s.nextStatus = now.Add(jitter(s.r.cfg.StatusInterval))
+	s.status.Sent(now, pos.LSN)
 	s.r.confirmed.Store(uint64(pos.LSN))
 }
 

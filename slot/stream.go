@@ -22,6 +22,9 @@ type StreamOptions struct {
 	// Binary asks pgoutput for binary values where a type supports it
 	// (PostgreSQL 14+): less work for the walsender.
 	Binary bool
+	// Messages asks pgoutput for logical decoding messages (PostgreSQL
+	// 14+), which carry walrelay's heartbeats.
+	Messages bool
 }
 
 // MessageKind tells a data message from a keepalive.
@@ -87,6 +90,9 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 	}
 	if opts.Binary {
 		args = append(args, "binary 'true'")
+	}
+	if opts.Messages {
+		args = append(args, "messages 'true'")
 	}
 	err = pglogrepl.StartReplication(ctx, conn, opts.Slot, start, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,

@@ -34,6 +34,7 @@ type devCmd struct {
 	SourceFlags `embed:""`
 	RecordFlags `embed:""`
 	TuningFlags `embed:""`
+	HealthFlags `embed:""`
 }
 
 func (c *devCmd) Run(ctx context.Context, lf *LogFlags) error {
@@ -65,7 +66,7 @@ func (c *devCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	defer kafka.Close()
 
-	cfg, err := relayConfig(url, []string{kafka.Addr()}, c.SourceFlags, c.RecordFlags, c.TuningFlags, log)
+	cfg, err := relayConfig(url, []string{kafka.Addr()}, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, log)
 	if err != nil {
 		return err
 	}
@@ -251,15 +252,31 @@ func createOutboxTables(ctx context.Context, url string, tables []string) error 
 	}
 	defer conn.Close(context.Background())
 	for _, t := range tables {
-		schema, _, _ := strings.Cut(qualify(t), ".")
-		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		if _, err := ensureOutboxTable(ctx, conn, t); err != nil {
 			return err
-		}
-		if _, err := conn.Exec(ctx, outboxDDL(t)); err != nil {
-			return fmt.Errorf("create outbox table %s: %w", t, err)
 		}
 	}
 	return nil
+}
+
+// ensureOutboxTable creates table (and its schema) with the default DDL
+// unless it exists; it reports whether it created it.
+func ensureOutboxTable(ctx context.Context, conn *pgx.Conn, table string) (bool, error) {
+	schema, name, _ := strings.Cut(qualify(table), ".")
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{schema, name}.Sanitize()).Scan(&exists); err != nil {
+		return false, err
+	}
+	if exists {
+		return false, nil
+	}
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return false, fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	if _, err := conn.Exec(ctx, outboxDDL(table)); err != nil {
+		return false, fmt.Errorf("create outbox table %s: %w", table, err)
+	}
+	return true, nil
 }
 
 // isFlagSet reports whether the user chose a flag (or its environment

@@ -53,20 +53,57 @@ type SourceFlags struct {
 	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
 }
 
+// ColumnFlags map outbox columns to the record.
+type ColumnFlags struct {
+	ColumnID            string   `default:"id" help:"Outbox column whose text becomes the id header."`
+	ColumnAggregateType string   `default:"aggregate_type" help:"Outbox column that selects the topic."`
+	ColumnAggregateID   string   `default:"aggregate_id" help:"Outbox column that becomes the record key."`
+	ColumnType          string   `default:"type" help:"Outbox column that becomes the type header; empty for none."`
+	ColumnPayload       string   `default:"payload" help:"Outbox column that becomes the record value (json/jsonb/text as is, bytea as raw bytes, NULL as a tombstone)."`
+	HeaderColumn        []string `placeholder:"COLUMN[=HEADER]" help:"Extra outbox column to send as a header (named HEADER, default the column name); repeatable."`
+}
+
+// mapping is the decoder's column mapping.
+func (c ColumnFlags) mapping() (decoder.Mapping, error) {
+	m := decoder.Mapping{
+		ID: c.ColumnID, AggregateType: c.ColumnAggregateType, AggregateID: c.ColumnAggregateID,
+		Type: c.ColumnType, Payload: c.ColumnPayload,
+	}
+	for _, h := range c.HeaderColumn {
+		col, hdr, ok := strings.Cut(h, "=")
+		if !ok {
+			hdr = col
+		}
+		if col == "" || hdr == "" {
+			return decoder.Mapping{}, fmt.Errorf("--header-column %q: want COLUMN or COLUMN=HEADER", h)
+		}
+		m.Headers = append(m.Headers, decoder.HeaderColumn{Column: col, Header: hdr})
+	}
+	return m, nil
+}
+
+// parseTables parses --table values.
+func parseTables(names []string) ([]decoder.Table, error) {
+	var ts []decoder.Table
+	for _, s := range names {
+		t, err := slot.ParseTable(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("--table: %w", err)
+		}
+		ts = append(ts, t)
+	}
+	return ts, nil
+}
+
 // RecordFlags say what the Kafka records look like.
 type RecordFlags struct {
-	TopicTemplate          string        `default:"outbox.event.{aggregate_type}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
-	CreateTopics           bool          `default:"true" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
-	TopicPartitions        int32         `default:"-1" help:"Partitions of created topics; -1 means the broker's default."`
-	TopicReplicationFactor int16         `default:"-1" help:"Replication factor of created topics; -1 means the broker's default."`
-	DeadLetterTopic        string        `default:"walrelay.dlq" help:"Topic for invalid events (no aggregate type or id, a topic name Kafka rejects, too large)."`
-	OnInvalid              string        `default:"dlq" enum:"dlq,fail,skip" help:"What happens to an invalid event: dlq, fail (stop the relay), skip (log and drop)."`
-	ColumnID               string        `default:"id" help:"Outbox column whose text becomes the id header."`
-	ColumnAggregateType    string        `default:"aggregate_type" help:"Outbox column that selects the topic."`
-	ColumnAggregateID      string        `default:"aggregate_id" help:"Outbox column that becomes the record key."`
-	ColumnType             string        `default:"type" help:"Outbox column that becomes the type header; empty for none."`
-	ColumnPayload          string        `default:"payload" help:"Outbox column that becomes the record value (json/jsonb/text as is, bytea as raw bytes, NULL as a tombstone)."`
-	HeaderColumn           []string      `placeholder:"COLUMN[=HEADER]" help:"Extra outbox column to send as a header (named HEADER, default the column name); repeatable."`
+	TopicTemplate          string `default:"outbox.event.{aggregate_type}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
+	CreateTopics           bool   `default:"true" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
+	TopicPartitions        int32  `default:"-1" help:"Partitions of created topics; -1 means the broker's default."`
+	TopicReplicationFactor int16  `default:"-1" help:"Replication factor of created topics; -1 means the broker's default."`
+	DeadLetterTopic        string `default:"walrelay.dlq" help:"Topic for invalid events (no aggregate type or id, a topic name Kafka rejects, too large)."`
+	OnInvalid              string `default:"dlq" enum:"dlq,fail,skip" help:"What happens to an invalid event: dlq, fail (stop the relay), skip (log and drop)."`
+	ColumnFlags            `embed:""`
 	HeaderID               string        `default:"id" help:"Name of the id header."`
 	HeaderType             string        `default:"type" help:"Name of the type header."`
 	MaxRecordBytes         int           `default:"1000012" help:"Largest record the broker accepts (its message.max.bytes); larger events are invalid."`
@@ -85,29 +122,25 @@ type TuningFlags struct {
 	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
 }
 
+// HealthFlags keep the slot moving and visible.
+type HealthFlags struct {
+	HeartbeatInterval time.Duration `default:"30s" help:"Time between heartbeats (a WAL nudge in the source database, and a record on --heartbeat-topic when set); 0 disables."`
+	HeartbeatQuery    string        `help:"SQL run as the WAL nudge instead of pg_logical_emit_message(false, 'walrelay.heartbeat', now()::text) (like Debezium's heartbeat.action.query); '-' runs none."`
+	HeartbeatTopic    string        `help:"Topic receiving a heartbeat record (key: slot name, value: JSON status) every heartbeat interval; empty disables."`
+	IdleAdvance       bool          `default:"true" negatable:"" help:"Confirm a keepalive's WAL position once everything received before it is acknowledged, so a quiet outbox in a busy database does not pin WAL. Turn off only to diagnose."`
+	SlotPollInterval  time.Duration `default:"10s" help:"How often pg_replication_slots is read for the slot metrics and to detect an invalidated slot."`
+	ReadyMaxLag       time.Duration `default:"60s" help:"Replication lag above which /readyz reports not ready; 0 disables the lag check."`
+}
+
 // relayConfig assembles the relay's configuration from the flag groups.
-func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, log *zap.Logger) (relay.Config, error) {
-	var tables []decoder.Table
-	for _, s := range src.Table {
-		t, err := slot.ParseTable(strings.TrimSpace(s))
-		if err != nil {
-			return relay.Config{}, fmt.Errorf("--table: %w", err)
-		}
-		tables = append(tables, t)
+func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, hf HealthFlags, log *zap.Logger) (relay.Config, error) {
+	tables, err := parseTables(src.Table)
+	if err != nil {
+		return relay.Config{}, err
 	}
-	mapping := decoder.Mapping{
-		ID: rec.ColumnID, AggregateType: rec.ColumnAggregateType, AggregateID: rec.ColumnAggregateID,
-		Type: rec.ColumnType, Payload: rec.ColumnPayload,
-	}
-	for _, h := range rec.HeaderColumn {
-		col, hdr, ok := strings.Cut(h, "=")
-		if !ok {
-			hdr = col
-		}
-		if col == "" || hdr == "" {
-			return relay.Config{}, fmt.Errorf("--header-column %q: want COLUMN or COLUMN=HEADER", h)
-		}
-		mapping.Headers = append(mapping.Headers, decoder.HeaderColumn{Column: col, Header: hdr})
+	mapping, err := rec.mapping()
+	if err != nil {
+		return relay.Config{}, err
 	}
 	codec, err := compression(rec.Compression)
 	if err != nil {
@@ -149,7 +182,22 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		ConfirmDelay:    tun.ConfirmDelay,
 		ShutdownTimeout: tun.ShutdownTimeout,
 		BackoffMax:      tun.BackoffMax,
+
+		NoIdleAdvance:     !hf.IdleAdvance,
+		HeartbeatInterval: hf.HeartbeatInterval,
+		HeartbeatQuery:    hf.HeartbeatQuery,
+		HeartbeatTopic:    hf.HeartbeatTopic,
+		SlotPollInterval:  hf.SlotPollInterval,
+		ReadyMaxLag:       readyMaxLag(hf.ReadyMaxLag),
 	}, nil
+}
+
+// readyMaxLag maps the flag's "0 disables" to the relay's negative value.
+func readyMaxLag(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func compression(name string) (kgo.CompressionCodec, error) {

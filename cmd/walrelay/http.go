@@ -24,7 +24,7 @@ func serveHTTP(addr string, reg *prometheus.Registry, r *relay.Relay, log *zap.L
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := readiness(r); err != nil {
+		if err := r.Ready(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}

@@ -27,8 +27,11 @@ var version = "dev"
 type cli struct {
 	LogFlags `embed:""`
 
-	Run runCmd `cmd:"" help:"Relay outbox inserts from PostgreSQL to Kafka (the daemon)."`
-	Dev devCmd `cmd:"" help:"Run the relay against a throwaway PostgreSQL cluster and an in-process Kafka-protocol broker."`
+	Run    runCmd    `cmd:"" help:"Relay outbox inserts from PostgreSQL to Kafka (the daemon)."`
+	Dev    devCmd    `cmd:"" help:"Run the relay against a throwaway PostgreSQL cluster and an in-process Kafka-protocol broker."`
+	Status statusCmd `cmd:"" help:"Show the slot's state and lag; exit 1 when unhealthy (lag over --max-lag-bytes, or invalidated), 2 when it cannot be read."`
+	Setup  setupCmd  `cmd:"" help:"Print the outbox DDL, check the database and create the publication and slot."`
+	Drop   dropCmd   `cmd:"" help:"Drop the slot (and with --drop-publication the publication); PostgreSQL stops keeping WAL for it."`
 
 	Version kong.VersionFlag `env:"-" help:"Print the version and exit."`
 }

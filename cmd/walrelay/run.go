@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -23,6 +21,7 @@ type runCmd struct {
 	SourceFlags `embed:""`
 	RecordFlags `embed:""`
 	TuningFlags `embed:""`
+	HealthFlags `embed:""`
 }
 
 func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
@@ -35,7 +34,7 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
-	cfg, err := relayConfig(c.PGURL, c.Brokers, c.SourceFlags, c.RecordFlags, c.TuningFlags, log)
+	cfg, err := relayConfig(c.PGURL, c.Brokers, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, log)
 	if err != nil {
 		return err
 	}
@@ -59,15 +58,6 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 			return &exitError{code: 2, err: err}
 		}
 		return err
-	}
-	return nil
-}
-
-var errNotReady = errors.New("not streaming")
-
-func readiness(r *relay.Relay) error {
-	if !r.Streaming() {
-		return fmt.Errorf("%w: connecting, waiting for the slot or backing off", errNotReady)
 	}
 	return nil
 }

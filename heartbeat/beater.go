@@ -1,0 +1,134 @@
+package heartbeat
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/metrics"
+)
+
+// MessagePrefix is the logical decoding message prefix of walrelay's WAL
+// nudges.
+const MessagePrefix = "walrelay.heartbeat"
+
+// DefaultQuery writes a non-transactional logical decoding message: a few
+// bytes of WAL that pgoutput forwards to the slot's client, which confirms
+// its position once everything before it is acknowledged. It needs no
+// table and no privilege beyond the REPLICATION the relay already has.
+const DefaultQuery = "SELECT pg_logical_emit_message(false, '" + MessagePrefix + "', now()::text)"
+
+// Status is what a heartbeat record reports.
+type Status struct {
+	Slot         string    `json:"slot"`
+	Time         time.Time `json:"time"`
+	Streaming    bool      `json:"streaming"`
+	ConfirmedLSN string    `json:"confirmed_lsn"`
+	ReceivedLSN  string    `json:"received_lsn,omitempty"`
+}
+
+// BeaterConfig configures a Beater.
+type BeaterConfig struct {
+	// Interval between heartbeats; 0 disables the Beater.
+	Interval time.Duration
+	// URL of the source database, for the WAL nudge.
+	URL string
+	// Query is the nudge; empty means DefaultQuery. "-" disables the
+	// nudge (heartbeat records only).
+	Query string
+	// Topic receives a heartbeat record every Interval; empty disables.
+	Topic string
+	// Connect opens the nudge's connection (slot.Connect: it keeps the
+	// password out of errors).
+	Connect func(ctx context.Context, url string) (*pgx.Conn, error)
+	// Status reports the relay's state for heartbeat records.
+	Status func() Status
+	// Produce sends a heartbeat record (value JSON of Status, key the slot
+	// name) and returns once Kafka acknowledged it.
+	Produce func(ctx context.Context, topic string, key, value []byte) error
+}
+
+// Beater sends WAL nudges and heartbeat records.
+type Beater struct {
+	cfg     BeaterConfig
+	log     *zap.Logger
+	metrics *metrics.Metrics
+	conn    *pgx.Conn
+}
+
+// NewBeater returns a Beater; Run it in a goroutine.
+func NewBeater(cfg BeaterConfig, log *zap.Logger, m *metrics.Metrics) *Beater {
+	if cfg.Query == "" {
+		cfg.Query = DefaultQuery
+	}
+	return &Beater{cfg: cfg, log: log, metrics: m}
+}
+
+// Run beats every Interval until ctx ends. Failures are logged and retried
+// at the next beat: a heartbeat must never stop the relay.
+func (b *Beater) Run(ctx context.Context) {
+	if b.cfg.Interval <= 0 {
+		return
+	}
+	defer func() {
+		if b.conn != nil {
+			b.conn.Close(context.Background())
+		}
+	}()
+	t := time.NewTicker(b.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if b.cfg.Query != "-" {
+			if err := b.nudge(ctx); err != nil && ctx.Err() == nil {
+				b.log.Warn("heartbeat WAL nudge failed; retrying at the next beat", zap.Error(err))
+			} else if err == nil {
+				b.metrics.Heartbeats.WithLabelValues("wal").Inc()
+			}
+		}
+		if b.cfg.Topic != "" && b.cfg.Produce != nil {
+			if err := b.record(ctx); err != nil && ctx.Err() == nil {
+				b.log.Warn("heartbeat record failed; retrying at the next beat", zap.String("topic", b.cfg.Topic), zap.Error(err))
+			} else if err == nil {
+				b.metrics.Heartbeats.WithLabelValues("kafka").Inc()
+			}
+		}
+	}
+}
+
+func (b *Beater) nudge(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(b.cfg.Interval, 5*time.Second))
+	defer cancel()
+	if b.conn == nil || b.conn.IsClosed() {
+		conn, err := b.cfg.Connect(ctx, b.cfg.URL)
+		if err != nil {
+			return err
+		}
+		b.conn = conn
+	}
+	if _, err := b.conn.Exec(ctx, b.cfg.Query); err != nil {
+		b.conn.Close(context.Background())
+		b.conn = nil
+		return fmt.Errorf("heartbeat query %q: %w", b.cfg.Query, err)
+	}
+	return nil
+}
+
+func (b *Beater) record(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(b.cfg.Interval, 5*time.Second))
+	defer cancel()
+	st := b.cfg.Status()
+	value, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return b.cfg.Produce(ctx, b.cfg.Topic, []byte(st.Slot), value)
+}
