@@ -14,13 +14,15 @@ build:
 
 # Everything CI checks: formatting, vet, every test with the race detector
 # (unit, fuzz seed corpus, integration against a throwaway PostgreSQL and
-# an in-process Kafka-protocol broker), and one pass of each benchmark.
+# an in-process Kafka-protocol broker), one pass of each benchmark, and the
+# Grafana dashboard and Prometheus rules (deploy/check, its own module).
 test: lint
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run '^$$' -bench . -benchtime 1x $(PKGS)
+	cd deploy/check && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 lint:
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^deploy/check/') deploy/check); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
 unit:
