@@ -15,6 +15,8 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"sync"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -86,6 +89,10 @@ type Config struct {
 	// ReadyMaxLag is the replication lag above which the relay reports not
 	// ready (default 60s; negative disables the check).
 	ReadyMaxLag time.Duration
+	// StartupTimeout is how long the relay keeps retrying PostgreSQL and
+	// Kafka before it has streamed once (default 2m; negative: forever).
+	// After the first stream it retries forever.
+	StartupTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -110,6 +117,9 @@ func (c *Config) setDefaults() {
 	if c.ReadyMaxLag == 0 {
 		c.ReadyMaxLag = 60 * time.Second
 	}
+	if c.StartupTimeout == 0 {
+		c.StartupTimeout = 2 * time.Minute
+	}
 }
 
 // Relay runs the pipeline. Create it with New, then call Run once.
@@ -127,7 +137,10 @@ type Relay struct {
 	router    atomic.Pointer[router.Router]
 	// slotSeen is set once a stream has started: from then on a missing
 	// slot was dropped under us, and recreating it would skip data.
-	slotSeen bool
+	slotSeen     bool
+	everStreamed atomic.Bool
+	begin        time.Time   // when Run started, for StartupTimeout
+	giveUp       *fatalError // set by retry when StartupTimeout ran out
 }
 
 // New checks cfg and returns a Relay.
@@ -208,6 +221,7 @@ func (r *Relay) updateReady() {
 // an invalidated or vanished slot, an outbox table that lost a mapped
 // column, an invalid event with on-invalid=fail.
 func (r *Relay) Run(parent context.Context) error {
+	r.begin = time.Now()
 	if err := r.prepare(parent); err != nil {
 		if parent.Err() != nil {
 			return nil
@@ -223,6 +237,9 @@ func (r *Relay) Run(parent context.Context) error {
 	bg.Go(func() { r.watchSlot(ctx, stop) })
 	bg.Go(func() { r.beater().Run(ctx) })
 	stopped := func() error {
+		if r.giveUp != nil {
+			return r.giveUp
+		}
 		if cause := context.Cause(ctx); parent.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 			return cause
 		}
@@ -242,6 +259,9 @@ func (r *Relay) Run(parent context.Context) error {
 			if rt, err = r.newRouter(ctx); err != nil {
 				if ctx.Err() != nil {
 					return stopped()
+				}
+				if isFatal(err) {
+					return err
 				}
 				if !r.retry(ctx, "kafka", err) {
 					return stopped()
@@ -289,21 +309,30 @@ func (r *Relay) prepare(ctx context.Context) error {
 			return err
 		}
 		if !r.retry(ctx, "setup", err) {
+			if r.giveUp != nil {
+				return r.giveUp
+			}
 			return ctx.Err()
 		}
 	}
 }
 
 func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
-	opts := append(router.ClientOptions(r.cfg.Router), r.cfg.KafkaOptions...)
-	client, err := kgo.NewClient(opts...)
+	rt, err := router.New(r.cfg.Router, r.cfg.KafkaOptions, r.log, r.metrics, r.onProduceError)
 	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
+		return nil, &fatalError{err}
 	}
-	rt, err := router.New(r.cfg.Router, client, r.log, r.metrics, r.onProduceError)
+	// Reach a broker first: unreachable brokers, a wrong SASL password or an
+	// untrusted certificate should say so, not time out creating topics.
+	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err = rt.Client().Ping(pingCtx)
+	cancel()
 	if err != nil {
-		client.Close()
-		return nil, err
+		rt.Close()
+		if kafkaConfigError(err) {
+			return nil, &fatalError{fmt.Errorf("kafka: %w", err)}
+		}
+		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}
 	var extra []string
 	if r.cfg.HeartbeatTopic != "" && r.cfg.HeartbeatInterval > 0 {
@@ -316,16 +345,34 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 	return rt, nil
 }
 
-// retry logs err, counts it and sleeps a backoff; false when ctx ended.
+// kafkaConfigError reports errors that retrying cannot fix: wrong
+// credentials, an unsupported mechanism, a certificate that is not trusted.
+func kafkaConfigError(err error) bool {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var verify *tls.CertificateVerificationError
+	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
+		errors.Is(err, kerr.IllegalSaslState) || errors.As(err, &unknownCA) || errors.As(err, &hostname) ||
+		errors.As(err, &verify)
+}
+
+// retry logs err, counts it and sleeps a backoff; false when the relay
+// must stop: ctx ended, or (*giveUp set) the relay never streamed within
+// StartupTimeout and err is not a standby's wait for a busy slot.
 func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
+	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && time.Since(r.begin) > r.cfg.StartupTimeout {
+		r.giveUp = &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
+		return false
+	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
 	r.metrics.StreamRestarts.WithLabelValues(cause).Inc()
-	lvl := r.log.Warn
 	if cause == "slot_busy" {
-		lvl = r.log.Info
+		r.log.Info("waiting as a standby: another client streams from the slot", zap.String("slot", r.cfg.Slot),
+			zap.Error(err), zap.Duration("retry_in", wait))
+	} else {
+		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
+			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	}
-	lvl("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
-		zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {

@@ -83,6 +83,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		r.metrics.CommitToAck.Observe(time.Since(commit).Seconds())
 	}))
 	r.current.Store(s)
+	r.everStreamed.Store(true)
 	stopInterrupt := context.AfterFunc(ctx, stream.Interrupt)
 	defer stopInterrupt()
 	r.streaming.Store(true)

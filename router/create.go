@@ -3,67 +3,102 @@ package router
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 )
 
-// createTimeout bounds one attempt at creating a topic; a broker that does
-// not answer in time is asked again on the next event for the topic.
-const createTimeout = 30 * time.Second
+// prepareTimeout bounds one attempt at preparing a topic; a broker that
+// does not answer in time is asked again on the next event for the topic.
+const prepareTimeout = 30 * time.Second
 
-// createRetryPause keeps a broker that fails creation quickly from being
-// asked in a tight loop.
-const createRetryPause = time.Second
+// prepareRetryPause keeps a broker that fails quickly from being asked in
+// a tight loop.
+const prepareRetryPause = time.Second
 
-// startCreate creates t in the background; t.ready closes when the attempt
-// is over and settle must then be called on the sending goroutine.
-func (r *Router) startCreate(ctx context.Context, t *topic) {
+// prepared is the outcome of preparing a topic.
+type prepared struct {
+	err      error
+	maxBytes int // 0: unknown
+}
+
+// startPrepare readies t in the background: creates it when topic creation
+// is on, then reads its max.message.bytes so that records it would refuse
+// are dead-lettered instead of failing in the producer. t.ready closes when
+// the attempt is over; settle must then run on the sending goroutine.
+func (r *Router) startPrepare(ctx context.Context, t *topic) {
 	t.state = topicCreating
 	t.ready = make(chan struct{})
-	var result error
-	t.result = &result
+	res := &prepared{}
+	t.result = res
 	go func() {
 		defer close(t.ready)
-		ctx, cancel := context.WithTimeout(ctx, createTimeout)
+		ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 		defer cancel()
-		_, err := r.admin.CreateTopic(ctx, r.cfg.TopicPartitions, r.cfg.TopicReplicationFactor, nil, t.name)
-		if errors.Is(err, kerr.TopicAlreadyExists) {
-			err = nil
-		}
-		result = err
-		if err != nil && !rejects(err) && !errors.Is(err, kerr.TopicAuthorizationFailed) && !errors.Is(err, kerr.ClusterAuthorizationFailed) {
-			select {
-			case <-time.After(createRetryPause):
-			case <-ctx.Done():
+		if r.cfg.CreateTopics {
+			_, err := r.admin.CreateTopic(ctx, r.cfg.TopicPartitions, r.cfg.TopicReplicationFactor, nil, t.name)
+			if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) && !notAllowed(err) {
+				res.err = err
+				return
 			}
 		}
+		res.maxBytes = r.topicLimit(ctx, t.name)
 	}()
+}
+
+// topicLimit reads the topic's max.message.bytes; 0 when it cannot (not
+// authorized, topic missing, an old broker): the configured limit applies.
+func (r *Router) topicLimit(ctx context.Context, name string) int {
+	rcs, err := r.admin.DescribeTopicConfigs(ctx, name)
+	if err != nil {
+		r.log.Debug("cannot read topic config; using --max-record-bytes", zap.String("topic", name), zap.Error(err))
+		return 0
+	}
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			r.log.Debug("cannot read topic config; using --max-record-bytes", zap.String("topic", name), zap.Error(rc.Err))
+			return 0
+		}
+		for _, c := range rc.Configs {
+			if c.Key == "max.message.bytes" && c.Value != nil {
+				n, _ := strconv.Atoi(*c.Value)
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // rejects reports whether err means Kafka will never accept the topic's
 // name, so its events belong on the dead-letter topic.
 func rejects(err error) bool { return errors.Is(err, kerr.InvalidTopicException) }
 
-// settle applies the outcome of a finished creation.
+// notAllowed reports an authorization failure: the topic may exist
+// already (created by an administrator), and producing will tell.
+func notAllowed(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// settle applies the outcome of a finished preparation.
 func (r *Router) settle(t *topic) {
-	err := *t.result
+	res := t.result
 	t.result = nil
 	switch {
-	case err == nil:
+	case res.err == nil:
 		t.state = topicReady
-		r.log.Info("topic ready", zap.String("topic", t.name))
-	case rejects(err):
-		t.state, t.rejectErr = topicRejected, err
-		r.log.Warn("Kafka rejects topic; its events go to the dead-letter topic", zap.String("topic", t.name), zap.Error(err))
-	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
-		// Not allowed to create topics: it may exist already (created by
-		// an administrator), and producing will tell.
-		t.state = topicReady
-		r.log.Warn("not authorized to create topic; producing to it as if it exists", zap.String("topic", t.name), zap.Error(err))
+		if res.maxBytes > 0 {
+			t.maxBytes = min(r.cfg.MaxRecordBytes, res.maxBytes)
+			r.limits.Store(t.name, res.maxBytes)
+		}
+		r.log.Info("topic ready", zap.String("topic", t.name), zap.Int("max_record_bytes", t.maxBytes))
+	case rejects(res.err):
+		t.state, t.rejectErr = topicRejected, res.err
+		r.log.Warn("Kafka rejects topic; its events go to the dead-letter topic", zap.String("topic", t.name), zap.Error(res.err))
 	default:
-		t.state = topicUnknown
-		r.log.Warn("creating topic failed; will retry", zap.String("topic", t.name), zap.Error(err))
+		t.state, t.lastErr = topicUnknown, res.err
+		t.retryAt = time.Now().Add(prepareRetryPause)
+		r.log.Warn("preparing topic failed; will retry", zap.String("topic", t.name), zap.Error(res.err))
 	}
 }

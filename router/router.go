@@ -26,7 +26,9 @@ package router
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -141,15 +143,20 @@ type Router struct {
 	byName    map[string]*topic
 	dlq       *topic
 	failed    atomic.Bool
+	limits    sync.Map // topic name → max.message.bytes, for batchLimit
 }
 
-// New returns a Router producing through client, which it owns from now on
-// (Close closes it). Build the client with ClientOptions. fatal is called
-// (on the promise goroutine, at most once) with the first error Kafka
-// returns for a record after the producer's own retries; records sent after
-// it may or may not be acknowledged, and the caller must restart from its
-// last confirmed position.
-func New(cfg Config, client *kgo.Client, log *zap.Logger, m *metrics.Metrics, fatal func(error)) (*Router, error) {
+// New returns a Router and its producer, a franz-go client built from
+// opts (seed brokers, TLS, SASL, compression, linger) and the options the
+// router relies on: acks=all, idempotence (franz-go's default), murmur2 key
+// partitioning as in Kafka's Java client, unlimited retries, batches no
+// larger than each topic accepts, and a buffer larger than the router's own
+// in-flight limit so that producing never blocks inside the client. fatal
+// is called (on the promise goroutine, at most once) with the first error
+// Kafka returns for a record after the producer's own retries; records sent
+// after it may or may not be acknowledged, and the caller must restart from
+// its last confirmed position.
+func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal func(error)) (*Router, error) {
 	cfg.setDefaults()
 	tmpl, err := ParseTemplate(cfg.TopicTemplate)
 	if err != nil {
@@ -166,14 +173,24 @@ func New(cfg Config, client *kgo.Client, log *zap.Logger, m *metrics.Metrics, fa
 	r := &Router{
 		cfg:       cfg,
 		tmpl:      tmpl,
-		client:    client,
-		admin:     kadm.NewClient(client),
 		log:       log,
 		metrics:   m,
 		fatal:     fatal,
 		byAggType: make(map[string]*topic),
 		byName:    make(map[string]*topic),
 	}
+	all := append([]kgo.Opt{
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.MaxBufferedRecords(int(cfg.MaxInflightEvents) + dlqSlack),
+		// franz-go asks once per partition, before the first record to
+		// it; the router learns each topic's limit before producing to it.
+		kgo.ProducerBatchMaxBytesFn(r.batchLimit),
+	}, opts...)
+	if r.client, err = kgo.NewClient(all...); err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	r.admin = kadm.NewClient(r.client)
 	r.gate.init(cfg.MaxInflightEvents, cfg.MaxInflightBytes, m)
 	for _, reason := range Reasons {
 		m.EventsDeadLettered.WithLabelValues(string(reason)) // export zeros: alerts see the series
@@ -183,39 +200,31 @@ func New(cfg Config, client *kgo.Client, log *zap.Logger, m *metrics.Metrics, fa
 	return r, nil
 }
 
-// ClientOptions returns the producer options the router relies on: acks=all,
-// idempotence, murmur2 key partitioning as in Kafka's Java client, unlimited
-// retries, and a buffer larger than the router's own in-flight limit so that
-// producing never blocks inside the client. Append connection options
-// (seed brokers, TLS, SASL, compression) to them.
-func ClientOptions(cfg Config) []kgo.Opt {
-	cfg.setDefaults()
-	return []kgo.Opt{
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
-		kgo.MaxBufferedRecords(int(cfg.MaxInflightEvents) + dlqSlack),
-		kgo.ProducerBatchMaxBytes(int32(max(cfg.MaxRecordBytes, 1_000_012))),
+// batchLimit is the producer's batch size limit for topic: the smaller of
+// --max-record-bytes and the topic's max.message.bytes.
+func (r *Router) batchLimit(topic string) int32 {
+	limit := r.cfg.MaxRecordBytes
+	if v, ok := r.limits.Load(topic); ok {
+		limit = min(limit, v.(int))
 	}
+	return int32(max(limit, 512))
 }
 
 // dlqSlack is room in the client's buffer for dead-letter records, which
 // bypass the in-flight gate because they replace an event already counted.
 const dlqSlack = 1024
 
-// Start creates the dead-letter topic, and the extra topics (such as the
-// heartbeat topic), when topic creation is on. It blocks until the broker
-// answers or ctx ends.
+// Start prepares the dead-letter topic and the extra topics (such as the
+// heartbeat topic): creates them when topic creation is on and reads their
+// size limits. It blocks until the broker answers or ctx ends.
 func (r *Router) Start(ctx context.Context, extra ...string) error {
-	if !r.cfg.CreateTopics {
-		return nil
-	}
 	var names []string
 	if r.cfg.OnInvalid == InvalidDeadLetter {
 		names = append(names, r.dlq.name)
 	}
 	for _, name := range append(names, extra...) {
 		t := r.topicNamed(name)
-		r.startCreate(ctx, t)
+		r.startPrepare(ctx, t)
 		select {
 		case <-t.ready:
 		case <-ctx.Done():
@@ -224,9 +233,9 @@ func (r *Router) Start(ctx context.Context, extra ...string) error {
 		r.settle(t)
 		switch t.state {
 		case topicRejected:
-			return fmt.Errorf("create topic %q: %w", name, t.rejectErr)
+			return fmt.Errorf("topic %q: %w", name, t.rejectErr)
 		case topicUnknown:
-			return fmt.Errorf("create topic %q: the broker did not confirm; see the log", name)
+			return fmt.Errorf("prepare topic %q: %w", name, t.lastErr)
 		}
 	}
 	r.dlq.state = topicReady
@@ -248,7 +257,10 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	if t != nil {
 		switch t.state {
 		case topicUnknown:
-			r.startCreate(context.Background(), t)
+			if time.Now().Before(t.retryAt) {
+				return t.retryWait(), nil
+			}
+			r.startPrepare(context.Background(), t)
 			return t.ready, nil
 		case topicCreating:
 			select {
@@ -264,8 +276,8 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	}
 	if reason == "" {
 		o := r.newRecord(ev, t, a)
-		if o.size > r.cfg.MaxRecordBytes {
-			reason, detail = ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d", o.size, r.cfg.MaxRecordBytes)
+		if o.size > t.maxBytes {
+			reason, detail = ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d, the limit of topic %s", o.size, t.maxBytes, t.name)
 		} else {
 			r.gate.acquire(o.size)
 			a.Add()
@@ -302,10 +314,7 @@ func (r *Router) topicNamed(name string) *topic {
 	if t := r.byName[name]; t != nil {
 		return t
 	}
-	t := &topic{name: name, published: r.metrics.EventsPublished.WithLabelValues(name)}
-	if !r.cfg.CreateTopics {
-		t.state = topicReady
-	}
+	t := &topic{name: name, published: r.metrics.EventsPublished.WithLabelValues(name), maxBytes: r.cfg.MaxRecordBytes}
 	r.byName[name] = t
 	return t
 }

@@ -43,15 +43,10 @@ func event(id, agg, key, payload string) *decoder.Event {
 // is never used: for tests that build records and routes without a broker.
 func offlineRouter(t testing.TB, cfg Config) *Router {
 	t.Helper()
-	cl, err := kgo.NewClient(append(ClientOptions(cfg), kgo.SeedBrokers("127.0.0.1:1"))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(cfg, cl, zap.NewNop(), metrics.NewUnregistered(), func(err error) {
+	r, err := New(cfg, []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, zap.NewNop(), metrics.NewUnregistered(), func(err error) {
 		t.Errorf("fatal called on an offline router: %v", err)
 	})
 	if err != nil {
-		cl.Close()
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Close)
@@ -430,12 +425,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
-			r, err := New(tt.cfg, cl, zap.NewNop(), metrics.NewUnregistered(), func(error) {})
+			r, err := New(tt.cfg, []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, zap.NewNop(), metrics.NewUnregistered(), func(error) {})
 			if tt.wantErr == "" {
 				if err != nil || r == nil {
 					t.Fatalf("New = %v, %v; want a router", r, err)

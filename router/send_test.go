@@ -61,22 +61,18 @@ func newEnv(t *testing.T, cfg Config, opts ...kfake.Opt) *env {
 		e.published = append(e.published, &cp)
 		e.mu.Unlock()
 	}
-	cl, err := kgo.NewClient(append(ClientOptions(cfg),
+	opts := []kgo.Opt{
 		kgo.SeedBrokers(e.seeds...),
 		// Retry produce quickly so tests that hold the broker resume soon.
 		kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }),
-	)...)
-	if err != nil {
-		t.Fatal(err)
 	}
-	e.r, err = New(cfg, cl, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) {
+	e.r, err = New(cfg, opts, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) {
 		e.fatals.Add(1)
 		e.mu.Lock()
 		e.fatalErr = err
 		e.mu.Unlock()
 	})
 	if err != nil {
-		cl.Close()
 		t.Fatal(err)
 	}
 	t.Cleanup(e.r.Close)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -86,7 +87,7 @@ type topicState int
 
 const (
 	topicUnknown  topicState = iota // not yet created or checked
-	topicCreating                   // creation running in the background
+	topicCreating                   // creation and the size-limit lookup running in the background
 	topicReady                      // records may be produced
 	topicRejected                   // Kafka refused it for good: dead-letter its events
 )
@@ -97,7 +98,17 @@ type topic struct {
 	name      string
 	state     topicState
 	rejectErr error
-	ready     chan struct{} // closed when creation finishes, while state is topicCreating
-	result    *error        // creation outcome, written before ready closes
+	lastErr   error         // why the last preparation failed
+	retryAt   time.Time     // no new attempt before this, after a failure
+	ready     chan struct{} // closed when preparation finishes, while state is topicCreating
+	result    *prepared     // preparation outcome, written before ready closes
+	maxBytes  int           // the largest record the topic accepts
 	published prometheus.Counter
+}
+
+// retryWait is a channel that delivers when the next attempt may start.
+func (t *topic) retryWait() <-chan struct{} {
+	ch := make(chan struct{})
+	time.AfterFunc(time.Until(t.retryAt), func() { close(ch) })
+	return ch
 }

@@ -119,6 +119,7 @@ type TuningFlags struct {
 	MaxInflightEvents int64         `default:"50000" help:"Events produced and not yet acknowledged, at most; bounds memory."`
 	MaxInflightBytes  int64         `default:"67108864" help:"Approximate bytes produced and not yet acknowledged, at most; bounds memory."`
 	BackoffMax        time.Duration `default:"30s" help:"Longest wait between reconnection attempts (exponential with jitter, from 500ms)."`
+	StartupTimeout    time.Duration `default:"2m" help:"How long to keep retrying unreachable PostgreSQL or Kafka before the first stream; then exit with an error. Once streaming, walrelay retries forever."`
 	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
 }
 
@@ -182,6 +183,7 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		ConfirmDelay:    tun.ConfirmDelay,
 		ShutdownTimeout: tun.ShutdownTimeout,
 		BackoffMax:      tun.BackoffMax,
+		StartupTimeout:  tun.StartupTimeout,
 
 		NoIdleAdvance:     !hf.IdleAdvance,
 		HeartbeatInterval: hf.HeartbeatInterval,

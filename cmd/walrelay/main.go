@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/alecthomas/kong"
@@ -51,7 +52,6 @@ func main() {
 		kong.Name("walrelay"),
 		kong.Description("PostgreSQL outbox to Kafka relay: committed outbox INSERTs, in commit order, confirmed only after Kafka acknowledges."),
 		kong.DefaultEnvars("WALRELAY"),
-		kong.UsageOnError(),
 		kong.Vars{"version": version},
 	)
 	kctx, err := parser.Parse(os.Args[1:])
@@ -62,7 +62,8 @@ func main() {
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	err = kctx.Run(&c.LogFlags)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "walrelay:", err)
+		// One line: pgconn lists each connection attempt on its own line.
+		fmt.Fprintln(os.Stderr, "walrelay:", strings.Join(strings.Fields(err.Error()), " "))
 		var ee *exitError
 		if errors.As(err, &ee) {
 			os.Exit(ee.code)

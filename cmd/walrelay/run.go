@@ -18,6 +18,7 @@ type runCmd struct {
 	Brokers     []string `required:"" help:"Kafka bootstrap brokers, host:port, comma-separated."`
 	MetricsAddr string   `default:":9187" help:"Address serving /metrics, /healthz and /readyz; empty disables."`
 
+	KafkaFlags  `embed:""`
 	SourceFlags `embed:""`
 	RecordFlags `embed:""`
 	TuningFlags `embed:""`
@@ -36,8 +37,13 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 
 	cfg, err := relayConfig(c.PGURL, c.Brokers, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, log)
 	if err != nil {
-		return err
+		return &exitError{code: 2, err: err}
 	}
+	kopts, err := c.KafkaFlags.options()
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
 	r, err := relay.New(cfg, log, m)
 	if err != nil {
 		return err
@@ -51,13 +57,10 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	log.Info("walrelay starting", zap.String("version", version), zap.String("pg_url", slot.Redact(c.PGURL)),
 		zap.Strings("brokers", c.Brokers), zap.String("slot", c.Slot), zap.String("publication", c.Publication),
-		zap.Strings("tables", c.Table))
+		zap.Strings("tables", c.Table), zap.String("kafka_sasl", c.KafkaSASLMechanism), zap.Bool("kafka_tls", len(kopts) > 0 && (c.KafkaTLS || c.KafkaTLSCA != "" || c.KafkaTLSCert != "")))
 	if err := r.Run(ctx); err != nil {
 		log.Error("walrelay stopped", zap.Error(err))
-		if slot.IsSetupError(err) {
-			return &exitError{code: 2, err: err}
-		}
-		return err
+		return &exitError{code: 2, err: err}
 	}
 	return nil
 }
