@@ -367,8 +367,8 @@ func TestRoute(t *testing.T) {
 			if tp == nil || tp.name != tt.topic || detail != "" {
 				t.Fatalf("route = %v, %q; want topic %q", tp, detail, tt.topic)
 			}
-			if tp.state != topicReady {
-				t.Errorf("state = %v; want topicReady without CreateTopics", tp.state)
+			if tp.state != topicUnknown {
+				t.Errorf("state = %v; want topicUnknown: a new topic is prepared before its first record", tp.state)
 			}
 		})
 	}
@@ -376,8 +376,8 @@ func TestRoute(t *testing.T) {
 
 // TestRouteCachesTopics proves that route returns the same topic entry for
 // the same aggregate type and for aggregate types mapping to one topic,
-// distinct entries for distinct topics, and that with CreateTopics a new
-// topic starts unknown (to be created) while it starts ready otherwise.
+// distinct entries for distinct topics, and that a new topic starts unknown
+// (to be prepared: created when allowed, its size limit read) either way.
 func TestRouteCachesTopics(t *testing.T) {
 	for _, create := range []bool{false, true} {
 		r := offlineRouter(t, Config{CreateTopics: create})
@@ -390,10 +390,7 @@ func TestRouteCachesTopics(t *testing.T) {
 		if b == nil || b == a1 || b.name != "outbox.event.customer" {
 			t.Fatalf("create=%v: other aggregate type gave %+v", create, b)
 		}
-		want := topicReady
-		if create {
-			want = topicUnknown
-		}
+		want := topicUnknown
 		if a1.state != want || b.state != want {
 			t.Errorf("create=%v: states %v, %v; want %v", create, a1.state, b.state, want)
 		}

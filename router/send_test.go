@@ -61,12 +61,12 @@ func newEnv(t *testing.T, cfg Config, opts ...kfake.Opt) *env {
 		e.published = append(e.published, &cp)
 		e.mu.Unlock()
 	}
-	opts := []kgo.Opt{
+	kopts := []kgo.Opt{
 		kgo.SeedBrokers(e.seeds...),
 		// Retry produce quickly so tests that hold the broker resume soon.
 		kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }),
 	}
-	e.r, err = New(cfg, opts, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) {
+	e.r, err = New(cfg, kopts, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) {
 		e.fatals.Add(1)
 		e.mu.Lock()
 		e.fatalErr = err
