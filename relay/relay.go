@@ -130,6 +130,7 @@ type Relay struct {
 	backoff *backoff.ExponentialBackOff
 
 	confirmed atomic.Uint64 // last position sent to PostgreSQL
+	acked     atomic.Uint64 // newest confirmable position, sent or not
 	received  atomic.Uint64 // newest WAL position received
 	lag       atomic.Int64  // replication lag in nanoseconds
 	streaming atomic.Bool

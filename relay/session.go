@@ -129,7 +129,10 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 		return 0, 0, &fatalError{fmt.Errorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone and events written meanwhile cannot be read from it. walrelay never recreates a slot silently: recover the gap from the outbox source, then recreate the slot (walrelay drop, walrelay setup)", r.cfg.Slot)}
 	}
 	r.recordSlot(info)
-	return max(info.ConfirmedLSN, r.Confirmed()), version, nil
+	// A session that ended on a broken connection may have had acks the
+	// slot never heard of: start after them (PostgreSQL skips transactions
+	// that end before the requested start) and confirm them at once.
+	return max(info.ConfirmedLSN, decoder.LSN(r.acked.Load())), version, nil
 }
 
 // loop reads the stream until something ends it.
@@ -255,6 +258,7 @@ func (s *session) housekeep(force bool) {
 		s.nextTick = now.Add(tick)
 	}
 	pos := s.tr.Advance()
+	s.r.acked.Store(uint64(pos.LSN))
 	m := s.r.metrics
 	// Replication lag: now minus the commit time of the newest confirmed
 	// transaction while anything is in flight (the oldest in flight when
