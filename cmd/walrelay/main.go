@@ -33,6 +33,7 @@ type cli struct {
 	Status statusCmd `cmd:"" help:"Show the slot's state and lag; exit 1 when unhealthy (lag over --max-lag-bytes, or invalidated), 2 when it cannot be read."`
 	Setup  setupCmd  `cmd:"" help:"Print the outbox DDL, check the database and create the publication and slot."`
 	Drop   dropCmd   `cmd:"" help:"Drop the slot (and with --drop-publication the publication); PostgreSQL stops keeping WAL for it."`
+	Bench  benchCmd  `cmd:"" help:"Measure throughput against pg_recvlogical, latency, memory and idle CPU on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."`
 
 	Version kong.VersionFlag `env:"-" help:"Print the version and exit."`
 }

@@ -1,0 +1,331 @@
+// Package bench measures walrelay against the walsender's own speed: it
+// drains a backlog with pg_recvlogical (PostgreSQL's client, the yardstick)
+// and with the relay, side by side in one run, and measures commit-to-
+// consumer latency, memory on a huge transaction, and idle CPU.
+//
+// The relay runs as a separate process (the walrelay binary itself, `run`)
+// so that its CPU time and peak RSS are its own. PostgreSQL and the broker
+// are a throwaway cluster and an in-process kfake unless flags name real
+// ones.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// Config says what to run.
+type Config struct {
+	Scenarios    []string // drain, latency, big, idle
+	Events       int      // drain backlog size
+	TxnSizes     []int    // rows per transaction, one drain run each
+	PayloadBytes int
+	Brokers      []string // "discard", "store" (in-process kfake modes)
+	Rates        []int    // latency: commits per second
+	Duration     time.Duration
+	BigRows      []int
+	IdleFor      time.Duration
+	Repeat       int
+	RelayArgs    []string // extra flags for walrelay run
+	Binary       string   // the walrelay binary; default: this executable
+	PGURL        string   // external PostgreSQL (superuser); empty: throwaway cluster
+	KafkaBrokers []string // external Kafka; empty: in-process kfake
+	Log          io.Writer
+}
+
+// Result is one measured row.
+type Result struct {
+	Scenario string             `json:"scenario"`
+	Params   string             `json:"params"`
+	Metrics  map[string]float64 `json:"metrics"`
+	Notes    string             `json:"notes,omitempty"`
+}
+
+// Run runs the scenarios and returns their results.
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	if cfg.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Binary = exe
+	}
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	if cfg.Repeat <= 0 {
+		cfg.Repeat = 1
+	}
+	if _, err := exec.LookPath("pg_recvlogical"); err != nil && has(cfg.Scenarios, "drain") {
+		return nil, fmt.Errorf("the drain scenario needs pg_recvlogical (PostgreSQL client tools): %w", err)
+	}
+	b := &bencher{cfg: cfg}
+	if err := b.startPostgres(ctx); err != nil {
+		return nil, err
+	}
+	defer b.close()
+	var results []Result
+	for _, sc := range cfg.Scenarios {
+		var rs []Result
+		var err error
+		switch sc {
+		case "drain":
+			rs, err = b.drainAll(ctx)
+		case "latency":
+			rs, err = b.latencyAll(ctx)
+		case "big":
+			rs, err = b.bigAll(ctx)
+		case "idle":
+			rs, err = b.idle(ctx)
+		default:
+			err = fmt.Errorf("unknown scenario %q: want drain, latency, big or idle", sc)
+		}
+		if err != nil {
+			return results, fmt.Errorf("%s: %w", sc, err)
+		}
+		results = append(results, rs...)
+	}
+	return results, nil
+}
+
+func has(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// bencher holds the infrastructure shared by the scenarios.
+type bencher struct {
+	cfg   Config
+	pg    *devcluster.Postgres
+	admin string // superuser URL of the cluster
+	seq   int
+}
+
+func (b *bencher) logf(format string, args ...any) {
+	fmt.Fprintf(b.cfg.Log, "bench: "+format+"\n", args...)
+}
+
+func (b *bencher) startPostgres(ctx context.Context) error {
+	if b.cfg.PGURL != "" {
+		b.admin = b.cfg.PGURL
+		return nil
+	}
+	pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{Settings: map[string]string{
+		"shared_buffers":     "'512MB'",
+		"max_wal_size":       "'8GB'",
+		"checkpoint_timeout": "'30min'",
+		"synchronous_commit": "off", // only speeds up writing the backlog
+		"wal_writer_delay":   "'10ms'",
+		"autovacuum":         "off",
+	}})
+	if err != nil {
+		return err
+	}
+	b.pg = pg
+	b.admin = pg.URL("postgres")
+	b.logf("PostgreSQL at %s", b.admin)
+	return nil
+}
+
+func (b *bencher) close() {
+	if b.pg != nil {
+		b.pg.Close()
+	}
+}
+
+// database creates a fresh database with an outbox table and a publication
+// for one measurement, and returns its URL.
+func (b *bencher) database(ctx context.Context) (string, error) {
+	b.seq++
+	name := fmt.Sprintf("bench_%d_%d", os.Getpid(), b.seq)
+	url, err := devcluster.CreateDatabase(ctx, b.admin, name)
+	if err != nil {
+		return "", err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, `
+		CREATE TABLE IF NOT EXISTS outbox (
+			id bigserial PRIMARY KEY,
+			aggregate_type text NOT NULL,
+			aggregate_id text NOT NULL,
+			type text NOT NULL,
+			payload jsonb
+		);
+		DROP PUBLICATION IF EXISTS bench;
+		CREATE PUBLICATION bench FOR TABLE outbox WITH (publish = 'insert');`)
+	return url, err
+}
+
+// createSlot creates a pgoutput slot.
+func createSlot(ctx context.Context, conn *pgx.Conn, name string) error {
+	_, err := conn.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", name)
+	return err
+}
+
+func currentLSN(ctx context.Context, conn *pgx.Conn) (slot.LSN, error) {
+	var l slot.LSN
+	err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&l)
+	return l, err
+}
+
+// writeBacklog commits events rows in transactions of txnSize rows with
+// payloads of about payloadBytes, in one server-side loop.
+func writeBacklog(ctx context.Context, conn *pgx.Conn, events, txnSize, payloadBytes int) error {
+	pad := max(payloadBytes-20, 0)
+	_, err := conn.Exec(ctx, fmt.Sprintf(`
+		DO $$
+		DECLARE i int := 0;
+		BEGIN
+			WHILE i < %d LOOP
+				INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+				SELECT 'bench', 'key-' || ((i + g) %% 1000), 'BenchEvent',
+				       jsonb_build_object('n', i + g, 'pad', repeat('x', %d))
+				FROM generate_series(0, least(%d, %d - i) - 1) g;
+				COMMIT;
+				i := i + %d;
+			END LOOP;
+		END $$`, events, pad, txnSize, events, txnSize))
+	return err
+}
+
+// relay is a walrelay run subprocess.
+type relay struct {
+	cmd *exec.Cmd
+	out *strings.Builder
+}
+
+func (b *bencher) startRelay(url, slotName string, brokers []string, extra ...string) (*relay, error) {
+	args := append([]string{"run", "--pg-url", url, "--brokers", strings.Join(brokers, ","),
+		"--slot", slotName, "--publication", "bench", "--no-create-slot", "--no-create-publication",
+		"--topic-partitions", "3", "--metrics-addr", "", "--log-level", "warn"}, b.cfg.RelayArgs...)
+	args = append(args, extra...)
+	cmd := exec.Command(b.cfg.Binary, args...)
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &relay{cmd: cmd, out: out}, nil
+}
+
+func (r *relay) stop() {
+	r.cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { r.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		r.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// waitConfirmed polls the slot until its confirmed_flush_lsn reaches end.
+func waitConfirmed(ctx context.Context, conn *pgx.Conn, slotName string, end slot.LSN, timeout time.Duration, alive func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		info, err := slot.ReadInfo(ctx, conn, slotName)
+		if err != nil {
+			return err
+		}
+		if info.ConfirmedLSN >= end {
+			return nil
+		}
+		if err := alive(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("slot %s confirmed %s, not %s, after %s", slotName, info.ConfirmedLSN, end, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// walsenderPID finds the walsender serving slotName.
+func walsenderPID(ctx context.Context, conn *pgx.Conn, slotName string, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		var pid *int32
+		err := conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slotName).Scan(&pid)
+		if err != nil {
+			return 0, err
+		}
+		if pid != nil {
+			return int(*pid), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("no walsender for slot %s after %s", slotName, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// PrintTable writes results as an aligned table.
+func PrintTable(w io.Writer, rs []Result) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\tparameters\tresult\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t\n", r.Scenario, r.Params, formatMetrics(r))
+	}
+	tw.Flush()
+}
+
+// PrintJSON writes results as JSON.
+func PrintJSON(w io.Writer, rs []Result) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rs)
+}
+
+func formatMetrics(r Result) string {
+	var parts []string
+	for _, k := range metricOrder {
+		if v, ok := r.Metrics[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s=%s", k, formatValue(k, v)))
+		}
+	}
+	if r.Notes != "" {
+		parts = append(parts, r.Notes)
+	}
+	return strings.Join(parts, " ")
+}
+
+var metricOrder = []string{
+	"recv_events_per_s", "relay_events_per_s", "ratio", "recv_mb_per_s", "relay_mb_per_s",
+	"recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event",
+	"p50_ms", "p99_ms", "max_ms", "achieved_rate", "events",
+	"drain_s", "peak_rss_mb", "cpu_percent",
+}
+
+func formatValue(k string, v float64) string {
+	switch {
+	case k == "ratio":
+		return fmt.Sprintf("%.2f", v)
+	case v >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}

@@ -1,0 +1,178 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walrelay/walrelay/internal/devcluster"
+)
+
+// broker is the Kafka side of a measurement: an in-process kfake
+// (discarding or storing records) or external brokers.
+type broker struct {
+	name  string
+	addrs []string
+	kafka *devcluster.Kafka
+}
+
+func (b *bencher) brokers() ([]*broker, error) {
+	if len(b.cfg.KafkaBrokers) > 0 {
+		return []*broker{{name: "external", addrs: b.cfg.KafkaBrokers}}, nil
+	}
+	var out []*broker
+	for _, mode := range b.cfg.Brokers {
+		if mode != "discard" && mode != "store" {
+			return nil, fmt.Errorf("broker mode %q: want discard or store", mode)
+		}
+		out = append(out, &broker{name: mode})
+	}
+	return out, nil
+}
+
+// start starts an in-process broker for one measurement.
+func (k *broker) start() error {
+	if k.name == "external" {
+		return nil
+	}
+	kafka, err := devcluster.StartKafka(devcluster.KafkaOptions{Discard: k.name == "discard"})
+	if err != nil {
+		return err
+	}
+	k.kafka, k.addrs = kafka, []string{kafka.Addr()}
+	return nil
+}
+
+func (k *broker) stop() {
+	if k.kafka != nil {
+		k.kafka.Close()
+		k.kafka = nil
+	}
+}
+
+func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
+	brokers, err := b.brokers()
+	if err != nil {
+		return nil, err
+	}
+	var out []Result
+	for _, size := range b.cfg.TxnSizes {
+		for _, k := range brokers {
+			for range b.cfg.Repeat {
+				r, err := b.drain(ctx, size, k)
+				if err != nil {
+					return out, err
+				}
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
+}
+
+// drain writes a backlog while two slots wait, drains one with
+// pg_recvlogical and the other with the relay, and compares.
+func (b *bencher) drain(ctx context.Context, txnSize int, k *broker) (Result, error) {
+	url, err := b.database(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return Result{}, err
+	}
+	defer conn.Close(context.Background())
+	for _, s := range []string{"recv", "relay"} {
+		if err := createSlot(ctx, conn, s); err != nil {
+			return Result{}, err
+		}
+	}
+	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
+	start, _ := currentLSN(ctx, conn)
+	b.logf("drain: writing %d events in transactions of %d rows (%d-byte payloads)", b.cfg.Events, txnSize, b.cfg.PayloadBytes)
+	if err := writeBacklog(ctx, conn, b.cfg.Events, txnSize, b.cfg.PayloadBytes); err != nil {
+		return Result{}, fmt.Errorf("write backlog: %w", err)
+	}
+	end, _ := currentLSN(ctx, conn)
+	// Make the end position reachable for both readers even if nothing else
+	// writes: a last record after it.
+	conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'bench', 'end')")
+	walBytes := float64(end - start)
+	n := float64(b.cfg.Events)
+
+	// pg_recvlogical: PostgreSQL's own client.
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return Result{}, err
+	}
+	recv := exec.CommandContext(ctx, "pg_recvlogical", "-h", cfg.Host, "-p", fmt.Sprint(cfg.Port), "-U", cfg.User,
+		"-d", cfg.Database, "-S", "recv", "--start", "-E", end.String(), "-f", "/dev/null", "-F", "0", "-n",
+		"-o", "proto_version=1", "-o", "publication_names=bench")
+	recvStart := time.Now()
+	if err := recv.Start(); err != nil {
+		return Result{}, err
+	}
+	recvWS, err := walsenderPID(ctx, conn, "recv", 30*time.Second)
+	if err != nil {
+		recv.Process.Kill()
+		return Result{}, err
+	}
+	recvCPU := sampleCPU(recvWS, 10*time.Millisecond)
+	if err := recv.Wait(); err != nil {
+		return Result{}, fmt.Errorf("pg_recvlogical: %w", err)
+	}
+	recvTime := time.Since(recvStart)
+	recvWSCPU := recvCPU.Stop()
+
+	// The relay.
+	if err := k.start(); err != nil {
+		return Result{}, err
+	}
+	defer k.stop()
+	relayStart := time.Now()
+	rl, err := b.startRelay(url, "relay", k.addrs)
+	if err != nil {
+		return Result{}, err
+	}
+	defer rl.stop()
+	relayWS, err := walsenderPID(ctx, conn, "relay", 60*time.Second)
+	if err != nil {
+		return Result{}, fmt.Errorf("%w\n%s", err, rl.out)
+	}
+	relayWSCPU := sampleCPU(relayWS, 10*time.Millisecond)
+	err = waitConfirmed(ctx, conn, "relay", end, 30*time.Minute, func() error {
+		if rl.cmd.ProcessState != nil {
+			return errors.New("relay exited: " + rl.out.String())
+		}
+		return nil
+	})
+	relayTime := time.Since(relayStart)
+	if err != nil {
+		return Result{}, err
+	}
+	relayCPU, _ := cpuTime(rl.cmd.Process.Pid)
+	wsCPU := relayWSCPU.Stop()
+
+	res := Result{
+		Scenario: "drain",
+		Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s", b.cfg.Events, txnSize, b.cfg.PayloadBytes, k.name),
+		Metrics: map[string]float64{
+			"recv_events_per_s":            n / recvTime.Seconds(),
+			"relay_events_per_s":           n / relayTime.Seconds(),
+			"ratio":                        recvTime.Seconds() / relayTime.Seconds(),
+			"recv_mb_per_s":                walBytes / 1e6 / recvTime.Seconds(),
+			"relay_mb_per_s":               walBytes / 1e6 / relayTime.Seconds(),
+			"recv_walsender_us_per_event":  float64(recvWSCPU.Microseconds()) / n,
+			"relay_walsender_us_per_event": float64(wsCPU.Microseconds()) / n,
+			"relay_cpu_us_per_event":       float64(relayCPU.Microseconds()) / n,
+		},
+	}
+	b.logf("drain txn=%d broker=%s: pg_recvlogical %s, relay %s (ratio %.2f)", txnSize, k.name,
+		recvTime.Round(time.Millisecond), relayTime.Round(time.Millisecond), res.Metrics["ratio"])
+	return res, nil
+}

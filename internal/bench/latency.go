@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func (b *bencher) latencyAll(ctx context.Context) ([]Result, error) {
+	var out []Result
+	for _, rate := range b.cfg.Rates {
+		for range b.cfg.Repeat {
+			r, err := b.latency(ctx, rate)
+			if err != nil {
+				return out, err
+			}
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// latency commits one-row transactions at rate per second for the
+// configured duration and measures, per record, the time from the
+// transaction's commit (the record's timestamp) to a consumer reading it.
+func (b *bencher) latency(ctx context.Context, rate int) (Result, error) {
+	url, err := b.database(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return Result{}, err
+	}
+	defer conn.Close(context.Background())
+	if err := createSlot(ctx, conn, "relay"); err != nil {
+		return Result{}, err
+	}
+	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot('relay')")
+
+	k := &broker{name: "store", addrs: b.cfg.KafkaBrokers}
+	if len(k.addrs) > 0 {
+		k.name = "external"
+	}
+	if err := k.start(); err != nil {
+		return Result{}, err
+	}
+	defer k.stop()
+	rl, err := b.startRelay(url, "relay", k.addrs)
+	if err != nil {
+		return Result{}, err
+	}
+	defer rl.stop()
+	if _, err := walsenderPID(ctx, conn, "relay", 60*time.Second); err != nil {
+		return Result{}, fmt.Errorf("%w\n%s", err, rl.out)
+	}
+
+	// The consumer records commit-to-read latencies of records committed
+	// after the warm-up.
+	measureFrom := time.Now().Add(2 * time.Second)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addrs...), kgo.ConsumeTopics("outbox.event.bench"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond),
+		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second))
+	if err != nil {
+		return Result{}, err
+	}
+	defer cl.Close()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var seen atomic.Int64
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for cctx.Err() == nil {
+			fs := cl.PollFetches(cctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) {
+				seen.Add(1)
+				if r.Timestamp.Before(measureFrom) {
+					return
+				}
+				mu.Lock()
+				lat = append(lat, now.Sub(r.Timestamp))
+				mu.Unlock()
+			})
+		}
+	}()
+
+	// Writers: four connections, each committing at rate/4, evenly spaced.
+	const writers = 4
+	total := b.cfg.Duration + time.Until(measureFrom)
+	var committed atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Go(func() {
+			wc, err := pgx.Connect(ctx, url)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer wc.Close(context.Background())
+			interval := time.Duration(float64(time.Second) * writers / float64(rate))
+			next := time.Now().Add(time.Duration(w) * interval / writers)
+			stop := time.Now().Add(total)
+			for i := 0; time.Now().Before(stop); i++ {
+				if d := time.Until(next); d > 0 {
+					time.Sleep(d)
+				}
+				next = next.Add(interval)
+				if _, err := wc.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+					VALUES ('bench', $1, 'BenchEvent', '{"pad": "`+pad(b.cfg.PayloadBytes)+`"}')`, fmt.Sprintf("key-%d-%d", w, i%100)); err != nil {
+					errs <- err
+					return
+				}
+				committed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		return Result{}, err
+	}
+	// Let the last records arrive.
+	deadline := time.Now().Add(30 * time.Second)
+	for seen.Load() < committed.Load() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lat) == 0 {
+		return Result{}, fmt.Errorf("no record measured (%d committed, %d read)\n%s", committed.Load(), seen.Load(), rl.out)
+	}
+	slices.Sort(lat)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	res := Result{
+		Scenario: "latency",
+		Params:   fmt.Sprintf("rate=%d/s duration=%s payload=%dB broker=%s", rate, b.cfg.Duration, b.cfg.PayloadBytes, k.name),
+		Metrics: map[string]float64{
+			"p50_ms":        ms(lat[len(lat)/2]),
+			"p99_ms":        ms(lat[len(lat)*99/100]),
+			"max_ms":        ms(lat[len(lat)-1]),
+			"achieved_rate": float64(committed.Load()) / total.Seconds(),
+			"events":        float64(len(lat)),
+		},
+	}
+	if seen.Load() < committed.Load() {
+		res.Notes = fmt.Sprintf("MISSING %d records", committed.Load()-seen.Load())
+	}
+	b.logf("latency rate=%d: p50 %.1fms p99 %.1fms max %.1fms over %d records", rate, res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat))
+	return res, nil
+}
+
+func pad(n int) string {
+	b := make([]byte, max(n-12, 0))
+	for i := range b {
+		b[i] = 'x'
+	}
+	return string(b)
+}

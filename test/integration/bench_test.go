@@ -1,0 +1,63 @@
+package integration
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestBenchSmoke runs every scenario of `walrelay bench` at a tiny size so
+// the benchmark cannot rot: it must finish, and every metric the README and
+// BENCHMARKS.md report must be there and positive.
+func TestBenchSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL cluster of its own")
+	}
+	if _, err := exec.LookPath("pg_recvlogical"); err != nil {
+		t.Skip("pg_recvlogical not installed")
+	}
+	out, err := exec.Command(binPath, "bench", "--json", "--events", "2000", "--txn-size", "1,50",
+		"--broker", "discard,store", "--rate", "300", "--duration", "2s", "--big-rows", "3000", "--idle", "2s").Output()
+	if err != nil {
+		t.Fatalf("walrelay bench: %v\n%s", err, out)
+	}
+	var results []struct {
+		Scenario string             `json:"scenario"`
+		Params   string             `json:"params"`
+		Metrics  map[string]float64 `json:"metrics"`
+		Notes    string             `json:"notes"`
+	}
+	if err := json.Unmarshal(out, &results); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := map[string][]string{
+		"drain":   {"recv_events_per_s", "relay_events_per_s", "ratio", "recv_mb_per_s", "relay_mb_per_s", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event"},
+		"latency": {"p50_ms", "p99_ms", "max_ms", "achieved_rate", "events"},
+		"big":     {"drain_s", "peak_rss_mb", "relay_events_per_s"},
+		"idle":    {},
+	}
+	count := map[string]int{}
+	for _, r := range results {
+		count[r.Scenario]++
+		for _, m := range want[r.Scenario] {
+			v, ok := r.Metrics[m]
+			// CPU times tick in 10 ms: at this size they may read 0.
+			cpu := strings.Contains(m, "_us_per_event")
+			if !ok || v < 0 || v == 0 && !cpu {
+				t.Errorf("%s %s: %s = %v", r.Scenario, r.Params, m, v)
+			}
+		}
+		if r.Scenario == "idle" {
+			if _, ok := r.Metrics["cpu_percent"]; !ok {
+				t.Errorf("idle: no cpu_percent")
+			}
+		}
+		if r.Notes != "" && r.Scenario == "latency" {
+			t.Errorf("latency: %s", r.Notes)
+		}
+	}
+	if count["drain"] != 4 || count["latency"] != 1 || count["big"] != 1 || count["idle"] != 1 {
+		t.Fatalf("results per scenario %v, want drain 4 (2 txn sizes × 2 brokers), latency 1, big 1, idle 1\n%s", count, out)
+	}
+}
