@@ -48,6 +48,8 @@ type Config struct {
 	CreatePublication, CreateSlot bool
 	// Binary asks pgoutput for binary values (PostgreSQL 14+).
 	Binary bool
+	// Read tunes how the replication socket is read.
+	Read slot.ReadOptions
 
 	// Router configures records and topics.
 	Router router.Config
@@ -232,9 +234,11 @@ func (r *Relay) Run(parent context.Context) error {
 	// Background work that may stop the relay (an invalidated slot)
 	// cancels ctx with a cause; the parent's cancellation is a clean stop.
 	ctx, stop := context.WithCancelCause(parent)
-	defer stop(nil)
 	var bg sync.WaitGroup
+	// Deferred calls run last first: stop the background work, then wait
+	// for it.
 	defer bg.Wait()
+	defer stop(nil)
 	bg.Go(func() { r.watchSlot(ctx, stop) })
 	bg.Go(func() { r.beater().Run(ctx) })
 	stopped := func() error {

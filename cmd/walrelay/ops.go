@@ -90,8 +90,15 @@ func printStatus(w io.Writer, st slotStatus) {
 		}
 	}
 	safe := "unlimited"
-	if st.SafeWALSize != nil {
+	switch {
+	case st.WALStatus == "lost":
+		safe = "none (the slot is lost)"
+	case st.SafeWALSize != nil:
 		safe = bytesText(*st.SafeWALSize)
+	}
+	restart := st.RestartLSN
+	if restart == "0/0" {
+		restart = "none (its WAL was removed)"
 	}
 	health := "ok"
 	if !st.Healthy {
@@ -99,7 +106,7 @@ func printStatus(w io.Writer, st slotStatus) {
 	}
 	for _, row := range [][2]string{
 		{"slot", st.Slot}, {"plugin", st.Plugin}, {"database", st.Database}, {"active", active},
-		{"restart_lsn", st.RestartLSN}, {"confirmed_flush_lsn", st.ConfirmedFlushLSN}, {"current_lsn", st.CurrentLSN},
+		{"restart_lsn", restart}, {"confirmed_flush_lsn", st.ConfirmedFlushLSN}, {"current_lsn", st.CurrentLSN},
 		{"retained_wal", bytesText(st.RetainedWALBytes)}, {"confirmed_lag", bytesText(st.ConfirmedLagBytes)},
 		{"wal_status", st.WALStatus}, {"safe_wal_size", safe}, {"health", health},
 	} {

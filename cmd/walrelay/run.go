@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -46,7 +48,7 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
 	r, err := relay.New(cfg, log, m)
 	if err != nil {
-		return err
+		return &exitError{code: 2, err: err}
 	}
 	if c.MetricsAddr != "" {
 		stop, err := serveHTTP(c.MetricsAddr, reg, r, log)
@@ -59,6 +61,11 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		zap.Strings("brokers", c.Brokers), zap.String("slot", c.Slot), zap.String("publication", c.Publication),
 		zap.Strings("tables", c.Table), zap.String("kafka_sasl", c.KafkaSASLMechanism), zap.Bool("kafka_tls", len(kopts) > 0 && (c.KafkaTLS || c.KafkaTLSCA != "" || c.KafkaTLSCert != "")))
 	if err := r.Run(ctx); err != nil {
+		if c.KafkaSASLMechanism != "" && strings.Contains(err.Error(), "EOF") {
+			// Some brokers close the connection instead of answering a
+			// failed authentication.
+			err = fmt.Errorf("%w (the broker closed the connection: check the --kafka-sasl-* credentials and mechanism)", err)
+		}
 		log.Error("walrelay stopped", zap.Error(err))
 		return &exitError{code: 2, err: err}
 	}
