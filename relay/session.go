@@ -55,6 +55,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		// Heartbeat messages come through the stream as markers (pgoutput
 		// sends logical decoding messages from PostgreSQL 14 on).
 		Messages: version >= 140000,
+		Read:     r.cfg.Read,
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError

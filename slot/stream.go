@@ -25,6 +25,8 @@ type StreamOptions struct {
 	// Messages asks pgoutput for logical decoding messages (PostgreSQL
 	// 14+), which carry walrelay's heartbeats.
 	Messages bool
+	// Read tunes how the socket is read.
+	Read ReadOptions
 }
 
 // MessageKind tells a data message from a keepalive.
@@ -75,9 +77,10 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 	if err != nil {
 		return nil, err
 	}
+	applyReadOptions(cfg, opts.Read)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("replication connection: %w", err)
+		return nil, fmt.Errorf("replication connection: %w", redactErr(err, url))
 	}
 	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn()}
 	if s.System, err = pglogrepl.IdentifySystem(ctx, conn); err != nil {

@@ -121,6 +121,9 @@ type TuningFlags struct {
 	BackoffMax        time.Duration `default:"30s" help:"Longest wait between reconnection attempts (exponential with jitter, from 500ms)."`
 	StartupTimeout    time.Duration `default:"2m" help:"How long to keep retrying unreachable PostgreSQL or Kafka before the first stream; then exit with an error. Once streaming, walrelay retries forever."`
 	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
+	ReadBufferBytes   int           `default:"1048576" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
+	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"0" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning."`
+	ReadCoalesce      time.Duration `default:"0s" help:"After a small read, wait this long before the next so the stream arrives in larger pieces (less work for the walsender); adds at most this much latency."`
 }
 
 // HealthFlags keep the slot moving and visible.
@@ -165,6 +168,11 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		CreatePublication: src.CreatePublication,
 		CreateSlot:        src.CreateSlot,
 		Binary:            tun.Binary,
+		Read: slot.ReadOptions{
+			BufferBytes:        tun.ReadBufferBytes,
+			SocketReceiveBytes: tun.SocketRecvBytes,
+			Coalesce:           tun.ReadCoalesce,
+		},
 		Router: router.Config{
 			TopicTemplate:          rec.TopicTemplate,
 			DeadLetterTopic:        rec.DeadLetterTopic,

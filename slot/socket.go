@@ -1,0 +1,82 @@
+package slot
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// How the stream is read matters as much as what is done with it. A
+// client that reads every message the moment it arrives keeps the socket
+// empty: the walsender then pays for a full loopback or network send per
+// message. A client that reads large chunks and lets a little data pile up
+// lets the kernel move the stream in large segments, which costs the
+// walsender (usually the bottleneck) far less per event.
+
+// ReadOptions tune how the replication socket is read.
+type ReadOptions struct {
+	// BufferBytes is the size of the read buffer: each read syscall takes
+	// up to this much. 0 means 1 MiB.
+	BufferBytes int
+	// SocketReceiveBytes sets SO_RCVBUF on the connection; 0 leaves the
+	// kernel's autotuning alone. A small buffer makes the walsender queue
+	// data while the relay is busy, so it arrives in larger pieces.
+	SocketReceiveBytes int
+	// Coalesce is how long to wait before the next read when the last one
+	// returned less than a quarter of the buffer, letting data accumulate.
+	// 0 reads at once. It adds at most this much latency.
+	Coalesce time.Duration
+}
+
+// applyReadOptions installs the read path on a connection configuration.
+func applyReadOptions(cfg *pgconn.Config, o ReadOptions) {
+	size := o.BufferBytes
+	if size <= 0 {
+		size = 1 << 20
+	}
+	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		var src io.Reader = r
+		if o.Coalesce > 0 {
+			src = &pacedReader{r: r, pause: o.Coalesce, small: size / 4}
+		}
+		return pgproto3.NewFrontend(bufio.NewReaderSize(src, size), w)
+	}
+	if o.SocketReceiveBytes > 0 {
+		d := &net.Dialer{KeepAlive: 5 * time.Minute, Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, o.SocketReceiveBytes)
+			})
+			if err != nil {
+				return err
+			}
+			return serr
+		}}
+		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, network, addr)
+		}
+	}
+}
+
+// pacedReader sleeps before a read that follows a small one.
+type pacedReader struct {
+	r     io.Reader
+	pause time.Duration
+	small int
+	last  int
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if p.last > 0 && p.last < p.small {
+		time.Sleep(p.pause)
+	}
+	n, err := p.r.Read(b)
+	p.last = n
+	return n, err
+}
