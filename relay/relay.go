@@ -91,6 +91,10 @@ type Config struct {
 	// ReadyMaxLag is the replication lag above which the relay reports not
 	// ready (default 60s; negative disables the check).
 	ReadyMaxLag time.Duration
+	// ReceiveTimeout ends a session whose connection carried nothing for
+	// this long, not even the reply to a request for one sent at half of it
+	// (default 60s, like PostgreSQL's wal_receiver_timeout).
+	ReceiveTimeout time.Duration
 	// StartupTimeout is how long the relay keeps retrying PostgreSQL and
 	// Kafka before it has streamed once (default 2m; negative: forever).
 	// After the first stream it retries forever.
@@ -118,6 +122,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadyMaxLag == 0 {
 		c.ReadyMaxLag = 60 * time.Second
+	}
+	if c.ReceiveTimeout <= 0 {
+		c.ReceiveTimeout = 60 * time.Second
 	}
 	if c.StartupTimeout == 0 {
 		c.StartupTimeout = 2 * time.Minute
@@ -170,7 +177,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	for _, kind := range []string{"wal", "kafka"} {
 		m.Heartbeats.WithLabelValues(kind)
 	}
-	for _, cause := range []string{"kafka", "slot_busy", "decode", "postgres", "connection", "setup"} {
+	for _, cause := range []string{"kafka", "slot_busy", "silent", "decode", "postgres", "connection", "setup"} {
 		m.StreamRestarts.WithLabelValues(cause)
 	}
 	return &Relay{
@@ -428,6 +435,8 @@ func causeOf(err error) string {
 		return "kafka"
 	case errors.Is(err, errSlotBusy):
 		return "slot_busy"
+	case errors.Is(err, errServerSilent):
+		return "silent"
 	case errors.Is(err, decoder.ErrMalformed):
 		return "decode"
 	case errors.As(err, &pgErr):

@@ -16,6 +16,10 @@ import (
 	"github.com/walrelay/walrelay/slot"
 )
 
+// errServerSilent means the replication connection carried nothing, not
+// even a reply to a request for one, for the receive timeout.
+var errServerSilent = errors.New("replication connection silent")
+
 // errSlotBusy means another client streams from the slot: this relay waits
 // as a standby and tries again after a backoff.
 var errSlotBusy = errors.New("replication slot is in use by another process")
@@ -41,6 +45,8 @@ type session struct {
 
 	status   *heartbeat.Schedule
 	nextTick time.Time
+	lastRecv time.Time // when the server last sent anything
+	pinged   bool      // a reply was requested since lastRecv
 }
 
 // session streams until the connection breaks, Kafka refuses a record, or
@@ -79,6 +85,8 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		failed: make(chan error, 1),
 		timer:  time.NewTimer(time.Hour),
 		status: heartbeat.NewSchedule(r.cfg.StatusInterval, r.cfg.ConfirmDelay),
+		// The stream just started: count the silence from now.
+		lastRecv: time.Now(),
 	}
 	s.tr = checkpoint.New(start, checkpoint.OnComplete(func(commit time.Time) {
 		r.metrics.CommitToAck.Observe(time.Since(commit).Seconds())
@@ -151,6 +159,9 @@ func (s *session) loop() error {
 		m, err := s.stream.Receive(s.deadline())
 		switch {
 		case errors.Is(err, slot.ErrTimeout):
+			if err := s.checkAlive(); err != nil {
+				return err
+			}
 			s.housekeep(false)
 			continue
 		case errors.Is(err, slot.ErrInterrupted):
@@ -158,6 +169,8 @@ func (s *session) loop() error {
 		case err != nil:
 			return err
 		}
+		now := time.Now()
+		s.lastRecv, s.pinged = now, false
 		s.r.metrics.ServerWALEndLSN.Set(float64(m.ServerWALEnd))
 		switch m.Kind {
 		case slot.Keepalive:
@@ -173,7 +186,7 @@ func (s *session) loop() error {
 			if err := s.handle(m.Data); err != nil {
 				return err
 			}
-			if !time.Now().Before(s.nextTick) {
+			if !now.Before(s.nextTick) {
 				s.housekeep(false)
 			}
 		}
@@ -184,10 +197,45 @@ func (s *session) loop() error {
 // update: soon while transactions are in flight or a new position waits to
 // be confirmed, else at the next periodic update.
 func (s *session) deadline() time.Time {
+	d := s.status.Next()
 	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) {
-		return s.nextTick
+		d = s.nextTick
 	}
-	return s.status.Next()
+	return minTime(d, s.aliveCheck())
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// aliveCheck is when the server's silence next needs attention: a ping at
+// half the receive timeout, the verdict at the full timeout.
+func (s *session) aliveCheck() time.Time {
+	if !s.pinged {
+		return s.lastRecv.Add(s.r.cfg.ReceiveTimeout / 2)
+	}
+	return s.lastRecv.Add(s.r.cfg.ReceiveTimeout)
+}
+
+// checkAlive notices a connection that went silent without closing (a
+// partition, a moved address, a firewall that forgot it): like
+// PostgreSQL's own walreceiver it asks the server for a reply after half
+// the receive timeout and gives up on the connection after all of it.
+func (s *session) checkAlive() error {
+	silent := time.Since(s.lastRecv)
+	switch {
+	case silent >= s.r.cfg.ReceiveTimeout:
+		return fmt.Errorf("%w: nothing received for %s", errServerSilent, silent.Round(time.Millisecond))
+	case silent >= s.r.cfg.ReceiveTimeout/2 && !s.pinged:
+		s.pinged = true
+		if err := s.stream.SendStatus(s.status.Confirmed(), true); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // handle processes one pgoutput message.
@@ -235,6 +283,8 @@ func (s *session) handle(data []byte) error {
 // walsender disconnects a client that stays silent for wal_sender_timeout,
 // and Kafka may be slow for longer than that.
 func (s *session) await(ch <-chan struct{}) error {
+	// The socket is not read meanwhile: the server's silence is ours.
+	defer func() { s.lastRecv, s.pinged = time.Now(), false }()
 	for {
 		s.timer.Reset(time.Until(s.nextTick))
 		select {

@@ -125,6 +125,12 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log
 		}
 		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", pgx.Identifier{cfg.Publication}.Sanitize(), tableList(cfg.Tables))
 		if _, err := conn.Exec(ctx, sql); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") {
+				// Another walrelay created it at the same moment: check
+				// what it created.
+				return ensurePublication(ctx, conn, cfg, log)
+			}
 			return publicationError(cfg, "create", err)
 		}
 		log.Info("created publication", zap.String("publication", cfg.Publication), zap.String("sql", sql))

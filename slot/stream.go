@@ -152,8 +152,10 @@ func (s *Stream) Receive(deadline time.Time) (Message, error) {
 			return parseCopyData(m.Data)
 		case *pgproto3.ErrorResponse:
 			return Message{}, fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
-		case *pgproto3.CopyDone:
-			return Message{}, errors.New("replication stream: server ended the stream (CopyDone)")
+		case *pgproto3.CopyDone, *pgproto3.CommandComplete:
+			// A walsender shutting down (server stop or restart) ends the
+			// copy, sometimes with just CommandComplete.
+			return Message{}, errors.New("replication stream: the server ended the stream (shutting down?)")
 		case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus:
 			continue
 		default:

@@ -119,6 +119,7 @@ type TuningFlags struct {
 	MaxInflightEvents int64         `default:"50000" help:"Events produced and not yet acknowledged, at most; bounds memory."`
 	MaxInflightBytes  int64         `default:"67108864" help:"Approximate bytes produced and not yet acknowledged, at most; bounds memory."`
 	BackoffMax        time.Duration `default:"30s" help:"Longest wait between reconnection attempts (exponential with jitter, from 500ms)."`
+	ReceiveTimeout    time.Duration `default:"60s" help:"End a replication connection that carried nothing for this long, not even the reply to a request for one sent at half of it (like PostgreSQL's wal_receiver_timeout); then reconnect."`
 	StartupTimeout    time.Duration `default:"2m" help:"How long to keep retrying unreachable PostgreSQL or Kafka before the first stream; then exit with an error. Once streaming, walrelay retries forever."`
 	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
 	ReadBufferBytes   int           `default:"1048576" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
@@ -192,6 +193,7 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		ShutdownTimeout: tun.ShutdownTimeout,
 		BackoffMax:      tun.BackoffMax,
 		StartupTimeout:  tun.StartupTimeout,
+		ReceiveTimeout:  tun.ReceiveTimeout,
 
 		NoIdleAdvance:     !hf.IdleAdvance,
 		HeartbeatInterval: hf.HeartbeatInterval,

@@ -206,6 +206,7 @@ func (e *env) config() relay.Config {
 		},
 		KafkaOptions:   []kgo.Opt{kgo.SeedBrokers(e.brokers...), kgo.ProducerLinger(time.Millisecond)},
 		StatusInterval: time.Second,
+		ReceiveTimeout: 10 * time.Second,
 		BackoffMin:     100 * time.Millisecond,
 		BackoffMax:     time.Second,
 	}
@@ -217,7 +218,7 @@ func (e *env) args() []string {
 		"run", "--pg-url", e.url, "--brokers", strings.Join(e.brokers, ","),
 		"--slot", e.name, "--publication", e.name,
 		"--topic-template", e.topicPrefix() + "{aggregate_type}", "--dead-letter-topic", e.topicPrefix() + "dlq",
-		"--topic-partitions", "3", "--status-interval", "1s", "--backoff-max", "1s", "--linger", "1ms",
+		"--topic-partitions", "3", "--status-interval", "1s", "--receive-timeout", "10s", "--backoff-max", "1s", "--linger", "1ms",
 		"--metrics-addr", "", "--log-level", "info",
 	}
 }
