@@ -1,0 +1,171 @@
+package integration
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/walrelay/walrelay/internal/devcluster"
+)
+
+// testCA is a throwaway certificate authority issuing server and client
+// certificates for 127.0.0.1.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "walrelay test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue returns a certificate and key (PEM) for name, usable by servers
+// and clients.
+func (ca *testCA) issue(t *testing.T, name string, serial int64) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// TestKafkaTLS runs the relay against a TLS-only kfake broker: with the
+// CA it delivers; with client-certificate authentication required it
+// delivers only when given a certificate; without the CA (the system roots
+// do not know this one) it refuses at once with a certificate error.
+func TestKafkaTLS(t *testing.T) {
+	ca := newTestCA(t)
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	caFile := write("ca.pem", ca.pem)
+	srvCert, srvKey := ca.issue(t, "broker", 2)
+	cliCert, cliKey := ca.issue(t, "walrelay", 3)
+	certFile, keyFile := write("client.pem", cliCert), write("client-key.pem", cliKey)
+	serverPair, err := tls.X509KeyPair(srvCert, srvKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.pem)
+
+	for _, tc := range []struct {
+		name     string
+		mutual   bool
+		args     []string
+		delivers bool
+		errText  string
+	}{
+		{"server verified with --kafka-tls-ca", false, []string{"--kafka-tls-ca", caFile}, true, ""},
+		{"mutual TLS with a client certificate", true, []string{"--kafka-tls-ca", caFile, "--kafka-tls-cert", certFile, "--kafka-tls-key", keyFile}, true, ""},
+		{"mutual TLS without a client certificate", true, []string{"--kafka-tls-ca", caFile, "--startup-timeout", "5s"}, false, ""},
+		{"unknown CA", false, []string{"--kafka-tls"}, false, "certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			srv := &tls.Config{Certificates: []tls.Certificate{serverPair}, MinVersion: tls.VersionTLS12}
+			if tc.mutual {
+				srv.ClientAuth, srv.ClientCAs = tls.RequireAndVerifyClientCert, pool
+			}
+			k, err := devcluster.StartKafka(devcluster.KafkaOptions{Extra: []kfake.Opt{kfake.TLS(srv)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(k.Close)
+			e.brokers = []string{k.Addr()}
+			p := startProc(t, nil, append(e.args(), tc.args...)...)
+			if !tc.delivers {
+				code, elapsed, exited := p.wait(45 * time.Second)
+				if !exited || code == 0 {
+					t.Fatalf("exit %d after %s (exited by itself: %v); want a non-zero exit\n%s", code, elapsed, exited, p.out.String())
+				}
+				if tc.errText != "" && !strings.Contains(finalLines(p.out.String()), tc.errText) {
+					t.Errorf("error does not mention %q:\n%s", tc.errText, finalLines(p.out.String()))
+				}
+				return
+			}
+			e.waitFor("slot active", 30*time.Second, func() (bool, error) {
+				i, err := e.slotInfoErr()
+				return err == nil && i.Active, err
+			})
+			e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('tls', 'k', 'T', '{"secure": true}')`)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ConsumeTopics(e.topic("tls")),
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+				kgo.DialTLSConfig(&tls.Config{RootCAs: pool, Certificates: clientPair(t, cliCert, cliKey), MinVersion: tls.VersionTLS12}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			e.waitFor("the event over TLS", 60*time.Second, func() (bool, error) {
+				ctx, cancel := context.WithTimeout(e.ctx, time.Second)
+				defer cancel()
+				fs := cl.PollRecords(ctx, 10)
+				var got string
+				fs.EachRecord(func(r *kgo.Record) { got = string(r.Value) })
+				return got == `{"secure": true}`, fmt.Errorf("read %q (%v); relay output:\n%s", got, fs.Err(), p.out.String())
+			})
+		})
+	}
+}
+
+func clientPair(t *testing.T, certPEM, keyPEM []byte) []tls.Certificate {
+	t.Helper()
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []tls.Certificate{pair}
+}
