@@ -123,8 +123,8 @@ type TuningFlags struct {
 	StartupTimeout    time.Duration `default:"2m" help:"How long to keep retrying unreachable PostgreSQL or Kafka before the first stream; then exit with an error. Once streaming, walrelay retries forever."`
 	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
 	ReadBufferBytes   int           `default:"1048576" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
-	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"0" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning."`
-	ReadCoalesce      time.Duration `default:"0s" help:"After a small read, wait this long before the next so the stream arrives in larger pieces (less work for the walsender); adds at most this much latency."`
+	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"524288" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning (better over high-latency links: 512 KiB carries about 50 MB/s at 10 ms round trip)."`
+	ReadCoalesce      time.Duration `default:"200us" help:"After a small read, wait this long before the next so the stream arrives in larger pieces (less work for the walsender); adds at most this much latency."`
 }
 
 // HealthFlags keep the slot moving and visible.

@@ -106,6 +106,13 @@ func (b *bencher) latency(ctx context.Context, rate int) (Result, error) {
 				return
 			}
 			defer wc.Close(context.Background())
+			// The cluster runs with synchronous_commit off to write
+			// backlogs fast; here commits must be durable, as in
+			// production: the walsender sends only flushed WAL.
+			if _, err := wc.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+				errs <- err
+				return
+			}
 			interval := time.Duration(float64(time.Second) * writers / float64(rate))
 			next := time.Now().Add(time.Duration(w) * interval / writers)
 			stop := time.Now().Add(total)
