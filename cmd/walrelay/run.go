@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +21,7 @@ type runCmd struct {
 	PGURL       string   `name:"pg-url" required:"" help:"Source database URL (postgres://user:pass@host:5432/db?sslmode=…); the replication connection is derived from it."`
 	Brokers     []string `required:"" help:"Kafka bootstrap brokers, host:port, comma-separated."`
 	MetricsAddr string   `default:":9187" help:"Address serving /metrics, /healthz and /readyz; empty disables."`
+	CPUProfile  string   `placeholder:"FILE" help:"Write a CPU profile (go tool pprof) to FILE until exit, for diagnosing performance."`
 
 	KafkaFlags  `embed:""`
 	SourceFlags `embed:""`
@@ -33,6 +36,17 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return err
 	}
 	defer log.Sync()
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return &exitError{code: 2, err: err}
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return &exitError{code: 2, err: err}
+		}
+		defer pprof.StopCPUProfile()
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
