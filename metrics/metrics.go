@@ -32,6 +32,7 @@ type Metrics struct {
 	SlotSafeWALSize    prometheus.Gauge
 	SlotWALStatus      *prometheus.GaugeVec
 	Ready              prometheus.Gauge
+	KafkaTransactions  prometheus.Counter
 }
 
 // New creates the metrics and registers them on reg.
@@ -118,13 +119,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_ready",
 			Help: "1 while the relay is streaming and its replication lag is under the readiness threshold (what /readyz reports).",
 		}),
+		KafkaTransactions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_kafka_transactions_total",
+			Help: "Kafka transactions committed (exactly-once delivery only), each with a checkpoint record.",
+		}),
 	}
 	reg.MustRegister(
 		m.EventsPublished, m.EventsDeadLettered, m.Transactions, m.ProduceErrors,
 		m.ReceivedLSN, m.ConfirmedLSN, m.ServerWALEndLSN, m.SlotRetainedWAL,
 		m.SlotLag, m.ReplicationLag, m.CommitToAck, m.InflightEvents,
 		m.Heartbeats, m.StandbyStatusSent, m.StreamRestarts, m.Streaming,
-		m.ReceivedBytes, m.SlotSafeWALSize, m.SlotWALStatus, m.Ready,
+		m.ReceivedBytes, m.SlotSafeWALSize, m.SlotWALStatus, m.Ready, m.KafkaTransactions,
 	)
 	return m
 }

@@ -101,7 +101,11 @@ func (r *Relay) beater() *heartbeat.Beater {
 			if rt == nil {
 				return errors.New("no producer: Kafka is not connected")
 			}
-			return rt.Client().ProduceSync(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}).FirstErr()
+			cl, err := rt.HeartbeatClient()
+			if err != nil {
+				return err
+			}
+			return cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}).FirstErr()
 		},
 	}, r.log.Named("heartbeat"), r.metrics)
 }

@@ -91,6 +91,13 @@ type Config struct {
 	// ReadyMaxLag is the replication lag above which the relay reports not
 	// ready (default 60s; negative disables the check).
 	ReadyMaxLag time.Duration
+	// ExactlyOnce delivers through Kafka transactions with a checkpoint
+	// record in each (Router.TransactionalID defaults to "walrelay-<slot>").
+	ExactlyOnce bool
+	// TxnMaxEvents and TxnMaxInterval commit a Kafka transaction once it
+	// holds this many events or is this old (defaults 10,000 and 100ms).
+	TxnMaxEvents   int
+	TxnMaxInterval time.Duration
 	// ReceiveTimeout ends a session whose connection carried nothing for
 	// this long, not even the reply to a request for one sent at half of it
 	// (default 60s, like PostgreSQL's wal_receiver_timeout).
@@ -122,6 +129,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadyMaxLag == 0 {
 		c.ReadyMaxLag = 60 * time.Second
+	}
+	if c.ExactlyOnce && c.Router.TransactionalID == "" {
+		c.Router.TransactionalID = "walrelay-" + c.Slot
+	}
+	if !c.ExactlyOnce {
+		c.Router.TransactionalID = ""
+	}
+	if c.TxnMaxEvents <= 0 {
+		c.TxnMaxEvents = 10_000
+	}
+	if c.TxnMaxInterval <= 0 {
+		c.TxnMaxInterval = 100 * time.Millisecond
 	}
 	if c.ReceiveTimeout <= 0 {
 		c.ReceiveTimeout = 60 * time.Second
@@ -353,6 +372,17 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 	if err := rt.Start(ctx, extra...); err != nil {
 		rt.Close()
 		return nil, err
+	}
+	if r.cfg.ExactlyOnce {
+		// Fence any older relay holding the transactional id now: from
+		// here on it cannot commit, so the checkpoint read later is final.
+		if err := rt.InitTransactions(ctx); err != nil {
+			rt.Close()
+			if errors.Is(err, router.ErrFenced) {
+				return nil, &fatalError{err}
+			}
+			return nil, err
+		}
 	}
 	return rt, nil
 }

@@ -39,6 +39,7 @@ type session struct {
 	rt      *router.Router
 	tr      *checkpoint.Tracker
 	txn     *checkpoint.Txn
+	eos     *eosState // nil with at-least-once delivery
 	failed  chan error
 	timer   *time.Timer
 	lastLSN decoder.LSN // WAL position of the current message, for errors
@@ -97,6 +98,12 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	s.tr = checkpoint.New(start, checkpoint.OnComplete(func(commit time.Time) {
 		r.metrics.CommitToAck.Observe(time.Since(commit).Seconds())
 	}))
+	if r.cfg.ExactlyOnce {
+		if err := s.startEOS(); err != nil {
+			stream.Close(context.Background())
+			return err
+		}
+	}
 	r.current.Store(s)
 	r.everStreamed.Store(true)
 	stopInterrupt := context.AfterFunc(ctx, stream.Interrupt)
@@ -169,6 +176,11 @@ func (s *session) loop() error {
 				return err
 			}
 			s.housekeep(false)
+			if s.commitDue(time.Now()) {
+				if err := s.commitKafka(); err != nil {
+					return err
+				}
+			}
 			continue
 		case errors.Is(err, slot.ErrInterrupted):
 			continue // the checks at the top say why
@@ -191,8 +203,15 @@ func (s *session) loop() error {
 			// Reading the clock per message is a tenth of the relay's
 			// CPU at full speed: look every 64 messages. An idle stream
 			// reaches housekeeping through Receive's deadline instead.
-			if s.msgs++; s.msgs&63 == 0 && !time.Now().Before(s.nextTick) {
-				s.housekeep(false)
+			if s.msgs++; s.msgs&63 == 0 {
+				if now := time.Now(); !now.Before(s.nextTick) {
+					s.housekeep(false)
+					if s.commitDue(now) {
+						if err := s.commitKafka(); err != nil {
+							return err
+						}
+					}
+				}
 			}
 		}
 	}
@@ -203,7 +222,7 @@ func (s *session) loop() error {
 // be confirmed, else at the next periodic update.
 func (s *session) deadline() time.Time {
 	d := s.status.Next()
-	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) {
+	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || s.eos != nil && s.rt.InTxn() {
 		d = s.nextTick
 	}
 	return minTime(d, s.aliveCheck())
@@ -256,37 +275,70 @@ func (s *session) handle(data []byte) error {
 	}
 	switch kind {
 	case decoder.KindBegin:
-		s.txn = s.tr.Begin(s.dec.Begin().CommitTime)
+		b := s.dec.Begin()
+		s.txn = s.tr.Begin(b.CommitTime)
 		s.r.metrics.Transactions.Inc()
+		if e := s.eos; e != nil {
+			e.skip.Begin(b.FinalLSN)
+			e.curCommit, e.curEvents, e.inPG = b.FinalLSN, 0, true
+		}
 	case decoder.KindInsert:
 		if s.txn == nil {
 			return fmt.Errorf("decode pgoutput message at %s: %w: insert outside a transaction", s.lastLSN, decoder.ErrMalformed)
+		}
+		if e := s.eos; e != nil {
+			e.curEvents++
+			if e.skip.Event() {
+				return nil // in Kafka already, by the checkpoint found at start
+			}
+			if !s.rt.InTxn() {
+				e.txnStart = time.Now()
+			}
 		}
 		ev := s.dec.Event()
 		for {
 			wait, err := s.rt.Send(ev, s.lastLSN, s.txn)
 			if err != nil {
-				return err
+				return s.eosErrorOr(err)
 			}
 			if wait == nil {
-				return nil
+				break
 			}
 			if err := s.await(wait); err != nil {
 				return err
 			}
 		}
+		if s.eos != nil && s.rt.TxnEvents() >= s.r.cfg.TxnMaxEvents {
+			return s.commitKafka() // a large transaction is split across Kafka transactions
+		}
 	case decoder.KindCommit:
 		if s.txn == nil {
 			return fmt.Errorf("decode pgoutput message at %s: %w: commit without begin", s.lastLSN, decoder.ErrMalformed)
 		}
-		s.tr.Commit(s.txn, s.dec.Commit().EndLSN)
+		c := s.dec.Commit()
+		s.tr.Commit(s.txn, c.EndLSN)
 		s.txn = nil
+		if e := s.eos; e != nil {
+			e.lastFull, e.curEvents, e.inPG = c.EndLSN, 0, false
+			if s.commitDue(time.Now()) {
+				return s.commitKafka()
+			}
+		}
 	case decoder.KindMessage:
 		// A heartbeat (or any non-transactional message): everything
 		// before it was received, so it is a marker like a keepalive.
 		s.tr.Marker(s.dec.MessageLSN())
 	}
 	return nil
+}
+
+// eosErrorOr maps a fenced producer to the fatal error, and passes other
+// errors on.
+func (s *session) eosErrorOr(err error) error {
+	if s.eos != nil {
+		return s.eosError(err)
+	}
+	return err
 }
 
 // await blocks until ch delivers, while still sending status updates: the
@@ -370,6 +422,17 @@ func (s *session) housekeep(force bool) {
 // allow when the connection still works, and closes the stream.
 func (s *session) finish(cause error) error {
 	stopping := s.ctx.Err() != nil
+	if s.eos != nil {
+		// Exactly-once: commit what the open Kafka transaction holds on a
+		// clean stop, else abort it; nothing else is in flight after.
+		if err := s.endEOS(stopping && cause != nil && errors.Is(cause, context.Canceled)); err != nil {
+			s.r.log.Warn("ending the Kafka transaction failed; the next start resumes from the last checkpoint", zap.Error(err))
+			if isFatal(err) {
+				cause = err
+				stopping = false
+			}
+		}
+	}
 	flushCtx := context.Background()
 	if stopping {
 		var cancel context.CancelFunc

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -110,10 +109,7 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 		}
 		o.size = recordSize(o.rec.Key, nil, o.rec.Headers)
 	}
-	r.gate.acquire(o.size)
-	a.Add()
-	r.client.TryProduce(context.Background(), &o.rec, r.promise)
-	return nil
+	return r.produce(o)
 }
 
 func truncate(b []byte, n int) []byte {

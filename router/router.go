@@ -92,6 +92,19 @@ type Config struct {
 	// OnPublished, if set, is called on the promise goroutine with every
 	// record Kafka acknowledged (partition and offset set). It must be fast.
 	OnPublished func(*kgo.Record)
+
+	// TransactionalID, when set, makes delivery exactly-once: records are
+	// produced in Kafka transactions, each closed by CommitTxn with a
+	// checkpoint record, and a record's transaction is acked only when its
+	// Kafka transaction commits.
+	TransactionalID string
+	// CheckpointTopic receives the checkpoint records (compacted, one
+	// partition; created when topic creation is on). Default
+	// "walrelay.checkpoints".
+	CheckpointTopic string
+	// TransactionTimeout is how long the broker lets a Kafka transaction
+	// stay open before aborting it. Default 60s.
+	TransactionTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -125,6 +138,12 @@ func (c *Config) setDefaults() {
 	if c.HeaderType == "" {
 		c.HeaderType = "type"
 	}
+	if c.CheckpointTopic == "" {
+		c.CheckpointTopic = "walrelay.checkpoints"
+	}
+	if c.TransactionTimeout <= 0 {
+		c.TransactionTimeout = 60 * time.Second
+	}
 }
 
 // Router produces outbox events to Kafka. Send belongs to one goroutine;
@@ -143,7 +162,17 @@ type Router struct {
 	byName    map[string]*topic
 	dlq       *topic
 	failed    atomic.Bool
+	failErr   atomic.Pointer[error]
 	limits    sync.Map // topic name → max.message.bytes, for batchLimit
+
+	// Exactly-once delivery (see txn.go).
+	eos       bool
+	connOpts  []kgo.Opt // the caller's connection options, for side clients
+	inTxn     bool
+	txnAcks   []ackRun    // ackers of the open Kafka transaction, in order
+	txnEvents int         // records in the open Kafka transaction
+	hbMu      sync.Mutex  // guards hbClient
+	hbClient  *kgo.Client // non-transactional, for heartbeat records
 }
 
 // New returns a Router and its producer, a franz-go client built from
@@ -179,6 +208,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		byAggType: make(map[string]*topic),
 		byName:    make(map[string]*topic),
 	}
+	r.connOpts = opts
 	all := append([]kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
@@ -187,6 +217,13 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		// it; the router learns each topic's limit before producing to it.
 		kgo.ProducerBatchMaxBytesFn(r.batchLimit),
 	}, opts...)
+	if cfg.TransactionalID != "" {
+		if err := ValidTopic(cfg.CheckpointTopic); err != nil {
+			return nil, fmt.Errorf("checkpoint topic: %w", err)
+		}
+		r.eos = true
+		all = append(all, kgo.TransactionalID(cfg.TransactionalID), kgo.TransactionTimeout(cfg.TransactionTimeout))
+	}
 	if r.client, err = kgo.NewClient(all...); err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
@@ -218,6 +255,11 @@ const dlqSlack = 1024
 // heartbeat topic): creates them when topic creation is on and reads their
 // size limits. It blocks until the broker answers or ctx ends.
 func (r *Router) Start(ctx context.Context, extra ...string) error {
+	if r.eos {
+		if err := r.prepareCheckpointTopic(ctx); err != nil {
+			return err
+		}
+	}
 	var names []string
 	if r.cfg.OnInvalid == InvalidDeadLetter {
 		names = append(names, r.dlq.name)
@@ -279,9 +321,9 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 		if o.size > t.maxBytes {
 			reason, detail = ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d, the limit of topic %s", o.size, t.maxBytes, t.name)
 		} else {
-			r.gate.acquire(o.size)
-			a.Add()
-			r.client.TryProduce(context.Background(), &o.rec, r.promise)
+			if err := r.produce(o); err != nil {
+				return nil, err
+			}
 			return nil, nil
 		}
 	}
@@ -395,17 +437,42 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	o := recordOf(rec)
 	r.gate.release(o.size)
 	if err != nil {
-		r.metrics.ProduceErrors.Inc()
-		if r.failed.CompareAndSwap(false, true) {
-			r.fatal(fmt.Errorf("produce to %s: %w", rec.Topic, err))
-		}
+		r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
 		return
 	}
 	o.topic.published.Inc()
 	if r.cfg.OnPublished != nil {
 		r.cfg.OnPublished(rec)
 	}
-	o.ack.Ack()
+	if !r.eos {
+		o.ack.Ack() // exactly-once acks at the Kafka transaction's commit
+	}
+}
+
+// fail records the first error Kafka returned for good and tells the
+// fatal handler.
+func (r *Router) fail(err error) {
+	r.metrics.ProduceErrors.Inc()
+	if r.failed.CompareAndSwap(false, true) {
+		r.failErr.Store(&err)
+		r.fatal(err)
+	}
+}
+
+// produce hands a built record to the producer: one more in flight, one
+// more pending on its transaction; with exactly-once delivery, inside the
+// open Kafka transaction (begun here when none is).
+func (r *Router) produce(o *outRecord) error {
+	if r.eos {
+		if err := r.beginTxn(); err != nil {
+			return err
+		}
+		r.txnAck(o.ack)
+	}
+	r.gate.acquire(o.size)
+	o.ack.Add()
+	r.client.TryProduce(context.Background(), &o.rec, r.promise)
+	return nil
 }
 
 // Failed reports whether Kafka refused a record for good; the router should
@@ -422,5 +489,12 @@ func (r *Router) Inflight() int64 { return r.gate.events.Load() }
 // Client returns the Kafka client, for health checks.
 func (r *Router) Client() *kgo.Client { return r.client }
 
-// Close closes the Kafka client; records not yet acknowledged fail.
-func (r *Router) Close() { r.client.Close() }
+// Close closes the Kafka clients; records not yet acknowledged fail.
+func (r *Router) Close() {
+	r.client.Close()
+	r.hbMu.Lock()
+	if r.hbClient != nil {
+		r.hbClient.Close()
+	}
+	r.hbMu.Unlock()
+}

@@ -31,10 +31,11 @@ type devCmd struct {
 	PGPort    int           `name:"pg-port" help:"Port of the throwaway PostgreSQL; 0 picks a free one."`
 	KafkaPort int           `help:"Port of the in-process broker; 0 picks a free one."`
 
-	SourceFlags `embed:""`
-	RecordFlags `embed:""`
-	TuningFlags `embed:""`
-	HealthFlags `embed:""`
+	SourceFlags   `embed:""`
+	RecordFlags   `embed:""`
+	TuningFlags   `embed:""`
+	HealthFlags   `embed:""`
+	DeliveryFlags `embed:""`
 }
 
 func (c *devCmd) Run(ctx context.Context, lf *LogFlags) error {
@@ -66,7 +67,7 @@ func (c *devCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	defer kafka.Close()
 
-	cfg, err := relayConfig(url, []string{kafka.Addr()}, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, log)
+	cfg, err := relayConfig(url, []string{kafka.Addr()}, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags, log)
 	if err != nil {
 		return err
 	}

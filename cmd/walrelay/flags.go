@@ -137,8 +137,18 @@ type HealthFlags struct {
 	ReadyMaxLag       time.Duration `default:"60s" help:"Replication lag above which /readyz reports not ready; 0 disables the lag check."`
 }
 
+// DeliveryFlags choose at-least-once or exactly-once delivery.
+type DeliveryFlags struct {
+	Delivery        string        `default:"at-least-once" enum:"at-least-once,exactly-once" help:"at-least-once (duplicates possible after a crash, each with the same id header) or exactly-once (Kafka transactions with a checkpoint; read_committed consumers see each row once)."`
+	TransactionalID string        `help:"Kafka transactional id for exactly-once delivery; default walrelay-<slot>, so two relays on one slot fence each other."`
+	CheckpointTopic string        `default:"walrelay.checkpoints" help:"Compacted one-partition topic of exactly-once checkpoints (key: slot name); created when --create-topics."`
+	TxnMaxEvents    int           `default:"10000" help:"Exactly-once: commit the Kafka transaction once it holds this many events (large PostgreSQL transactions are split)."`
+	TxnMaxInterval  time.Duration `default:"100ms" help:"Exactly-once: commit the Kafka transaction at least this often; adds up to this much latency."`
+	TxnTimeout      time.Duration `default:"60s" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it."`
+}
+
 // relayConfig assembles the relay's configuration from the flag groups.
-func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, hf HealthFlags, log *zap.Logger) (relay.Config, error) {
+func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, hf HealthFlags, df DeliveryFlags, log *zap.Logger) (relay.Config, error) {
 	tables, err := parseTables(src.Table)
 	if err != nil {
 		return relay.Config{}, err
@@ -186,7 +196,13 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 			MaxRecordBytes:         rec.MaxRecordBytes,
 			HeaderID:               rec.HeaderID,
 			HeaderType:             rec.HeaderType,
+			TransactionalID:        df.TransactionalID,
+			CheckpointTopic:        df.CheckpointTopic,
+			TransactionTimeout:     df.TxnTimeout,
 		},
+		ExactlyOnce:     df.Delivery == "exactly-once",
+		TxnMaxEvents:    df.TxnMaxEvents,
+		TxnMaxInterval:  df.TxnMaxInterval,
 		KafkaOptions:    kopts,
 		StatusInterval:  tun.StatusInterval,
 		ConfirmDelay:    tun.ConfirmDelay,

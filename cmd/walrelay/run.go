@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime/pprof"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
+	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -23,11 +25,12 @@ type runCmd struct {
 	MetricsAddr string   `default:":9187" help:"Address serving /metrics, /healthz and /readyz; empty disables."`
 	CPUProfile  string   `placeholder:"FILE" help:"Write a CPU profile (go tool pprof) to FILE until exit, for diagnosing performance."`
 
-	KafkaFlags  `embed:""`
-	SourceFlags `embed:""`
-	RecordFlags `embed:""`
-	TuningFlags `embed:""`
-	HealthFlags `embed:""`
+	KafkaFlags    `embed:""`
+	SourceFlags   `embed:""`
+	RecordFlags   `embed:""`
+	TuningFlags   `embed:""`
+	HealthFlags   `embed:""`
+	DeliveryFlags `embed:""`
 }
 
 func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
@@ -51,7 +54,7 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
-	cfg, err := relayConfig(c.PGURL, c.Brokers, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, log)
+	cfg, err := relayConfig(c.PGURL, c.Brokers, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags, log)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
@@ -81,6 +84,9 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 			err = fmt.Errorf("%w (the broker closed the connection: check the --kafka-sasl-* credentials and mechanism)", err)
 		}
 		log.Error("walrelay stopped", zap.Error(err))
+		if errors.Is(err, router.ErrFenced) {
+			return &exitError{code: 3, err: err}
+		}
 		return &exitError{code: 2, err: err}
 	}
 	return nil

@@ -1,0 +1,140 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// DurableVersion is the version of the checkpoint record format written
+// by this walrelay. Readers accept this version and refuse newer ones.
+const DurableVersion = 1
+
+// Durable is a checkpoint stored in Kafka by exactly-once delivery, in the
+// same Kafka transaction as the events it covers. It says exactly how far
+// that transaction reaches in the PostgreSQL stream:
+//
+//   - every PostgreSQL transaction whose commit record starts before LSN
+//     (the end LSN of the newest transaction fully included) is in Kafka;
+//   - when a large PostgreSQL transaction is split across Kafka
+//     transactions, Partial names it by the LSN of its commit record and
+//     says how many of its outbox events (in stream order) are in.
+//
+// Record format (JSON, key = slot name, on a compacted topic):
+//
+//	{"version":1,"slot":"walrelay","lsn":"0/16B3748",
+//	 "partial":{"commit_lsn":"0/16B3800","events":5000},
+//	 "time":"2026-11-29T17:00:00Z"}
+//
+// "partial" is omitted when the checkpoint falls between transactions.
+// LSNs are PostgreSQL's text form. "time" is when it was written, for
+// people.
+type Durable struct {
+	Version int       `json:"version"`
+	Slot    string    `json:"slot"`
+	LSN     LSN       `json:"-"`
+	Partial *Partial  `json:"-"`
+	Time    time.Time `json:"time"`
+}
+
+// Partial is the part of one PostgreSQL transaction already in Kafka.
+type Partial struct {
+	CommitLSN LSN // the transaction's commit record (Begin's final LSN)
+	Events    int // its first Events outbox events are in Kafka
+}
+
+type durableJSON struct {
+	Version int          `json:"version"`
+	Slot    string       `json:"slot"`
+	LSN     string       `json:"lsn"`
+	Partial *partialJSON `json:"partial,omitempty"`
+	Time    time.Time    `json:"time"`
+}
+
+type partialJSON struct {
+	CommitLSN string `json:"commit_lsn"`
+	Events    int    `json:"events"`
+}
+
+// Marshal encodes d as the checkpoint record value.
+func (d Durable) Marshal() []byte {
+	j := durableJSON{Version: DurableVersion, Slot: d.Slot, LSN: d.LSN.String(), Time: d.Time.UTC()}
+	if d.Partial != nil {
+		j.Partial = &partialJSON{CommitLSN: d.Partial.CommitLSN.String(), Events: d.Partial.Events}
+	}
+	b, _ := json.Marshal(j) // cannot fail: plain fields
+	return b
+}
+
+// UnmarshalDurable decodes a checkpoint record value.
+func UnmarshalDurable(b []byte) (Durable, error) {
+	var j durableJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return Durable{}, fmt.Errorf("checkpoint record: %w", err)
+	}
+	if j.Version < 1 || j.Version > DurableVersion {
+		return Durable{}, fmt.Errorf("checkpoint record version %d: this walrelay reads version %d; upgrade it", j.Version, DurableVersion)
+	}
+	d := Durable{Version: j.Version, Slot: j.Slot, Time: j.Time}
+	var err error
+	if d.LSN, err = pglogrepl.ParseLSN(j.LSN); err != nil {
+		return Durable{}, fmt.Errorf("checkpoint record lsn %q: %w", j.LSN, err)
+	}
+	if j.Partial != nil {
+		p := &Partial{Events: j.Partial.Events}
+		if p.CommitLSN, err = pglogrepl.ParseLSN(j.Partial.CommitLSN); err != nil {
+			return Durable{}, fmt.Errorf("checkpoint record partial.commit_lsn %q: %w", j.Partial.CommitLSN, err)
+		}
+		if p.Events < 0 {
+			return Durable{}, fmt.Errorf("checkpoint record partial.events %d is negative", p.Events)
+		}
+		d.Partial = p
+	}
+	return d, nil
+}
+
+// Skip decides, from the checkpoint a relay found at start, which events
+// PostgreSQL resends were already delivered. It is the exactly-once side
+// of "the slot may be behind the checkpoint after a crash".
+type Skip struct {
+	d     Durable
+	valid bool
+	// current transaction
+	skipAll bool
+	skipN   int
+}
+
+// NewSkip returns a Skip for d; ok false means no checkpoint (skip nothing).
+func NewSkip(d Durable, ok bool) *Skip { return &Skip{d: d, valid: ok} }
+
+// Begin starts a transaction whose commit record is at commitLSN (the
+// Begin message's final LSN).
+func (s *Skip) Begin(commitLSN LSN) {
+	s.skipAll, s.skipN = false, 0
+	if !s.valid {
+		return
+	}
+	switch {
+	case commitLSN < s.d.LSN:
+		// Its commit record starts before the end of a transaction that is
+		// fully in Kafka: it committed earlier, so it is fully in too.
+		s.skipAll = true
+	case s.d.Partial != nil && commitLSN == s.d.Partial.CommitLSN:
+		s.skipN = s.d.Partial.Events
+	}
+}
+
+// Event reports whether the next outbox event of the current transaction
+// was already delivered.
+func (s *Skip) Event() bool {
+	if s.skipAll {
+		return true
+	}
+	if s.skipN > 0 {
+		s.skipN--
+		return true
+	}
+	return false
+}

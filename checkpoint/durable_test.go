@@ -1,0 +1,87 @@
+package checkpoint
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDurableRoundTrip checks the documented record format both ways.
+func TestDurableRoundTrip(t *testing.T) {
+	ts := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
+	for _, d := range []Durable{
+		{Slot: "walrelay", LSN: 0x16B3748, Time: ts},
+		{Slot: "s", LSN: 0x16B3748, Partial: &Partial{CommitLSN: 0x16B3800, Events: 5000}, Time: ts},
+		{Slot: "s", LSN: 0, Partial: &Partial{CommitLSN: 0x10, Events: 1}, Time: ts},
+	} {
+		b := d.Marshal()
+		got, err := UnmarshalDurable(b)
+		if err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		if got.Slot != d.Slot || got.LSN != d.LSN || !got.Time.Equal(d.Time) || (got.Partial == nil) != (d.Partial == nil) ||
+			d.Partial != nil && *got.Partial != *d.Partial || got.Version != DurableVersion {
+			t.Errorf("round trip of %s = %+v", b, got)
+		}
+	}
+	want := `{"version":1,"slot":"walrelay","lsn":"0/16B3748","partial":{"commit_lsn":"0/16B3800","events":5000},"time":"2026-11-29T17:00:00Z"}`
+	d := Durable{Slot: "walrelay", LSN: 0x16B3748, Partial: &Partial{CommitLSN: 0x16B3800, Events: 5000}, Time: ts}
+	if got := string(d.Marshal()); got != want {
+		t.Errorf("Marshal = %s\nwant     %s", got, want)
+	}
+}
+
+// TestUnmarshalDurableRejects refuses what it cannot trust.
+func TestUnmarshalDurableRejects(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"version":2,"slot":"s","lsn":"0/1"}`, "version 2"},
+		{`{"version":0,"slot":"s","lsn":"0/1"}`, "version 0"},
+		{`{"version":1,"slot":"s","lsn":"nope"}`, "lsn"},
+		{`{"version":1,"slot":"s","lsn":"0/1","partial":{"commit_lsn":"x","events":1}}`, "commit_lsn"},
+		{`{"version":1,"slot":"s","lsn":"0/1","partial":{"commit_lsn":"0/2","events":-1}}`, "negative"},
+		{`not json`, "checkpoint record"},
+	} {
+		if _, err := UnmarshalDurable([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("UnmarshalDurable(%s) = %v, want an error about %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+// TestSkip walks PostgreSQL's resend after a crash: transactions wholly
+// before the checkpoint are skipped, the partial one loses its first
+// events, later ones go through; no checkpoint skips nothing.
+func TestSkip(t *testing.T) {
+	// Three transactions: T1 commit at 100 (ends 110), T2 commit at 200
+	// (ends 210, fully in), T3 commit at 300 (3 of its 5 events in).
+	d := Durable{LSN: 210, Partial: &Partial{CommitLSN: 300, Events: 3}}
+	s := NewSkip(d, true)
+	type txn struct {
+		commit LSN
+		events int
+		want   []bool
+	}
+	for _, x := range []txn{
+		{100, 2, []bool{true, true}},
+		{200, 1, []bool{true}},
+		{300, 5, []bool{true, true, true, false, false}},
+		{400, 2, []bool{false, false}},
+	} {
+		s.Begin(x.commit)
+		for i := range x.events {
+			if got := s.Event(); got != x.want[i] {
+				t.Errorf("txn %v event %d: skip %v, want %v", x.commit, i, got, x.want[i])
+			}
+		}
+	}
+	none := NewSkip(Durable{}, false)
+	none.Begin(1)
+	if none.Event() {
+		t.Error("no checkpoint skipped an event")
+	}
+	// A transaction that commits exactly at the checkpoint's end is later.
+	s = NewSkip(Durable{LSN: 210}, true)
+	s.Begin(210)
+	if s.Event() {
+		t.Error("transaction committing at the checkpoint's end LSN was skipped")
+	}
+}

@@ -1,0 +1,116 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/router"
+)
+
+// eosState is a session's exactly-once bookkeeping: which events PostgreSQL
+// resends are already in Kafka (from the checkpoint found at start), and
+// how far the open Kafka transaction reaches, for its checkpoint record.
+type eosState struct {
+	key       []byte           // checkpoint record key: the slot name
+	skip      *checkpoint.Skip // what the checkpoint found at start covers
+	lastFull  decoder.LSN      // end LSN of the newest PostgreSQL transaction wholly in Kafka transactions
+	curCommit decoder.LSN      // commit LSN of the PostgreSQL transaction in progress
+	curEvents int              // its outbox events so far, sent or skipped
+	inPG      bool             // between a Begin and its Commit
+	txnStart  time.Time        // when the open Kafka transaction began
+}
+
+// startEOS reads the newest committed checkpoint of the slot; PostgreSQL
+// may resend from before it (the slot is confirmed after the Kafka commit,
+// so a crash in between leaves it behind), and those events are skipped.
+func (s *session) startEOS() error {
+	key := []byte(s.r.cfg.Slot)
+	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
+	defer cancel()
+	value, found, err := s.rt.ReadCheckpoint(ctx, key)
+	if err != nil {
+		return s.eosError(err)
+	}
+	var d checkpoint.Durable
+	if found {
+		if d, err = checkpoint.UnmarshalDurable(value); err != nil {
+			return &fatalError{fmt.Errorf("checkpoint of slot %q: %w", s.r.cfg.Slot, err)}
+		}
+	}
+	s.eos = &eosState{key: key, skip: checkpoint.NewSkip(d, found), lastFull: d.LSN}
+	fields := []zap.Field{zap.Bool("found", found), zap.Stringer("checkpoint_lsn", d.LSN)}
+	if d.Partial != nil {
+		fields = append(fields, zap.Stringer("partial_commit_lsn", d.Partial.CommitLSN), zap.Int("partial_events", d.Partial.Events))
+	}
+	s.r.log.Info("exactly-once: resuming after the newest committed checkpoint", fields...)
+	return nil
+}
+
+// eosError turns a fenced producer into the documented fatal error.
+func (s *session) eosError(err error) error {
+	if errors.Is(err, router.ErrFenced) {
+		return &fatalError{fmt.Errorf("%w: transactional id %q is now used by another walrelay (a newer relay for slot %q started); this one stops so that only one writes: %v",
+			router.ErrFenced, s.r.cfg.Router.TransactionalID, s.r.cfg.Slot, err)}
+	}
+	return err
+}
+
+// commitDue reports whether the open Kafka transaction should commit now.
+func (s *session) commitDue(now time.Time) bool {
+	if s.eos == nil || !s.rt.InTxn() {
+		return false
+	}
+	return s.rt.TxnEvents() >= s.r.cfg.TxnMaxEvents || now.Sub(s.eos.txnStart) >= s.r.cfg.TxnMaxInterval
+}
+
+// commitKafka closes the open Kafka transaction with a checkpoint record
+// saying exactly how far it reaches, and waits for the commit while still
+// answering PostgreSQL. The commit is never abandoned half-way: a
+// transaction whose outcome is unknown could not be aborted safely.
+func (s *session) commitKafka() error {
+	e := s.eos
+	d := checkpoint.Durable{Slot: s.r.cfg.Slot, LSN: e.lastFull, Time: time.Now()}
+	if e.inPG && e.curEvents > 0 {
+		d.Partial = &checkpoint.Partial{CommitLSN: e.curCommit, Events: e.curEvents}
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.Router.TransactionTimeout)
+		defer cancel()
+		done <- s.rt.CommitTxn(ctx, e.key, d.Marshal())
+	}()
+	for {
+		s.timer.Reset(time.Until(s.nextTick))
+		select {
+		case err := <-done:
+			if err != nil {
+				return s.eosError(err)
+			}
+			s.r.metrics.KafkaTransactions.Inc()
+			return nil
+		case <-s.timer.C:
+			s.housekeep(false)
+		}
+	}
+}
+
+// endEOS ends a session's open Kafka transaction: committed when the relay
+// stops cleanly, aborted otherwise (the next session resends from the last
+// checkpoint).
+func (s *session) endEOS(commit bool) error {
+	if s.eos == nil || !s.rt.InTxn() {
+		return nil
+	}
+	if commit {
+		return s.commitKafka()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.Router.TransactionTimeout)
+	defer cancel()
+	return s.eosError(s.rt.AbortTxn(ctx))
+}

@@ -1,0 +1,233 @@
+package router
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Exactly-once delivery: the producer is transactional. The first record
+// after a commit begins a Kafka transaction; CommitTxn closes it with a
+// checkpoint record that says how far it reaches in the PostgreSQL stream,
+// waits for every record, commits, and only then acks the records'
+// transactions, so the slot is confirmed only past committed Kafka
+// transactions. A read_committed consumer sees each record once: aborted
+// transactions are invisible, and after a crash the relay reads the newest
+// committed checkpoint and skips what it covers.
+
+// ErrFenced means another producer took this relay's transactional id:
+// a newer walrelay for the same slot. This one must stop.
+var ErrFenced = errors.New("fenced: another walrelay took over the transactional id")
+
+// ackRun is consecutive records of one transaction.
+type ackRun struct {
+	a Acker
+	n int
+}
+
+func (r *Router) beginTxn() error {
+	if r.inTxn {
+		return nil
+	}
+	if err := r.client.BeginTransaction(); err != nil {
+		return fmt.Errorf("begin Kafka transaction: %w", err)
+	}
+	r.inTxn = true
+	return nil
+}
+
+func (r *Router) txnAck(a Acker) {
+	r.txnEvents++
+	if n := len(r.txnAcks); n > 0 && r.txnAcks[n-1].a == a {
+		r.txnAcks[n-1].n++
+		return
+	}
+	r.txnAcks = append(r.txnAcks, ackRun{a: a, n: 1})
+}
+
+// TxnEvents is how many records the open Kafka transaction holds (0 when
+// none is open).
+func (r *Router) TxnEvents() int { return r.txnEvents }
+
+// InTxn reports whether a Kafka transaction is open.
+func (r *Router) InTxn() bool { return r.inTxn }
+
+// CommitTxn adds the checkpoint record (key, value) to the open Kafka
+// transaction, waits until Kafka has every record, commits, and then acks
+// the records' transactions. With no transaction open it does nothing. An
+// error leaves the transaction to AbortTxn; errors.Is(err, ErrFenced) means
+// stop.
+func (r *Router) CommitTxn(ctx context.Context, key, value []byte) error {
+	if !r.inTxn {
+		return nil
+	}
+	r.client.TryProduce(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: key, Value: value}, func(rec *kgo.Record, err error) {
+		if err != nil {
+			r.fail(fmt.Errorf("produce checkpoint to %s: %w", rec.Topic, err))
+		}
+	})
+	if err := r.client.Flush(ctx); err != nil {
+		return fmt.Errorf("flush Kafka transaction: %w", err)
+	}
+	if r.failed.Load() {
+		return fmt.Errorf("kafka transaction: %w", *r.failErr.Load())
+	}
+	err := r.client.EndTransaction(ctx, kgo.TryCommit)
+	if err != nil {
+		return fenced(fmt.Errorf("commit Kafka transaction: %w", err))
+	}
+	r.inTxn = false
+	for _, run := range r.txnAcks {
+		for range run.n {
+			run.a.Ack()
+		}
+	}
+	clear(r.txnAcks)
+	r.txnAcks, r.txnEvents = r.txnAcks[:0], 0
+	return nil
+}
+
+// AbortTxn drops the open Kafka transaction: its records are never visible
+// to read_committed consumers and their transactions are never acked.
+func (r *Router) AbortTxn(ctx context.Context) error {
+	clear(r.txnAcks)
+	r.txnAcks, r.txnEvents = r.txnAcks[:0], 0
+	if err := r.client.AbortBufferedRecords(ctx); err != nil {
+		return fmt.Errorf("abort buffered records: %w", err)
+	}
+	err := r.client.EndTransaction(ctx, kgo.TryAbort)
+	r.inTxn = false
+	if err != nil {
+		return fenced(fmt.Errorf("abort Kafka transaction: %w", err))
+	}
+	return nil
+}
+
+// fenced wraps err with ErrFenced when Kafka says another producer owns the
+// transactional id.
+func fenced(err error) error {
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+		return fmt.Errorf("%w: %w", ErrFenced, err)
+	}
+	return err
+}
+
+// InitTransactions registers the transactional id with Kafka, fencing any
+// older producer that holds it (its open transaction is aborted). Call it
+// before reading the checkpoint.
+func (r *Router) InitTransactions(ctx context.Context) error {
+	if _, _, err := r.client.ProducerID(ctx); err != nil {
+		return fenced(fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err))
+	}
+	return nil
+}
+
+// prepareCheckpointTopic creates the checkpoint topic (compacted, one
+// partition) when topic creation is on, and checks it has one partition:
+// reading a checkpoint relies on the order of one partition.
+func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
+	name := r.cfg.CheckpointTopic
+	if r.cfg.CreateTopics {
+		compact, segment := "compact", "3600000"
+		_, err := r.admin.CreateTopic(ctx, 1, r.cfg.TopicReplicationFactor, map[string]*string{
+			"cleanup.policy": &compact,
+			"segment.ms":     &segment, // let compaction reach recent checkpoints
+		}, name)
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) && !notAllowed(err) {
+			return fmt.Errorf("create checkpoint topic %q: %w", name, err)
+		}
+	}
+	details, err := r.admin.ListTopics(ctx, name)
+	if err != nil {
+		return fmt.Errorf("describe checkpoint topic %q: %w", name, err)
+	}
+	d, ok := details[name]
+	if !ok || d.Err != nil {
+		return fmt.Errorf("checkpoint topic %q does not exist: create it (compacted, one partition) or allow --create-topics", name)
+	}
+	if n := len(d.Partitions); n != 1 {
+		return fmt.Errorf("checkpoint topic %q has %d partitions: it needs exactly one", name, n)
+	}
+	return nil
+}
+
+// ReadCheckpoint returns the newest committed checkpoint record for key.
+// It first commits a probe record (key "<key>/probe") in a transaction of
+// its own, then reads the topic read_committed up to the probe: every
+// checkpoint committed before it has been seen, whatever transaction
+// markers or aborted records lie in between. Call InitTransactions first,
+// so that no older producer can commit after the probe.
+func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, found bool, err error) {
+	nonce := make([]byte, 16)
+	rand.Read(nonce)
+	probeKey, probe := append(append([]byte(nil), key...), "/probe"...), []byte(hex.EncodeToString(nonce))
+	if err := r.beginTxn(); err != nil {
+		return nil, false, err
+	}
+	if err := r.client.ProduceSync(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: probeKey, Value: probe}).FirstErr(); err != nil {
+		r.AbortTxn(context.Background())
+		return nil, false, fenced(fmt.Errorf("write checkpoint probe: %w", err))
+	}
+	if err := r.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		r.inTxn = false
+		return nil, false, fenced(fmt.Errorf("commit checkpoint probe: %w", err))
+	}
+	r.inTxn = false
+
+	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), r.connOpts...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.cfg.CheckpointTopic: {0: kgo.NewOffset().AtStart()}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	)...)
+	if err != nil {
+		return nil, false, err
+	}
+	defer cl.Close()
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", r.cfg.CheckpointTopic, err)
+		}
+		var fetchErr error
+		fs.EachError(func(_ string, _ int32, err error) { fetchErr = err })
+		if fetchErr != nil {
+			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", r.cfg.CheckpointTopic, fetchErr)
+		}
+		done := false
+		fs.EachRecord(func(rec *kgo.Record) {
+			switch {
+			case done:
+			case string(rec.Key) == string(key):
+				value, found = rec.Value, true
+			case string(rec.Key) == string(probeKey) && string(rec.Value) == string(probe):
+				done = true
+			}
+		})
+		if done {
+			return value, found, nil
+		}
+	}
+}
+
+// HeartbeatClient is a client heartbeat records can be produced with
+// outside any transaction: the router's own client, or with exactly-once
+// delivery a non-transactional one.
+func (r *Router) HeartbeatClient() (*kgo.Client, error) {
+	if !r.eos {
+		return r.client, nil
+	}
+	r.hbMu.Lock()
+	defer r.hbMu.Unlock()
+	if r.hbClient == nil {
+		cl, err := kgo.NewClient(r.connOpts...)
+		if err != nil {
+			return nil, err
+		}
+		r.hbClient = cl
+	}
+	return r.hbClient, nil
+}
