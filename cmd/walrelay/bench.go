@@ -18,6 +18,7 @@ type benchCmd struct {
 	TxnSize      []int         `default:"1,100" help:"drain: rows per transaction; one run per value."`
 	PayloadBytes int           `default:"200" help:"Approximate payload size of each event."`
 	Broker       []string      `default:"discard,store" help:"drain: in-process broker modes, discard (accepts and drops records) and store."`
+	Delivery     []string      `default:"at-least-once" help:"drain and latency: delivery modes to measure, at-least-once and/or exactly-once."`
 	Rate         []int         `default:"2000,10000" help:"latency: commits per second; one run per value."`
 	Duration     time.Duration `default:"20s" help:"latency: how long each rate runs (after a 2s warm-up)."`
 	BigRows      []int         `default:"100000,1000000" help:"big: rows of the one transaction; one run per value."`
@@ -32,7 +33,7 @@ type benchCmd struct {
 func (c *benchCmd) Run(ctx context.Context) error {
 	results, err := bench.Run(ctx, bench.Config{
 		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
-		Brokers: c.Broker, Rates: c.Rate, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
+		Brokers: c.Broker, Deliveries: c.Delivery, Rates: c.Rate, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
 		Repeat: c.Repeat, RelayArgs: c.RelayArg, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
 	})
 	if c.JSON {

@@ -33,6 +33,7 @@ type Config struct {
 	TxnSizes     []int    // rows per transaction, one drain run each
 	PayloadBytes int
 	Brokers      []string // "discard", "store" (in-process kfake modes)
+	Deliveries   []string // "at-least-once", "exactly-once"
 	Rates        []int    // latency: commits per second
 	Duration     time.Duration
 	BigRows      []int
@@ -67,6 +68,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	if cfg.Repeat <= 0 {
 		cfg.Repeat = 1
+	}
+	if len(cfg.Deliveries) == 0 {
+		cfg.Deliveries = []string{"at-least-once"}
 	}
 	if _, err := exec.LookPath("pg_recvlogical"); err != nil && has(cfg.Scenarios, "drain") {
 		return nil, fmt.Errorf("the drain scenario needs pg_recvlogical (PostgreSQL client tools): %w", err)
@@ -214,8 +218,11 @@ type relay struct {
 	out *strings.Builder
 }
 
-func (b *bencher) startRelay(url, slotName string, brokers []string, extra ...string) (*relay, error) {
-	args := append([]string{"run", "--pg-url", url, "--brokers", strings.Join(brokers, ","),
+func (b *bencher) startRelay(url, slotName string, brokers []string, delivery string, extra ...string) (*relay, error) {
+	if delivery == "" {
+		delivery = "at-least-once"
+	}
+	args := append([]string{"run", "--delivery", delivery, "--pg-url", url, "--brokers", strings.Join(brokers, ","),
 		"--slot", slotName, "--publication", "bench", "--no-create-slot", "--no-create-publication",
 		"--topic-partitions", "3", "--metrics-addr", "", "--log-level", "warn"}, b.cfg.RelayArgs...)
 	args = append(args, extra...)

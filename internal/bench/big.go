@@ -55,7 +55,7 @@ func (b *bencher) big(ctx context.Context, rows int) (Result, error) {
 	}
 	defer k.stop()
 	start := time.Now()
-	rl, err := b.startRelay(url, "relay", k.addrs)
+	rl, err := b.startRelay(url, "relay", k.addrs, "")
 	if err != nil {
 		return Result{}, err
 	}
@@ -110,7 +110,7 @@ func (b *bencher) idle(ctx context.Context) ([]Result, error) {
 		return nil, err
 	}
 	defer k.stop()
-	rl, err := b.startRelay(url, "relay", k.addrs)
+	rl, err := b.startRelay(url, "relay", k.addrs, "")
 	if err != nil {
 		return nil, err
 	}

@@ -15,12 +15,14 @@ import (
 func (b *bencher) latencyAll(ctx context.Context) ([]Result, error) {
 	var out []Result
 	for _, rate := range b.cfg.Rates {
-		for range b.cfg.Repeat {
-			r, err := b.latency(ctx, rate)
-			if err != nil {
-				return out, err
+		for _, d := range b.cfg.Deliveries {
+			for range b.cfg.Repeat {
+				r, err := b.latency(ctx, rate, d)
+				if err != nil {
+					return out, err
+				}
+				out = append(out, r)
 			}
-			out = append(out, r)
 		}
 	}
 	return out, nil
@@ -29,7 +31,7 @@ func (b *bencher) latencyAll(ctx context.Context) ([]Result, error) {
 // latency commits one-row transactions at rate per second for the
 // configured duration and measures, per record, the time from the
 // transaction's commit (the record's timestamp) to a consumer reading it.
-func (b *bencher) latency(ctx context.Context, rate int) (Result, error) {
+func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Result, error) {
 	url, err := b.database(ctx)
 	if err != nil {
 		return Result{}, err
@@ -52,7 +54,7 @@ func (b *bencher) latency(ctx context.Context, rate int) (Result, error) {
 		return Result{}, err
 	}
 	defer k.stop()
-	rl, err := b.startRelay(url, "relay", k.addrs)
+	rl, err := b.startRelay(url, "relay", k.addrs, delivery)
 	if err != nil {
 		return Result{}, err
 	}
@@ -65,6 +67,7 @@ func (b *bencher) latency(ctx context.Context, rate int) (Result, error) {
 	// after the warm-up.
 	measureFrom := time.Now().Add(2 * time.Second)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addrs...), kgo.ConsumeTopics("outbox.event.bench"),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond),
 		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second))
 	if err != nil {
@@ -150,7 +153,7 @@ func (b *bencher) latency(ctx context.Context, rate int) (Result, error) {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	res := Result{
 		Scenario: "latency",
-		Params:   fmt.Sprintf("rate=%d/s duration=%s payload=%dB broker=%s", rate, b.cfg.Duration, b.cfg.PayloadBytes, k.name),
+		Params:   fmt.Sprintf("rate=%d/s duration=%s payload=%dB broker=%s delivery=%s", rate, b.cfg.Duration, b.cfg.PayloadBytes, k.name, delivery),
 		Metrics: map[string]float64{
 			"p50_ms":        ms(lat[len(lat)/2]),
 			"p99_ms":        ms(lat[len(lat)*99/100]),
