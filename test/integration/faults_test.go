@@ -568,45 +568,6 @@ func TestSoakKillsAndBrokerRestarts(t *testing.T) {
 
 // ---- helpers ----
 
-// newEnvOn is newEnv on the PostgreSQL server of adminURL instead of the
-// package's cluster: the test's database with its outbox table, and a
-// broker of its own (unless external).
-func newEnvOn(t *testing.T, adminURL string) *env {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	name := nonWord.ReplaceAllString(strings.ToLower(t.Name()), "_")
-	if len(name) > 40 {
-		name = name[:40]
-	}
-	name = fmt.Sprintf("w%d_%s", envSeq.Add(1), name)
-	url, err := devcluster.CreateDatabase(ctx, adminURL, name)
-	if err != nil {
-		t.Fatalf("create database: %v", err)
-	}
-	e := &env{t: t, name: name, url: url, ctx: ctx}
-	e.exec(`CREATE TABLE outbox (
-		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-		aggregate_type text,
-		aggregate_id text,
-		type text,
-		payload jsonb,
-		seq bigint
-	)`)
-	if extBrokers != nil {
-		e.brokers = extBrokers
-	} else {
-		k, err := devcluster.StartKafka(devcluster.KafkaOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(k.Close)
-		e.kafka = k
-		e.brokers = []string{k.Addr()}
-	}
-	return e
-}
-
 // startRelayGathered is e.startRelay with metrics on a registry the test
 // reads.
 func (e *env) startRelayGathered(cfg relay.Config) (*running, *prometheus.Registry) {
@@ -852,37 +813,6 @@ func (p *tcpProxy) freeze() int {
 		pr.frozen.Store(true)
 	}
 	return len(p.conns)
-}
-
-// writePaced is writeSequence with a pause after every transaction, so
-// that the writes span the faults the tests inject.
-func writePaced(e *env, w, n int, pause time.Duration) error {
-	conn, err := pgx.Connect(e.ctx, e.url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	rng := rand.New(rand.NewPCG(uint64(w), 7))
-	for seq := 0; seq < n; {
-		size := min(1+rng.IntN(5), n-seq)
-		err := pgx.BeginFunc(e.ctx, conn, func(tx pgx.Tx) error {
-			for j := range size {
-				s := seq + j
-				if _, err := tx.Exec(e.ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
-					VALUES ('w', $1, 'T', jsonb_build_object('writer', $2::int, 'seq', $3::int), $3)`,
-					fmt.Sprintf("%d-%d", w, s%10), w, s); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("writer %d: %w", w, err)
-		}
-		seq += size
-		time.Sleep(pause)
-	}
-	return nil
 }
 
 // retryStats counts what a retrying writer did.

@@ -108,7 +108,12 @@ var envSeq atomic.Int64
 var nonWord = regexp.MustCompile(`[^a-z0-9_]+`)
 
 // newEnv creates the test's database with an outbox table.
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvOn(t, pgAdminURL) }
+
+// newEnvOn is newEnv on the PostgreSQL server of adminURL instead of the
+// package's cluster: the test's database with its outbox table, and a
+// broker of its own (unless external).
+func newEnvOn(t *testing.T, adminURL string) *env {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -117,7 +122,7 @@ func newEnv(t *testing.T) *env {
 		name = name[:40]
 	}
 	name = fmt.Sprintf("w%d_%s", envSeq.Add(1), name)
-	url, err := devcluster.CreateDatabase(ctx, pgAdminURL, name)
+	url, err := devcluster.CreateDatabase(ctx, adminURL, name)
 	if err != nil {
 		t.Fatalf("create database: %v", err)
 	}
@@ -306,7 +311,7 @@ func (e *env) currentLSN(c *pgx.Conn) slot.LSN {
 	return l
 }
 
-// consumer reads every topic of the test from the start.
+// consumer collects what a Kafka consumer of the test's topics read.
 type consumer struct {
 	e      *env
 	client *kgo.Client
@@ -314,17 +319,22 @@ type consumer struct {
 	recs   []*kgo.Record
 }
 
-func (e *env) consume() *consumer {
+// consume reads every topic of the test from the start.
+func (e *env) consume() *consumer { return e.consumeWith() }
+
+// consumeWith is consume with extra client options (SASL, isolation).
+func (e *env) consumeWith(extra ...kgo.Opt) *consumer {
 	e.t.Helper()
-	cl, err := kgo.NewClient(
+	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(e.brokers...),
 		kgo.ConsumeRegex(),
-		kgo.ConsumeTopics("^"+regexp.QuoteMeta(e.topicPrefix())+".*"),
+		kgo.ConsumeTopics("^" + regexp.QuoteMeta(e.topicPrefix()) + ".*"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.MetadataMinAge(50*time.Millisecond),
-		kgo.MetadataMaxAge(200*time.Millisecond),
-		kgo.FetchMaxWait(100*time.Millisecond),
-	)
+		kgo.MetadataMinAge(50 * time.Millisecond),
+		kgo.MetadataMaxAge(200 * time.Millisecond),
+		kgo.FetchMaxWait(100 * time.Millisecond),
+	}, extra...)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

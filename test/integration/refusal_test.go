@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,42 +93,6 @@ func counterValues(t *testing.T, reg *prometheus.Registry, name, label string) m
 		}
 	}
 	return got
-}
-
-// consumeWith is consume with extra client options (SASL).
-func (e *env) consumeWith(extra ...kgo.Opt) *consumer {
-	e.t.Helper()
-	opts := append([]kgo.Opt{
-		kgo.SeedBrokers(e.brokers...),
-		kgo.ConsumeRegex(),
-		kgo.ConsumeTopics("^" + regexp.QuoteMeta(e.topicPrefix()) + ".*"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.MetadataMinAge(50 * time.Millisecond),
-		kgo.MetadataMaxAge(200 * time.Millisecond),
-		kgo.FetchMaxWait(100 * time.Millisecond),
-	}, extra...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	c := &consumer{e: e, client: cl}
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			c.mu.Lock()
-			fs.EachRecord(func(r *kgo.Record) { c.recs = append(c.recs, r) })
-			c.mu.Unlock()
-		}
-	}()
-	e.t.Cleanup(func() {
-		cancel()
-		<-done
-		cl.Close()
-	})
-	return c
 }
 
 // syncBuffer collects a process's output.

@@ -522,7 +522,11 @@ func TestKill9MidRun(t *testing.T) {
 // writeSequence inserts n events for writer w in transactions of 1 to 5
 // rows. Writer w owns keys w-0..w-9 and numbers its events with seq, so per
 // key the commit order is seq order.
-func writeSequence(e *env, w, n int) error {
+func writeSequence(e *env, w, n int) error { return writePaced(e, w, n, 0) }
+
+// writePaced is writeSequence with a pause after every transaction, so
+// that the writes span the faults the tests inject.
+func writePaced(e *env, w, n int, pause time.Duration) error {
 	conn, err := pgx.Connect(e.ctx, e.url)
 	if err != nil {
 		return err
@@ -543,9 +547,10 @@ func writeSequence(e *env, w, n int) error {
 			return nil
 		})
 		if err != nil {
-			return err
+			return fmt.Errorf("writer %d: %w", w, err)
 		}
 		seq += size
+		time.Sleep(pause)
 	}
 	return nil
 }
