@@ -52,13 +52,24 @@ func (s *session) startEOS() error {
 	return nil
 }
 
-// eosError turns a fenced producer into the documented fatal error.
+// txnError is a failed Kafka transaction (begin, commit, abort, checkpoint
+// read): the session ends and the next resumes from the last checkpoint.
+type txnError struct{ err error }
+
+func (e *txnError) Error() string { return e.err.Error() }
+func (e *txnError) Unwrap() error { return e.err }
+
+// eosError turns a fenced producer into the documented fatal error, and
+// marks other errors as Kafka's.
 func (s *session) eosError(err error) error {
-	if errors.Is(err, router.ErrFenced) {
-		return &fatalError{fmt.Errorf("%w: transactional id %q is now used by another walrelay (a newer relay for slot %q started); this one stops so that only one writes: %v",
-			router.ErrFenced, s.r.cfg.Router.TransactionalID, s.r.cfg.Slot, err)}
+	if err == nil {
+		return nil
 	}
-	return err
+	if !errors.Is(err, router.ErrFenced) {
+		return &txnError{err}
+	}
+	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (a newer relay for slot %q started); this one stops so that only one writes: %w",
+		s.r.cfg.Router.TransactionalID, s.r.cfg.Slot, err)}
 }
 
 // commitDue reports whether the open Kafka transaction should commit now.

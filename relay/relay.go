@@ -142,6 +142,10 @@ func (c *Config) setDefaults() {
 	if c.TxnMaxInterval <= 0 {
 		c.TxnMaxInterval = 100 * time.Millisecond
 	}
+	if c.Router.TransactionTimeout <= 0 {
+		// The relay bounds commits by it: apply the router's default here too.
+		c.Router.TransactionTimeout = router.DefaultTransactionTimeout
+	}
 	if c.ReceiveTimeout <= 0 {
 		c.ReceiveTimeout = 60 * time.Second
 	}
@@ -189,6 +193,13 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	}
 	if _, err := router.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
 		return nil, err
+	}
+	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
+		// A transaction is committed TxnMaxInterval after it began at the
+		// earliest; past the timeout the broker has aborted it, and every
+		// quiet transaction would be retried forever.
+		return nil, fmt.Errorf("exactly-once: the commit interval (--txn-max-interval %s) must be at most half the Kafka transaction timeout (--txn-timeout %s)",
+			cfg.TxnMaxInterval, cfg.Router.TransactionTimeout)
 	}
 	if cfg.StatusInterval < cfg.ConfirmDelay {
 		return nil, fmt.Errorf("status interval %s is shorter than the confirm delay %s", cfg.StatusInterval, cfg.ConfirmDelay)
@@ -378,7 +389,7 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		// here on it cannot commit, so the checkpoint read later is final.
 		if err := rt.InitTransactions(ctx); err != nil {
 			rt.Close()
-			if errors.Is(err, router.ErrFenced) {
+			if errors.Is(err, router.ErrFenced) || kafkaConfigError(err) {
 				return nil, &fatalError{err}
 			}
 			return nil, err
@@ -394,7 +405,7 @@ func kafkaConfigError(err error) bool {
 	var hostname x509.HostnameError
 	var verify *tls.CertificateVerificationError
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
-		errors.Is(err, kerr.IllegalSaslState) || errors.As(err, &unknownCA) || errors.As(err, &hostname) ||
+		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.As(err, &unknownCA) || errors.As(err, &hostname) ||
 		errors.As(err, &verify)
 }
 
@@ -460,8 +471,9 @@ func isFatal(err error) bool {
 func causeOf(err error) string {
 	var pgErr *pgconn.PgError
 	var produceErr *produceError
+	var txnErr *txnError
 	switch {
-	case errors.As(err, &produceErr):
+	case errors.As(err, &produceErr), errors.As(err, &txnErr):
 		return "kafka"
 	case errors.Is(err, errSlotBusy):
 		return "slot_busy"

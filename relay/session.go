@@ -287,8 +287,8 @@ func (s *session) handle(data []byte) error {
 			return fmt.Errorf("decode pgoutput message at %s: %w: insert outside a transaction", s.lastLSN, decoder.ErrMalformed)
 		}
 		if e := s.eos; e != nil {
-			e.curEvents++
 			if e.skip.Event() {
+				e.curEvents++
 				return nil // in Kafka already, by the checkpoint found at start
 			}
 			if !s.rt.InTxn() {
@@ -307,6 +307,12 @@ func (s *session) handle(data []byte) error {
 			if err := s.await(wait); err != nil {
 				return err
 			}
+		}
+		if s.eos != nil {
+			// Counted once in the Kafka transaction, not before: a stop
+			// while waiting for room commits a checkpoint that must not
+			// claim an event never sent.
+			s.eos.curEvents++
 		}
 		if s.eos != nil && s.rt.TxnEvents() >= s.r.cfg.TxnMaxEvents {
 			return s.commitKafka() // a large transaction is split across Kafka transactions
@@ -335,7 +341,7 @@ func (s *session) handle(data []byte) error {
 // eosErrorOr maps a fenced producer to the fatal error, and passes other
 // errors on.
 func (s *session) eosErrorOr(err error) error {
-	if s.eos != nil {
+	if s.eos != nil && errors.Is(err, router.ErrFenced) {
 		return s.eosError(err)
 	}
 	return err

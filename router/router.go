@@ -103,9 +103,13 @@ type Config struct {
 	// "walrelay.checkpoints".
 	CheckpointTopic string
 	// TransactionTimeout is how long the broker lets a Kafka transaction
-	// stay open before aborting it. Default 60s.
+	// stay open before aborting it. Default DefaultTransactionTimeout.
 	TransactionTimeout time.Duration
 }
+
+// DefaultTransactionTimeout is Config.TransactionTimeout's default, and
+// what callers that bound a commit by it should use for a zero value.
+const DefaultTransactionTimeout = 60 * time.Second
 
 func (c *Config) setDefaults() {
 	if c.TopicTemplate == "" {
@@ -142,7 +146,7 @@ func (c *Config) setDefaults() {
 		c.CheckpointTopic = "walrelay.checkpoints"
 	}
 	if c.TransactionTimeout <= 0 {
-		c.TransactionTimeout = 60 * time.Second
+		c.TransactionTimeout = DefaultTransactionTimeout
 	}
 }
 
@@ -171,6 +175,8 @@ type Router struct {
 	inTxn     bool
 	txnAcks   []ackRun    // ackers of the open Kafka transaction, in order
 	txnEvents int         // records in the open Kafka transaction
+	txnBegan  time.Time   // when the open Kafka transaction began
+	txnBroken atomic.Bool // a transactional call failed: replace the producer
 	hbMu      sync.Mutex  // guards hbClient
 	hbClient  *kgo.Client // non-transactional, for heartbeat records
 }
@@ -475,9 +481,11 @@ func (r *Router) produce(o *outRecord) error {
 	return nil
 }
 
-// Failed reports whether Kafka refused a record for good; the router should
-// then be closed and replaced.
-func (r *Router) Failed() bool { return r.failed.Load() }
+// Failed reports whether Kafka refused a record for good, or (exactly-once)
+// a transactional call failed; the router should then be closed and
+// replaced: franz-go keeps a transactional producer whose commit or abort
+// failed in an error state that only a new producer ID clears.
+func (r *Router) Failed() bool { return r.failed.Load() || r.txnBroken.Load() }
 
 // Flush waits until every record sent so far is acknowledged or failed, or
 // ctx ends.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -24,6 +25,12 @@ import (
 // a newer walrelay for the same slot. This one must stop.
 var ErrFenced = errors.New("fenced: another walrelay took over the transactional id")
 
+// ErrTxnTimedOut means the broker aborted the open Kafka transaction because
+// it stayed open longer than the transaction timeout. Nothing of it is
+// visible to read_committed consumers; the relay resumes from the last
+// checkpoint with a new producer.
+var ErrTxnTimedOut = errors.New("kafka transaction timed out")
+
 // ackRun is consecutive records of one transaction.
 type ackRun struct {
 	a Acker
@@ -35,9 +42,10 @@ func (r *Router) beginTxn() error {
 		return nil
 	}
 	if err := r.client.BeginTransaction(); err != nil {
+		r.txnBroken.Store(true)
 		return fmt.Errorf("begin Kafka transaction: %w", err)
 	}
-	r.inTxn = true
+	r.inTxn, r.txnBegan = true, time.Now()
 	return nil
 }
 
@@ -72,6 +80,7 @@ func (r *Router) CommitTxn(ctx context.Context, key, value []byte) error {
 		}
 	})
 	if err := r.client.Flush(ctx); err != nil {
+		r.txnBroken.Store(true)
 		return fmt.Errorf("flush Kafka transaction: %w", err)
 	}
 	if r.failed.Load() {
@@ -79,7 +88,7 @@ func (r *Router) CommitTxn(ctx context.Context, key, value []byte) error {
 	}
 	err := r.client.EndTransaction(ctx, kgo.TryCommit)
 	if err != nil {
-		return fenced(fmt.Errorf("commit Kafka transaction: %w", err))
+		return r.txnError(fmt.Errorf("commit Kafka transaction: %w", err))
 	}
 	r.inTxn = false
 	for _, run := range r.txnAcks {
@@ -98,23 +107,33 @@ func (r *Router) AbortTxn(ctx context.Context) error {
 	clear(r.txnAcks)
 	r.txnAcks, r.txnEvents = r.txnAcks[:0], 0
 	if err := r.client.AbortBufferedRecords(ctx); err != nil {
+		r.txnBroken.Store(true)
 		return fmt.Errorf("abort buffered records: %w", err)
 	}
 	err := r.client.EndTransaction(ctx, kgo.TryAbort)
 	r.inTxn = false
 	if err != nil {
-		return fenced(fmt.Errorf("abort Kafka transaction: %w", err))
+		return r.txnError(fmt.Errorf("abort Kafka transaction: %w", err))
 	}
 	return nil
 }
 
-// fenced wraps err with ErrFenced when Kafka says another producer owns the
-// transactional id.
-func fenced(err error) error {
-	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
-		return fmt.Errorf("%w: %w", ErrFenced, err)
+// txnError marks the producer for replacement and classifies err. Kafka
+// answers PRODUCER_FENCED both when a newer producer took the transactional
+// id and when the broker itself aborted a transaction that outlived the
+// transaction timeout (it bumps the epoch then too). The two cannot be told
+// apart from the answer, but the broker's clock for a transaction starts
+// after ours: one open for less than the timeout was not timed out, so it
+// was fenced.
+func (r *Router) txnError(err error) error {
+	r.txnBroken.Store(true)
+	if !errors.Is(err, kerr.ProducerFenced) {
+		return err
 	}
-	return err
+	if open := time.Since(r.txnBegan); open >= r.cfg.TransactionTimeout {
+		return fmt.Errorf("%w (open %s, transaction timeout %s): %w", ErrTxnTimedOut, open.Round(time.Millisecond), r.cfg.TransactionTimeout, err)
+	}
+	return fmt.Errorf("%w: %w", ErrFenced, err)
 }
 
 // InitTransactions registers the transactional id with Kafka, fencing any
@@ -122,7 +141,10 @@ func fenced(err error) error {
 // before reading the checkpoint.
 func (r *Router) InitTransactions(ctx context.Context) error {
 	if _, _, err := r.client.ProducerID(ctx); err != nil {
-		return fenced(fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err))
+		if errors.Is(err, kerr.ProducerFenced) {
+			err = fmt.Errorf("%w: %w", ErrFenced, err)
+		}
+		return fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err)
 	}
 	return nil
 }
@@ -171,11 +193,11 @@ func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, 
 	}
 	if err := r.client.ProduceSync(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: probeKey, Value: probe}).FirstErr(); err != nil {
 		r.AbortTxn(context.Background())
-		return nil, false, fenced(fmt.Errorf("write checkpoint probe: %w", err))
+		return nil, false, r.txnError(fmt.Errorf("write checkpoint probe: %w", err))
 	}
 	if err := r.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		r.inTxn = false
-		return nil, false, fenced(fmt.Errorf("commit checkpoint probe: %w", err))
+		return nil, false, r.txnError(fmt.Errorf("commit checkpoint probe: %w", err))
 	}
 	r.inTxn = false
 

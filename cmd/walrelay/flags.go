@@ -144,7 +144,7 @@ type DeliveryFlags struct {
 	CheckpointTopic string        `default:"walrelay.checkpoints" help:"Compacted one-partition topic of exactly-once checkpoints (key: slot name); created when --create-topics."`
 	TxnMaxEvents    int           `default:"10000" help:"Exactly-once: commit the Kafka transaction once it holds this many events (large PostgreSQL transactions are split)."`
 	TxnMaxInterval  time.Duration `default:"100ms" help:"Exactly-once: commit the Kafka transaction at least this often; adds up to this much latency."`
-	TxnTimeout      time.Duration `default:"60s" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it."`
+	TxnTimeout      time.Duration `default:"60s" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it; at least twice --txn-max-interval."`
 }
 
 // relayConfig assembles the relay's configuration from the flag groups.

@@ -1,0 +1,1257 @@
+package integration
+
+// Exactly-once delivery (--delivery exactly-once): Kafka transactions, each
+// closed by a checkpoint record on a compacted topic, a slot confirmed only
+// past committed Kafka transactions, and a relay that skips on start what
+// the newest committed checkpoint covers. "Exactly once" here means: a
+// read_committed consumer of the event topics reads every committed outbox
+// id exactly once (no duplicate at all, no loss, nothing uncommitted), and
+// per key those single arrivals follow commit order.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// TestExactlyOnceKills runs 8 paced writers (30,000 events in transactions
+// of 1 to 5 rows) while the relay binary (confirming the slot at most every
+// 3s, so that it lags the checkpoints) is SIGKILLed at 20 random moments
+// of the run (WALRELAY_TEST_EOS_KILLS overrides the count) and restarted
+// right after each kill: in the end a read_committed consumer has read
+// every committed id exactly once, per key in commit order, nothing else,
+// and the slot is confirmed past the end of the writes. A read_uncommitted
+// consumer runs alongside to show how many aborted copies existed.
+func TestExactlyOnceKills(t *testing.T) {
+	if testing.Short() {
+		t.Skip("20 kills of the relay under load")
+	}
+	kills := 20
+	if s, err := strconv.Atoi(os.Getenv("WALRELAY_TEST_EOS_KILLS")); err == nil && s >= 0 {
+		kills = s
+	}
+	e := newEnv(t)
+	// Confirm the slot at most every 3 seconds (well under the test
+	// cluster's wal_sender_timeout of 10s): the slot then lags the newest
+	// checkpoint by up to 3s of committed Kafka transactions at every
+	// kill, so each restart must skip what PostgreSQL resends.
+	args := e.eosArgs("--status-interval", "3s", "--confirm-delay", "3s")
+	p := startProc(t, nil, args...)
+	rc := e.consumeIsolated(true)
+	ru := e.consumeIsolated(false)
+	e.waitSlotStreamed(60 * time.Second)
+
+	const writers, perWriter = 8, 3750
+	const total = writers * perWriter
+	var rows atomic.Int64
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range writers {
+		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 30*time.Millisecond, &rows) })
+	}
+	writing := make(chan struct{})
+	go func() { wg.Wait(); close(writing) }()
+
+	// Kill at random points of the writers' progress, so the kills span
+	// the run whatever the machine's speed; at least 200ms apart so that
+	// some fall during a restarted relay's startup and most during
+	// streaming, with Kafka transactions open or committing.
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
+	at := make([]float64, kills)
+	for i := range at {
+		at[i] = 0.03 + 0.92*rng.Float64()
+	}
+	sort.Float64s(at)
+	done := 0
+	var killLog []string
+	for _, frac := range at {
+		target := int64(frac * total)
+		for rows.Load() < target {
+			select {
+			case <-writing:
+			case <-time.After(10 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		time.Sleep(time.Duration(200+rng.IntN(300)) * time.Millisecond)
+		if exited(p) {
+			t.Fatalf("the relay exited by itself before kill %d (%v):\n%s", done+1, p.err, lastLines(p.out.String(), 3))
+		}
+		kill9(p)
+		done++
+		killLog = append(killLog, fmt.Sprintf("%d/%d", rc.distinct(), rows.Load()))
+		p = startProc(t, nil, args...)
+	}
+	<-writing
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeTime := time.Since(start)
+
+	conn := e.conn()
+	want, n := committedRows(t, e, conn)
+	if n != total {
+		t.Fatalf("the outbox holds %d rows, the writers wrote %d", n, total)
+	}
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 3*time.Minute)
+	e.settle(end)
+	recs := rc.records()
+	e.checkExactlyOnce(recs, want)
+	checkRunning(t, p, "the last relay")
+	ruIDs, ruExtra := ru.duplicates()
+	t.Logf("%d kills (read_committed ids/rows committed at each: %s); %d events, writes %s, elapsed %s; "+
+		"read_committed: %d records, 0 duplicates allowed; read_uncommitted: %d records, %d ids seen more than once (%d aborted copies); %d checkpoint records",
+		done, strings.Join(killLog, " "), total, writeTime.Round(time.Second), time.Since(start).Round(time.Second),
+		len(recs), len(ru.records()), ruIDs, ruExtra, len(rc.checkpoints()))
+}
+
+// TestExactlyOnceBigTransaction commits one PostgreSQL transaction of
+// 300,000 outbox rows with --txn-max-events 10000 (so it spans about 30
+// Kafka transactions) and SIGKILLs the relay binary once the committed
+// checkpoints say about half of it is in Kafka. At that point the newest
+// checkpoint has a "partial" part naming the transaction (the proof of the
+// split), and it counts exactly the events a read_committed consumer reads.
+// After the restart PostgreSQL resends the whole transaction, the relay
+// skips the events the checkpoint counts as in, and every row is read
+// exactly once, per key in insert order.
+func TestExactlyOnceBigTransaction(t *testing.T) {
+	e := newEnv(t)
+	args := e.eosArgs("--txn-max-events", "10000")
+	p := startProc(t, nil, args...)
+	rc := e.consumeIsolated(true)
+	// The checkpoints alone, read_committed: a consumer of the 300,000
+	// events lags the relay, this one does not.
+	ckc := e.newEOSConsumer(true, "^"+regexp.QuoteMeta(e.checkpointTopic())+"$")
+	e.waitSlotStreamed(60 * time.Second)
+
+	const rows = 300_000
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+		SELECT 'big', 'k' || (g % 100), 'Big', jsonb_build_object('n', g), g FROM generate_series(1, $1) g`, rows)
+	committedAt := time.Now()
+	newest := func() (checkpoint.Durable, bool) {
+		ds := ckc.durables(t, e.name)
+		if len(ds) == 0 {
+			return checkpoint.Durable{}, false
+		}
+		return ds[len(ds)-1], true
+	}
+	err := devcluster.WaitFor(5*time.Minute, 5*time.Millisecond, func() (bool, error) {
+		d, ok := newest()
+		if !ok || d.Partial == nil {
+			return false, fmt.Errorf("newest checkpoint %+v (found %v)", d, ok)
+		}
+		return d.Partial.Events >= rows/2, fmt.Errorf("newest checkpoint counts %d of %d events", d.Partial.Events, rows)
+	})
+	if err != nil {
+		t.Fatalf("waiting for half of the transaction to be committed to Kafka: %v", err)
+	}
+	kill9(p)
+	killedAfter := time.Since(committedAt)
+	time.Sleep(time.Second) // let the checkpoint consumer read what was committed before the kill
+	d, _ := newest()
+	if d.Partial == nil || d.Partial.Events >= rows {
+		t.Fatalf("at the kill the newest checkpoint was %+v (partial %+v): the relay had the whole transaction in Kafka, the restart cannot resume inside it", d, d.Partial)
+	}
+	var partials []string
+	for _, d := range ckc.durables(t, e.name) {
+		if d.Partial != nil {
+			partials = append(partials, strconv.Itoa(d.Partial.Events))
+		}
+	}
+	atKill := d.Partial.Events
+	// The checkpoint says exactly how far the committed Kafka transactions
+	// reach: read_committed shows exactly that many events.
+	err = devcluster.WaitFor(2*time.Minute, 50*time.Millisecond, func() (bool, error) {
+		return rc.distinct() >= atKill, fmt.Errorf("%d of the %d events the checkpoint counts read", rc.distinct(), atKill)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if got := rc.distinct(); got != atKill {
+		t.Errorf("the newest checkpoint counts %d events of the transaction in Kafka; read_committed reads %d", atKill, got)
+	}
+	p = startProc(t, nil, args...)
+
+	conn := e.conn()
+	want, n := committedRows(t, e, conn)
+	if n != rows {
+		t.Fatalf("the outbox holds %d rows, want %d", n, rows)
+	}
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 5*time.Minute)
+	e.settle(end)
+	recs := rc.records()
+	e.checkExactlyOnce(recs, want)
+	checkRunning(t, p, "the restarted relay")
+	all := 0
+	for _, d := range ckc.durables(t, e.name) {
+		if d.Partial != nil {
+			all++
+		}
+	}
+	t.Logf("killed %s after the PostgreSQL commit with %d of %d rows committed to Kafka; partial checkpoints before the kill count %s events; "+
+		"%d partial checkpoints in all, %d checkpoint topic records (with probes); %d records read",
+		killedAfter.Round(time.Millisecond), atKill, rows, strings.Join(partials, ","), all, len(ckc.checkpoints()), len(recs))
+}
+
+// TestExactlyOnceBrokerRestart stops the broker (kfake persisting to a
+// data directory on a fixed port) in the middle of a run of 8 writers, at
+// a moment the relay's Kafka transaction is open (DescribeTransactions
+// says Ongoing), keeps it down for 5 seconds while the writers go on, and
+// starts it again with the same data: the in-process relay (exactly-once)
+// rides it out without its Run returning, and every committed id is read
+// exactly once read_committed, per key in commit order.
+func TestExactlyOnceBrokerRestart(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	b := startKafkaAt(t)
+	e.brokers = []string{b.addr()}
+	cfg := e.config()
+	cfg.ExactlyOnce = true
+	cfg.Router.CheckpointTopic = e.checkpointTopic()
+	cfg.TxnMaxInterval = 300 * time.Millisecond
+	rr, reg := e.startRelayGathered(cfg)
+	rc := e.consumeIsolated(true)
+	ru := e.consumeIsolated(false)
+
+	const writers, perWriter = 8, 600
+	var rows atomic.Int64
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 60*time.Millisecond, &rows) })
+	}
+	err := devcluster.WaitFor(2*time.Minute, 20*time.Millisecond, func() (bool, error) {
+		n := rc.distinct()
+		return n >= writers*perWriter/4, fmt.Errorf("%d ids read", n)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := e.waitTxnOngoing("walrelay-"+e.name, 30*time.Second)
+	b.stop()
+	rowsAtStop := rows.Load()
+	time.Sleep(5 * time.Second)
+	if ok, err := rr.returned(); ok {
+		t.Fatalf("relay Run returned during the broker outage: %v", err)
+	}
+	rowsDuring := rows.Load() - rowsAtStop
+	b.start()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rowsDuring == 0 {
+		t.Fatal("no rows were committed while the broker was down: the writers did not span the outage")
+	}
+	conn := e.conn()
+	want, n := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 3*time.Minute)
+	e.settle(end)
+	recs := rc.records()
+	e.checkExactlyOnce(recs, want)
+	if ok, err := rr.returned(); ok {
+		t.Fatalf("relay Run returned: %v", err)
+	}
+	ruIDs, ruExtra := ru.duplicates()
+	t.Logf("broker stopped with the relay's transaction %s, down 5s, %d rows committed meanwhile; %d events read exactly once; "+
+		"read_uncommitted saw %d ids twice or more (%d extra copies); kafka transactions %v, stream restarts %v, produce errors %v",
+		state, rowsDuring, n, ruIDs, ruExtra, gathered(reg, "walrelay_kafka_transactions_total"),
+		gathered(reg, "walrelay_stream_restarts_total"), gathered(reg, "walrelay_produce_errors_total"))
+}
+
+// TestExactlyOncePostgresRestartSlotBehind makes the slot's confirmed
+// position lag the checkpoint on purpose: on a cluster of its own with
+// wal_sender_timeout 0 (the server never asks for a reply), the relay
+// binary runs with --status-interval 1h --confirm-delay 1h, so it
+// delivers and commits checkpoints but never reports a new position. It
+// is SIGKILLed (confirmed_flush_lsn is then behind the newest committed
+// checkpoint: asserted from pg_replication_slots and the checkpoint
+// topic), PostgreSQL is restarted (pg_ctl restart -m fast), and a relay
+// with the usual flags starts: PostgreSQL resends everything since the
+// old confirmed position and the relay must skip what the checkpoint
+// covers. Every id of both phases is read exactly once, per key in commit
+// order, and the slot moves past the end.
+func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
+	if pgCluster == nil {
+		t.Skip("restarts a PostgreSQL cluster of its own; skipped with WALRELAY_TEST_PG_URL")
+	}
+	pg, err := devcluster.StartPostgres(context.Background(), devcluster.PostgresOptions{Settings: map[string]string{
+		"wal_sender_timeout": "0",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	e := newEnvOn(t, pg.URL("postgres"))
+	p := startProc(t, nil, e.eosArgs("--status-interval", "1h", "--confirm-delay", "1h", "--receive-timeout", "1h")...)
+	rc := e.consumeIsolated(true)
+	e.waitSlotStreamed(60 * time.Second)
+	created := e.slotInfo().ConfirmedLSN
+
+	const writers, perPhase = 8, 250
+	phase := func(from int) {
+		t.Helper()
+		errs := make(chan error, writers)
+		var wg sync.WaitGroup
+		var rows atomic.Int64
+		for w := range writers {
+			wg.Go(func() { errs <- writeCounted(e, w, from, perPhase, 5*time.Millisecond, &rows) })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	phase(0)
+	conn := e.conn()
+	want1, n1 := committedRows(t, e, conn)
+	phase1End := e.currentLSN(conn)
+	rc.waitAll(want1, 2*time.Minute)
+	time.Sleep(time.Second) // the checkpoint of the last Kafka transaction, read alongside
+	if exited(p) {
+		t.Fatalf("the relay exited (%v):\n%s", p.err, lastLines(p.out.String(), 3))
+	}
+	kill9(p)
+	time.Sleep(500 * time.Millisecond)
+	ds := rc.durables(t, e.name)
+	if len(ds) == 0 {
+		t.Fatal("no checkpoint record read after phase 1 was delivered")
+	}
+	ck := ds[len(ds)-1]
+	reach := ck.LSN // how far the checkpoint says Kafka has the stream
+	if ck.Partial != nil {
+		reach = max(reach, ck.Partial.CommitLSN)
+	}
+	behind := e.slotInfo().ConfirmedLSN
+	if behind >= reach {
+		t.Fatalf("confirmed_flush_lsn %s is not behind the newest checkpoint (lsn %s, partial %+v): the scenario needs a slot that lags the checkpoint", behind, ck.LSN, ck.Partial)
+	}
+	if err := pg.Restart(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn = e.conn()
+	afterRestart := e.slotInfo().ConfirmedLSN
+	if afterRestart >= reach {
+		t.Fatalf("after the PostgreSQL restart confirmed_flush_lsn is %s, not behind the checkpoint %s", afterRestart, reach)
+	}
+
+	p = startProc(t, nil, e.eosArgs()...)
+	phase(perPhase)
+	want, n := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 2*time.Minute)
+	e.settle(end)
+	recs := rc.records()
+	e.checkExactlyOnce(recs, want)
+	checkRunning(t, p, "the restarted relay")
+	t.Logf("slot created at %s; phase 1: %d rows up to %s, newest checkpoint %s; confirmed_flush_lsn at the kill %s, after the PostgreSQL restart %s "+
+		"(%d bytes of WAL resent and skipped); phase 2: %d rows; %d records read",
+		created, n1, phase1End, reach, behind, afterRestart, uint64(reach-afterRestart), n-n1, len(recs))
+}
+
+// TestExactlyOnceFencing starts relay A (binary) and, while 8 writers run,
+// relay B with the same arguments (same slot, same transactional id): A,
+// the older, is fenced and exits with code 3 and a message saying
+// "fenced"; B takes over the slot and delivers, and keeps running. Every
+// committed id is read exactly once read_committed, per key in commit
+// order.
+func TestExactlyOnceFencing(t *testing.T) {
+	e := newEnv(t)
+	args := e.eosArgs()
+	a := startProc(t, nil, args...)
+	rc := e.consumeIsolated(true)
+	e.waitSlotStreamed(60 * time.Second)
+	pidA := e.slotInfo().ActivePID
+
+	const writers, perWriter = 8, 600
+	var rows atomic.Int64
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 40*time.Millisecond, &rows) })
+	}
+	err := devcluster.WaitFor(2*time.Minute, 20*time.Millisecond, func() (bool, error) {
+		n := rc.distinct()
+		return n >= writers*perWriter/4, fmt.Errorf("%d ids read", n)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bStarted := time.Now()
+	b := startProc(t, nil, args...)
+	code, _, ok := a.wait(60 * time.Second)
+	if !ok {
+		t.Fatalf("relay A still ran 60s after relay B started with its transactional id")
+	}
+	fencedAfter := time.Since(bStarted)
+	aLog := a.out.String()
+	if code != 3 {
+		t.Errorf("relay A exited with code %d, want 3 (fenced)", code)
+	}
+	if !strings.Contains(aLog, "fenced") {
+		t.Errorf("relay A's output does not say it was fenced; its last lines:\n%s", lastLines(aLog, 5))
+	}
+	e.waitFor("relay B streaming the slot", 30*time.Second, func() (bool, error) {
+		i, err := e.slotInfoErr()
+		if err != nil {
+			return false, err
+		}
+		return i.Active && i.ActivePID != nil && (pidA == nil || *i.ActivePID != *pidA),
+			fmt.Errorf("slot active %v pid %v (relay A's walsender %v)", i.Active, deref(i.ActivePID), deref(pidA))
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := e.conn()
+	want, n := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 2*time.Minute)
+	e.settle(end)
+	recs := rc.records()
+	e.checkExactlyOnce(recs, want)
+	checkRunning(t, b, "relay B")
+	if strings.Contains(b.out.String(), "fenced") {
+		t.Errorf("relay B reports being fenced:\n%s", grepLines(b.out.String(), "fenced", 3))
+	}
+	t.Logf("relay A exited %d, %s after B started: %s; %d events read exactly once",
+		code, fencedAfter.Round(time.Millisecond), grepLines(aLog, "fenced", 1), n)
+}
+
+// TestReadUncommittedSeesAborted shows what the transactions are for:
+// with long Kafka transactions (--txn-max-interval 5s, --txn-max-events
+// 100000) 200 events are written to an open transaction, the relay is
+// SIGKILLed once a read_uncommitted consumer has read them and while the
+// transaction is still open (DescribeTransactions: Ongoing; read_committed
+// has read none), then restarted. The restarted relay fences the dead
+// one's transaction (aborted) and sends the events again: the
+// read_uncommitted consumer reads every id twice (the aborted copy and the
+// committed one) while the read_committed consumer reads each once.
+func TestReadUncommittedSeesAborted(t *testing.T) {
+	e := newEnv(t)
+	args := e.eosArgs("--txn-max-interval", "5s", "--txn-max-events", "100000")
+	p := startProc(t, nil, args...)
+	rc := e.consumeIsolated(true)
+	ru := e.consumeIsolated(false)
+	e.waitSlotStreamed(60 * time.Second)
+
+	const events = 200
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+		SELECT 'w', 'k' || (g % 10), 'T', jsonb_build_object('seq', g), g FROM generate_series(1, $1) g`, events)
+	err := devcluster.WaitFor(30*time.Second, 10*time.Millisecond, func() (bool, error) {
+		n := ru.distinct()
+		return n >= events, fmt.Errorf("read_uncommitted read %d of %d ids", n, events)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := e.txnState("walrelay-" + e.name)
+	seenCommitted := rc.distinct()
+	kill9(p)
+	if state != "Ongoing" || seenCommitted != 0 {
+		t.Fatalf("at the kill the relay's Kafka transaction was %q and read_committed had read %d ids: the kill did not hit an open transaction", state, seenCommitted)
+	}
+	p = startProc(t, nil, args...)
+
+	conn := e.conn()
+	want, _ := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 60*time.Second)
+	e.settle(end)
+	e.checkExactlyOnce(rc.records(), want)
+	checkRunning(t, p, "the restarted relay")
+	ids, extra := ru.duplicates()
+	if ids == 0 {
+		t.Fatalf("read_uncommitted read no id twice (%d records): the aborted copies are missing", len(ru.records()))
+	}
+	t.Logf("read_uncommitted: %d records, %d ids read twice or more (%d aborted copies); read_committed: %d records, each id once",
+		len(ru.records()), ids, extra, len(rc.records()))
+}
+
+// TestExactlyOnceInProcessDefaultTxnTimeout runs the relay in-process
+// (the relay package, as the harness and library users do) with
+// exactly-once delivery and the documented default transaction timeout
+// (router.Config.TransactionTimeout zero: "Default 60s"): one event must
+// be read read_committed within 30 seconds.
+func TestExactlyOnceInProcessDefaultTxnTimeout(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.ExactlyOnce = true
+	cfg.Router.CheckpointTopic = e.checkpointTopic()
+	rr, reg := e.startRelayGathered(cfg)
+	rc := e.consumeIsolated(true)
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', '{"seq": 0}', 0)`)
+	err := devcluster.WaitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {
+		return rc.distinct() == 1, fmt.Errorf("%d ids read", rc.distinct())
+	})
+	if err != nil {
+		ok, runErr := rr.returned()
+		t.Fatalf("with the default transaction timeout nothing was delivered: %v (Run returned %v %v; stream restarts %v, kafka transactions %v)",
+			err, ok, runErr, gathered(reg, "walrelay_stream_restarts_total"), gathered(reg, "walrelay_kafka_transactions_total"))
+	}
+}
+
+// TestExactlyOnceTransactionTimeout lets the broker time a Kafka
+// transaction out: with --txn-timeout 2s, one produce request of the
+// relay's transactional producer is held by the broker for 5 seconds while
+// 8 writers keep writing, so the broker aborts the open transaction and
+// bumps the producer's epoch. The relay must take that as an aborted
+// transaction, not as fencing by another relay: it keeps running, retries
+// from the last checkpoint, and every committed id is read exactly once
+// read_committed, per key in commit order.
+func TestExactlyOnceTransactionTimeout(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	p := startProc(t, nil, e.eosArgs("--txn-timeout", "2s")...)
+	rc := e.consumeIsolated(true)
+	ru := e.consumeIsolated(false)
+	e.waitSlotStreamed(60 * time.Second)
+
+	const writers, perWriter = 8, 300
+	var rows atomic.Int64
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 40*time.Millisecond, &rows) })
+	}
+	err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
+		n := rc.distinct()
+		return n >= writers*perWriter/4, fmt.Errorf("%d ids read", n)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held atomic.Bool
+	heldAt := make(chan time.Time, 1)
+	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if p, ok := req.(*kmsg.ProduceRequest); ok && p.TransactionID != nil && held.CompareAndSwap(false, true) {
+			heldAt <- time.Now()
+			e.kafka.SleepControl(func() { time.Sleep(5 * time.Second) })
+			e.kafka.DropControl()
+		}
+		return nil, nil, false
+	})
+	var since time.Time
+	select {
+	case since = <-heldAt:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no transactional produce request within 30s")
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := e.conn()
+	want, n := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 2*time.Minute)
+	e.settle(end)
+	recs := rc.records()
+	e.checkExactlyOnce(recs, want)
+	checkRunning(t, p, "the relay, after a Kafka transaction timed out,")
+	ruIDs, ruExtra := ru.duplicates()
+	t.Logf("produce held at %s for 5s; %d events read exactly once; read_uncommitted saw %d ids twice or more (%d aborted copies); relay warnings:\n%s",
+		since.Format("15:04:05.000"), n, ruIDs, ruExtra, grepLines(p.out.String(), `"level":"warn"`, 6))
+}
+
+// TestExactlyOnceAbortedTransaction makes the broker refuse, for good,
+// one produce request of the relay's open Kafka transaction
+// (INVALID_RECORD) while 8 writers run: the relay aborts the transaction
+// (a read_uncommitted consumer sees what of it had reached the log),
+// replaces its producer, resumes from the last checkpoint, and every
+// committed id is read exactly once read_committed, per key in commit
+// order; the relay keeps running.
+func TestExactlyOnceAbortedTransaction(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	p := startProc(t, nil, e.eosArgs("--txn-max-interval", "500ms")...)
+	rc := e.consumeIsolated(true)
+	ru := e.consumeIsolated(false)
+	e.waitSlotStreamed(60 * time.Second)
+
+	const writers, perWriter = 8, 300
+	var rows atomic.Int64
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 40*time.Millisecond, &rows) })
+	}
+	err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
+		n := rc.distinct()
+		return n >= writers*perWriter/4, fmt.Errorf("%d ids read", n)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Refuse a produce request once read_uncommitted shows the open
+	// transaction has records in the log, so the abort has something to
+	// hide.
+	e.waitFor("records of an open transaction in the log", 30*time.Second, func() (bool, error) {
+		return ru.distinct() > rc.distinct(), nil
+	})
+	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("w"), Err: kerr.InvalidRecord, Count: 1})
+	e.waitFor("the fault hit", 30*time.Second, func() (bool, error) { return fault.Hits() > 0, nil })
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := e.conn()
+	want, n := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 2*time.Minute)
+	e.settle(end)
+	recs := rc.records()
+	e.checkExactlyOnce(recs, want)
+	checkRunning(t, p, "the relay, after an aborted Kafka transaction,")
+	ruIDs, ruExtra := ru.duplicates()
+	t.Logf("%d events read exactly once; read_uncommitted saw %d ids twice or more (%d aborted copies); relay warnings:\n%s",
+		n, ruIDs, ruExtra, grepLines(p.out.String(), `"level":"warn"`, 4))
+}
+
+// TestExactlyOnceConfirmAfterCommit holds every Kafka commit back (the
+// broker answers EndTxn with COORDINATOR_LOAD_IN_PROGRESS, which the
+// producer retries) while events are written and other tables keep the
+// walsender sending keepalives: the records reach the log (a
+// read_uncommitted consumer reads them) but no Kafka transaction commits,
+// so confirmed_flush_lsn must stay below the end of the first transaction
+// written after the hold began, and read_committed must read nothing new.
+// Once commits go through, every id is read exactly once read_committed
+// and the slot moves past the end.
+func TestExactlyOnceConfirmAfterCommit(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	e.exec(`CREATE TABLE noise (id bigserial PRIMARY KEY, v text)`)
+	p := startProc(t, nil, e.eosArgs()...)
+	rc := e.consumeIsolated(true)
+	ru := e.consumeIsolated(false)
+	e.waitSlotStreamed(60 * time.Second)
+	conn := e.conn()
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', '{"seq": 0}', 0)`)
+	first := e.currentLSN(conn)
+	e.waitFor("first event read and confirmed", 30*time.Second, func() (bool, error) {
+		return rc.distinct() == 1 && e.slotInfo().ConfirmedLSN >= first, nil
+	})
+
+	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.CoordinatorLoadInProgress, Count: -1})
+	var bound slot.LSN // at or after the end of the first transaction written during the hold
+	for i := 1; i <= 20; i++ {
+		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', jsonb_build_object('seq', $1::int), $1)`, i)
+		if i == 1 {
+			bound = e.currentLSN(conn)
+		}
+	}
+	// The relay waits for its commit while still answering PostgreSQL
+	// (it reads no more events meanwhile): the first event written during
+	// the hold is in the log, uncommitted.
+	e.waitFor("a held record in the log", 30*time.Second, func() (bool, error) {
+		return ru.distinct() >= 2, fmt.Errorf("read_uncommitted read %d ids", ru.distinct())
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	var maxConfirmed slot.LSN
+	for time.Now().Before(deadline) {
+		if _, err := conn.Exec(e.ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 200)`); err != nil {
+			t.Fatal(err)
+		}
+		maxConfirmed = max(maxConfirmed, e.slotInfo().ConfirmedLSN)
+		time.Sleep(50 * time.Millisecond)
+	}
+	heldCommitted, heldUncommitted := rc.distinct(), ru.distinct()
+	hits := fault.Hits()
+	fault.Remove()
+	if hits == 0 {
+		t.Fatal("no EndTxn request reached the broker during the hold: the scenario did not happen")
+	}
+	if maxConfirmed >= bound {
+		t.Errorf("confirmed_flush_lsn reached %s while no Kafka transaction could commit; the first transaction written then ends before %s", maxConfirmed, bound)
+	}
+	if heldCommitted != 1 {
+		t.Errorf("read_committed read %d ids while no Kafka transaction could commit, want 1", heldCommitted)
+	}
+	want, _ := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, time.Minute)
+	e.settle(end)
+	e.checkExactlyOnce(rc.records(), want)
+	checkRunning(t, p, "the relay")
+	t.Logf("during the hold: %d EndTxn requests refused, confirmed_flush_lsn at most %s (bound %s), read_uncommitted %d ids, read_committed %d",
+		hits, maxConfirmed, bound, heldUncommitted, heldCommitted)
+}
+
+// TestExactlyOnceSigterm stops the relay binary with SIGTERM in the middle
+// of a run of 8 writers: it commits its open Kafka transaction (with a
+// checkpoint saying how far it reaches, partial or not) and exits 0; a
+// restarted relay sends nothing twice: every id is read exactly once
+// read_committed, per key in commit order.
+func TestExactlyOnceSigterm(t *testing.T) {
+	e := newEnv(t)
+	args := e.eosArgs()
+	p := startProc(t, nil, args...)
+	rc := e.consumeIsolated(true)
+	e.waitSlotStreamed(60 * time.Second)
+	const writers, perWriter = 8, 500
+	var rows atomic.Int64
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 20*time.Millisecond, &rows) })
+	}
+	for _, frac := range []int{4, 2} {
+		err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
+			n := rc.distinct()
+			return n >= writers*perWriter/frac, fmt.Errorf("%d ids read", n)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
+			t.Fatalf("after SIGTERM the relay exited with code %d (in time: %v), want 0:\n%s", code, ok, lastLines(p.out.String(), 3))
+		}
+		p = startProc(t, nil, args...)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := e.conn()
+	want, n := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, 2*time.Minute)
+	e.settle(end)
+	e.checkExactlyOnce(rc.records(), want)
+	checkRunning(t, p, "the restarted relay")
+	t.Logf("2 SIGTERMs; %d events read exactly once", n)
+}
+
+// TestExactlyOnceCommitAfterBrokerTimeout delays one commit request
+// (EndTxn) of the relay by 1.5 seconds, as a slow network or broker can,
+// with --txn-timeout 2s and --txn-max-interval 1s: the broker times the
+// transaction out while the commit is on its way (1s + 1.5s > 2s), so the
+// commit fails; the relay must take that for a timeout, not for fencing
+// (it has been open longer than the timeout). The relay must retry from the last checkpoint: the
+// event of the timed-out transaction and one written afterwards are read
+// exactly once within 30 seconds, and the relay keeps running.
+func TestExactlyOnceCommitAfterBrokerTimeout(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	p := startProc(t, nil, e.eosArgs("--txn-timeout", "2s", "--txn-max-interval", "1s")...)
+	rc := e.consumeIsolated(true)
+	e.waitSlotStreamed(60 * time.Second)
+	insert := func(seq int) {
+		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', jsonb_build_object('seq', $1::int), $1)`, seq)
+	}
+	insert(0)
+	e.waitFor("first event", 30*time.Second, func() (bool, error) { return rc.distinct() == 1, nil })
+
+	txnID := "walrelay-" + e.name
+	var held atomic.Bool
+	released := make(chan struct{})
+	e.kafka.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if r, ok := req.(*kmsg.EndTxnRequest); ok && r.Commit && r.TransactionalID == txnID && held.CompareAndSwap(false, true) {
+			e.kafka.SleepControl(func() { time.Sleep(1500 * time.Millisecond) })
+			close(released)
+			e.kafka.DropControl()
+		}
+		return nil, nil, false
+	})
+	insert(1)
+	select {
+	case <-released:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no commit request within 30s")
+	}
+	insert(2)
+	conn := e.conn()
+	want, _ := committedRows(t, e, conn)
+	err := devcluster.WaitFor(30*time.Second, 100*time.Millisecond, func() (bool, error) {
+		return rc.distinct() == 3, fmt.Errorf("%d of 3 ids read", rc.distinct())
+	})
+	if err != nil {
+		t.Fatalf("after a commit the broker had timed out: %v; relay warnings:\n%s", err, grepLines(p.out.String(), `"level":"warn"`, 3))
+	}
+	e.settle(e.currentLSN(conn))
+	e.checkExactlyOnce(rc.records(), want)
+	checkRunning(t, p, "the relay")
+	failed := grepLines(p.out.String(), "commit Kafka transaction", 1)
+	if failed == "" {
+		t.Fatalf("no commit failed: the broker did not time the transaction out, the scenario did not happen; relay warnings:\n%s", grepLines(p.out.String(), `"level":"warn"`, 3))
+	}
+	if strings.Contains(p.out.String(), "fenced") {
+		t.Errorf("the relay, running alone, took the timed-out transaction for fencing:\n%s", grepLines(p.out.String(), "fenced", 1))
+	}
+	t.Logf("the commit failed: %s", failed)
+}
+
+// TestExactlyOnceTimeoutIsNotFencing runs the relay alone with a Kafka
+// transaction timeout shorter than its commit interval (--txn-timeout 1s
+// --txn-max-interval 3s), so the broker times out every transaction. No
+// other relay exists: the relay must not stop claiming it was fenced
+// (exit code 3). Acceptable: refusing the flags at startup (exit code
+// other than 0 and 3, naming --txn-timeout), or retrying and delivering.
+func TestExactlyOnceTimeoutIsNotFencing(t *testing.T) {
+	e := newEnv(t)
+	p := startProc(t, nil, e.eosArgs("--txn-timeout", "1s", "--txn-max-interval", "3s")...)
+	rc := e.consumeIsolated(true)
+	select {
+	case <-p.done:
+		code, _, _ := p.wait(time.Second)
+		if code == 0 || code == 3 || !strings.Contains(p.out.String(), "txn-timeout") {
+			t.Fatalf("the relay exited at startup with code %d without naming --txn-timeout:\n%s", code, lastLines(p.out.String(), 3))
+		}
+		return // refused the flags: fine
+	case <-time.After(5 * time.Second):
+	}
+	e.waitSlotStreamed(60 * time.Second)
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', '{"seq": 0}', 0)`)
+	err := devcluster.WaitFor(30*time.Second, 100*time.Millisecond, func() (bool, error) {
+		if exited(p) {
+			return false, fmt.Errorf("the relay exited")
+		}
+		return rc.distinct() == 1, fmt.Errorf("%d ids read", rc.distinct())
+	})
+	if exited(p) {
+		code, _, _ := p.wait(time.Second)
+		t.Fatalf("the relay, running alone, exited with code %d after its Kafka transaction timed out:\n%s", code, grepLines(p.out.String(), "fenced", 1))
+	}
+	if err != nil {
+		t.Fatalf("nothing delivered: %v", err)
+	}
+}
+
+// TestExactlyOnceSigtermUnderBackpressure stops the relay with SIGTERM
+// while it waits for room to send the next event of a PostgreSQL
+// transaction (--max-inflight-events 5 and a broker that refuses
+// produce requests, retriably, until just after the signal): the relay
+// commits its open Kafka transaction on the clean stop, with a partial
+// checkpoint, and exits 0. A restarted relay must deliver the rest of the
+// transaction: all 20 rows (and the warm-up row) are read exactly once.
+func TestExactlyOnceSigtermUnderBackpressure(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	args := e.eosArgs("--max-inflight-events", "5", "--txn-max-interval", "1s")
+	p := startProc(t, nil, args...)
+	rc := e.consumeIsolated(true)
+	ckc := e.newEOSConsumer(true, "^"+regexp.QuoteMeta(e.checkpointTopic())+"$")
+	e.waitSlotStreamed(60 * time.Second)
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', '{"seq": 0}', 0)`)
+	e.waitFor("the warm-up event", 30*time.Second, func() (bool, error) { return rc.distinct() == 1, nil })
+
+	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+		SELECT 'w', 'k', 'T', jsonb_build_object('seq', g), g FROM generate_series(1, 20) g`)
+	e.waitFor("produce requests refused", 30*time.Second, func() (bool, error) { return fault.Hits() > 0, nil })
+	time.Sleep(time.Second) // the relay has sent 5 events and waits for room for the 6th
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	fault.Remove()
+	if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
+		t.Fatalf("after SIGTERM the relay exited with code %d (in time: %v), want 0:\n%s", code, ok, lastLines(p.out.String(), 3))
+	}
+	time.Sleep(500 * time.Millisecond)
+	var ck string
+	if ds := ckc.durables(t, e.name); len(ds) > 0 && ds[len(ds)-1].Partial != nil {
+		ck = fmt.Sprintf("partial checkpoint at the stop: %d events of the transaction; read_committed read %d of them", ds[len(ds)-1].Partial.Events, rc.distinct()-1)
+	}
+	p = startProc(t, nil, args...)
+	conn := e.conn()
+	want, _ := committedRows(t, e, conn)
+	end := e.currentLSN(conn)
+	err := devcluster.WaitFor(30*time.Second, 100*time.Millisecond, func() (bool, error) {
+		missing := []string{}
+		got := map[string]bool{}
+		for _, r := range rc.records() {
+			id, _ := header(r, "id")
+			got[id] = true
+		}
+		rows, err := conn.Query(e.ctx, `SELECT id::text, seq FROM outbox ORDER BY seq`)
+		if err != nil {
+			return false, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			var seq int
+			if err := rows.Scan(&id, &seq); err != nil {
+				return false, err
+			}
+			if !got[id] {
+				missing = append(missing, fmt.Sprintf("seq %d", seq))
+			}
+		}
+		return len(missing) == 0, fmt.Errorf("not delivered: %v", missing)
+	})
+	if err != nil {
+		t.Fatalf("after a SIGTERM under backpressure and a restart (%s): %v", ck, err)
+	}
+	e.settle(end)
+	e.checkExactlyOnce(rc.records(), want)
+	checkRunning(t, p, "the restarted relay")
+	t.Log(ck)
+}
+
+// ---- helpers ----
+
+// checkpointTopic is the test's checkpoint topic, under its prefix.
+func (e *env) checkpointTopic() string { return e.topicPrefix() + "checkpoints" }
+
+// eosArgs are e.args() with exactly-once delivery, the test's checkpoint
+// topic, and extra (later flags win).
+func (e *env) eosArgs(extra ...string) []string {
+	a := append(e.args(), "--delivery", "exactly-once", "--checkpoint-topic", e.checkpointTopic())
+	return append(a, extra...)
+}
+
+// waitSlotStreamed waits until a walsender streams the test's slot.
+func (e *env) waitSlotStreamed(timeout time.Duration) {
+	e.t.Helper()
+	e.waitFor("slot active", timeout, func() (bool, error) {
+		i, err := e.slotInfoErr()
+		return err == nil && i.Active, err
+	})
+}
+
+// settle waits until the slot is confirmed at or past end (with
+// exactly-once delivery that means every transaction before it is in a
+// committed Kafka transaction), then gives the consumers a moment to read
+// whatever a late duplicate might be.
+func (e *env) settle(end slot.LSN) {
+	e.t.Helper()
+	e.waitFor("slot confirmed past the end of the writes", 90*time.Second, func() (bool, error) {
+		got := e.slotInfo().ConfirmedLSN
+		return got >= end, fmt.Errorf("confirmed %s, want >= %s", got, end)
+	})
+	time.Sleep(2 * time.Second)
+}
+
+// checkExactlyOnce fails the test unless recs hold exactly the ids of want
+// (key → ids in commit order), each exactly once, per key in commit order.
+func (e *env) checkExactlyOnce(recs []*kgo.Record, want map[string][]string) {
+	e.t.Helper()
+	dups := checkDelivered(e.t, recs, want, nil)
+	if dups == 0 {
+		return
+	}
+	where := map[string][]string{}
+	for _, r := range recs {
+		id, _ := header(r, "id")
+		where[id] = append(where[id], fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset))
+	}
+	var ex []string
+	for id, at := range where {
+		if len(at) > 1 && len(ex) < 5 {
+			ex = append(ex, fmt.Sprintf("%s at %s", id, strings.Join(at, ", ")))
+		}
+	}
+	sort.Strings(ex)
+	e.t.Errorf("read_committed read %d duplicate records (exactly-once allows none), e.g.\n  %s", dups, strings.Join(ex, "\n  "))
+}
+
+// eosConsumer reads every topic of the test from the start with one
+// isolation level, keeping the checkpoint topic (checkpoints and probes)
+// apart from the event records, and counting copies per id as it goes.
+type eosConsumer struct {
+	e     *env
+	mu    sync.Mutex
+	recs  []*kgo.Record // event topics (and the dead-letter topic)
+	ckpts []*kgo.Record // the checkpoint topic
+	count map[string]int
+}
+
+// consumeIsolated starts a read_committed (committed true) or
+// read_uncommitted consumer of every topic of the test.
+func (e *env) consumeIsolated(committed bool) *eosConsumer {
+	e.t.Helper()
+	return e.newEOSConsumer(committed, "^"+regexp.QuoteMeta(e.topicPrefix())+".*")
+}
+
+// newEOSConsumer is consumeIsolated for the topics matching topicRegex.
+func (e *env) newEOSConsumer(committed bool, topicRegex string) *eosConsumer {
+	e.t.Helper()
+	level := kgo.ReadUncommitted()
+	if committed {
+		level = kgo.ReadCommitted()
+	}
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(e.brokers...),
+		kgo.ConsumeRegex(),
+		kgo.ConsumeTopics(topicRegex),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(level),
+		kgo.MetadataMinAge(50*time.Millisecond),
+		kgo.MetadataMaxAge(200*time.Millisecond),
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c := &eosConsumer{e: e, count: map[string]int{}}
+	ckTopic := e.checkpointTopic()
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			c.mu.Lock()
+			fs.EachRecord(func(r *kgo.Record) {
+				if r.Topic == ckTopic {
+					c.ckpts = append(c.ckpts, r)
+					return
+				}
+				c.recs = append(c.recs, r)
+				if id, ok := header(r, "id"); ok {
+					c.count[id]++
+				}
+			})
+			c.mu.Unlock()
+		}
+	}()
+	e.t.Cleanup(func() {
+		cancel()
+		<-done
+		cl.Close()
+	})
+	return c
+}
+
+// records returns the event records read so far.
+func (c *eosConsumer) records() []*kgo.Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*kgo.Record(nil), c.recs...)
+}
+
+// checkpoints returns the checkpoint topic's records read so far.
+func (c *eosConsumer) checkpoints() []*kgo.Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*kgo.Record(nil), c.ckpts...)
+}
+
+// durables decodes the checkpoints of slot read so far, oldest first
+// (probe records are skipped).
+func (c *eosConsumer) durables(t *testing.T, slotName string) []checkpoint.Durable {
+	t.Helper()
+	var ds []checkpoint.Durable
+	for _, r := range c.checkpoints() {
+		if string(r.Key) != slotName {
+			continue
+		}
+		d, err := checkpoint.UnmarshalDurable(r.Value)
+		if err != nil {
+			t.Fatalf("checkpoint record at offset %d: %v: %s", r.Offset, err, r.Value)
+		}
+		if d.Slot != slotName {
+			t.Errorf("checkpoint record at offset %d names slot %q, its key %q", r.Offset, d.Slot, r.Key)
+		}
+		ds = append(ds, d)
+	}
+	return ds
+}
+
+// distinct is how many distinct ids were read.
+func (c *eosConsumer) distinct() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.count)
+}
+
+// duplicates is how many ids were read more than once, and how many
+// copies beyond the first there were.
+func (c *eosConsumer) duplicates() (ids, extra int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.count {
+		if n > 1 {
+			ids++
+			extra += n - 1
+		}
+	}
+	return ids, extra
+}
+
+// waitAll waits until every id of want (key → ids) was read.
+func (c *eosConsumer) waitAll(want map[string][]string, timeout time.Duration) {
+	c.e.t.Helper()
+	err := devcluster.WaitFor(timeout, 250*time.Millisecond, func() (bool, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		missing, total, example := 0, 0, ""
+		for _, ids := range want {
+			for _, id := range ids {
+				total++
+				if c.count[id] == 0 {
+					missing++
+					example = id
+				}
+			}
+		}
+		return missing == 0, fmt.Errorf("%d of %d committed ids not read (e.g. %s)", missing, total, example)
+	})
+	if err != nil {
+		c.e.t.Fatalf("waiting for every committed id: %v", err)
+	}
+}
+
+// writeCounted is writePaced for seq from..from+n-1 (keys w-0..w-9, seq
+// increasing in commit order per key), adding every committed row to rows.
+func writeCounted(e *env, w, from, n int, pause time.Duration, rows *atomic.Int64) error {
+	conn, err := pgx.Connect(e.ctx, e.url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	rng := rand.New(rand.NewPCG(uint64(w), uint64(from)+17))
+	for seq := from; seq < from+n; {
+		size := min(1+rng.IntN(5), from+n-seq)
+		err := pgx.BeginFunc(e.ctx, conn, func(tx pgx.Tx) error {
+			for j := range size {
+				s := seq + j
+				if _, err := tx.Exec(e.ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+					VALUES ('w', $1, 'T', jsonb_build_object('writer', $2::int, 'seq', $3::int), $3)`,
+					fmt.Sprintf("%d-%d", w, s%10), w, s); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("writer %d: %w", w, err)
+		}
+		seq += size
+		rows.Add(int64(size))
+		time.Sleep(pause)
+	}
+	return nil
+}
+
+// txnState is the broker's state of a transactional id ("Ongoing",
+// "Empty", ...), or the error in brackets.
+func (e *env) txnState(txnID string) string {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		return "[" + err.Error() + "]"
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	defer cancel()
+	ds, err := kadm.NewClient(cl).DescribeTransactions(ctx, txnID)
+	if err != nil {
+		return "[" + err.Error() + "]"
+	}
+	d, ok := ds[txnID]
+	if !ok {
+		return "[not described]"
+	}
+	if d.Err != nil {
+		return "[" + d.Err.Error() + "]"
+	}
+	return d.State
+}
+
+// waitTxnOngoing waits until the broker has a transaction of txnID open.
+func (e *env) waitTxnOngoing(txnID string, timeout time.Duration) string {
+	e.t.Helper()
+	var state string
+	e.waitFor("an open Kafka transaction", timeout, func() (bool, error) {
+		state = e.txnState(txnID)
+		return state == "Ongoing", fmt.Errorf("transaction state %s", state)
+	})
+	return state
+}
+
+// exited reports whether the binary has exited.
+func exited(p *proc) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill9 SIGKILLs the binary and waits for it to be gone.
+func kill9(p *proc) {
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+// checkRunning fails the test if the binary exited.
+func checkRunning(t *testing.T, p *proc, what string) {
+	t.Helper()
+	if exited(p) {
+		t.Errorf("%s exited (%v); its last lines:\n%s", what, p.err, lastLines(p.out.String(), 3))
+	}
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// grepLines returns up to n lines of s containing sub.
+func grepLines(s, sub string, n int) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) && len(out) < n {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
