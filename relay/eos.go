@@ -29,27 +29,29 @@ type eosState struct {
 // startEOS reads the newest committed checkpoint of the slot; PostgreSQL
 // may resend from before it (the slot is confirmed after the Kafka commit,
 // so a crash in between leaves it behind), and those events are skipped.
-func (s *session) startEOS() error {
-	key := []byte(s.r.cfg.Slot)
-	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
+// It runs before the stream starts: the router's InitTransactions already
+// fenced any older producer, so the checkpoint cannot move any more, and a
+// stream left unread meanwhile would make the walsender wait for us.
+func (r *Relay) startEOS(ctx context.Context, rt *router.Router) (*eosState, error) {
+	key := []byte(r.cfg.Slot)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	value, found, err := s.rt.ReadCheckpoint(ctx, key)
+	value, found, err := rt.ReadCheckpoint(ctx, key)
 	if err != nil {
-		return s.eosError(err)
+		return nil, r.eosError(err)
 	}
 	var d checkpoint.Durable
 	if found {
 		if d, err = checkpoint.UnmarshalDurable(value); err != nil {
-			return &fatalError{fmt.Errorf("checkpoint of slot %q: %w", s.r.cfg.Slot, err)}
+			return nil, &fatalError{fmt.Errorf("checkpoint of slot %q: %w", r.cfg.Slot, err)}
 		}
 	}
-	s.eos = &eosState{key: key, skip: checkpoint.NewSkip(d, found), lastFull: d.LSN}
 	fields := []zap.Field{zap.Bool("found", found), zap.Stringer("checkpoint_lsn", d.LSN)}
 	if d.Partial != nil {
 		fields = append(fields, zap.Stringer("partial_commit_lsn", d.Partial.CommitLSN), zap.Int("partial_events", d.Partial.Events))
 	}
-	s.r.log.Info("exactly-once: resuming after the newest committed checkpoint", fields...)
-	return nil
+	r.log.Info("exactly-once: resuming after the newest committed checkpoint", fields...)
+	return &eosState{key: key, skip: checkpoint.NewSkip(d, found), lastFull: d.LSN}, nil
 }
 
 // txnError is a failed Kafka transaction (begin, commit, abort, checkpoint
@@ -61,7 +63,7 @@ func (e *txnError) Unwrap() error { return e.err }
 
 // eosError turns a fenced producer into the documented fatal error, and
 // marks other errors as Kafka's.
-func (s *session) eosError(err error) error {
+func (r *Relay) eosError(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -69,8 +71,11 @@ func (s *session) eosError(err error) error {
 		return &txnError{err}
 	}
 	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (a newer relay for slot %q started); this one stops so that only one writes: %w",
-		s.r.cfg.Router.TransactionalID, s.r.cfg.Slot, err)}
+		r.cfg.Router.TransactionalID, r.cfg.Slot, err)}
 }
+
+// eosError is the relay's eosError.
+func (s *session) eosError(err error) error { return s.r.eosError(err) }
 
 // commitDue reports whether the open Kafka transaction should commit now.
 func (s *session) commitDue(now time.Time) bool {

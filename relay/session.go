@@ -63,6 +63,12 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	if err != nil {
 		return err
 	}
+	var eos *eosState
+	if r.cfg.ExactlyOnce {
+		if eos, err = r.startEOS(ctx, rt); err != nil {
+			return err
+		}
+	}
 	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
 		// Heartbeat messages come through the stream as markers (pgoutput
@@ -98,12 +104,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	s.tr = checkpoint.New(start, checkpoint.OnComplete(func(commit time.Time) {
 		r.metrics.CommitToAck.Observe(time.Since(commit).Seconds())
 	}))
-	if r.cfg.ExactlyOnce {
-		if err := s.startEOS(); err != nil {
-			stream.Close(context.Background())
-			return err
-		}
-	}
+	s.eos = eos
 	r.current.Store(s)
 	r.everStreamed.Store(true)
 	stopInterrupt := context.AfterFunc(ctx, stream.Interrupt)

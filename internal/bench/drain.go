@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,20 +64,36 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 	var out []Result
 	for _, size := range b.cfg.TxnSizes {
 		for _, k := range brokers {
-			for _, d := range b.cfg.Deliveries {
-				if d == "exactly-once" && k.name == "discard" {
-					// The relay reads its checkpoint back from Kafka on
-					// start: a broker that stores nothing cannot serve it.
-					b.logf("drain: exactly-once needs a storing broker; skipping broker=discard")
-					continue
-				}
-				for range b.cfg.Repeat {
+			// Repeats interleave the delivery modes, so that a slow
+			// phase of the machine does not fall on one mode only.
+			byMode := map[string][]Result{}
+			for range b.cfg.Repeat {
+				for _, d := range b.cfg.Deliveries {
+					if d == "exactly-once" && k.name == "discard" {
+						// The relay reads its checkpoint back from Kafka
+						// on start: a broker that stores nothing cannot
+						// serve it.
+						continue
+					}
 					r, err := b.drain(ctx, size, k, d)
 					if err != nil {
 						return out, err
 					}
-					out = append(out, r)
+					byMode[d] = append(byMode[d], r)
 				}
+			}
+			for _, d := range b.cfg.Deliveries {
+				out = append(out, byMode[d]...)
+			}
+			alo, eos := byMode["at-least-once"], byMode["exactly-once"]
+			if len(alo) > 0 && len(eos) > 0 {
+				a, e := medianOf(alo, "relay_events_per_s"), medianOf(eos, "relay_events_per_s")
+				out = append(out, Result{
+					Scenario: "drain",
+					Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s exactly-once/at-least-once", b.cfg.Events, size, b.cfg.PayloadBytes, k.name),
+					Metrics:  map[string]float64{"eos_events_per_s": e, "alo_events_per_s": a, "eos_ratio": e / a},
+					Notes:    fmt.Sprintf("medians of %d runs each", len(eos)),
+				})
 			}
 		}
 	}
@@ -142,6 +159,9 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 		return Result{}, err
 	}
 	defer k.stop()
+	// The bench process's own CPU while the relay drains: with an
+	// in-process broker, that is the broker's cost.
+	selfStart := selfCPU()
 	relayStart := time.Now()
 	rl, err := b.startRelay(url, "relay", k.addrs, delivery)
 	if err != nil {
@@ -164,6 +184,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 		return Result{}, err
 	}
 	relayCPU, _ := cpuTime(rl.cmd.Process.Pid)
+	benchCPU := selfCPU() - selfStart
 	wsCPU := relayWSCPU.Stop()
 
 	res := Result{
@@ -180,7 +201,23 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 			"relay_cpu_us_per_event":       float64(relayCPU.Microseconds()) / n,
 		},
 	}
+	if k.kafka != nil {
+		res.Metrics["broker_cpu_us_per_event"] = float64(benchCPU.Microseconds()) / n
+	}
 	b.logf("drain txn=%d broker=%s delivery=%s: pg_recvlogical %s, relay %s (ratio %.2f)", txnSize, k.name, delivery,
 		recvTime.Round(time.Millisecond), relayTime.Round(time.Millisecond), res.Metrics["ratio"])
 	return res, nil
+}
+
+// medianOf is the median of metric over rs.
+func medianOf(rs []Result, metric string) float64 {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = r.Metrics[metric]
+	}
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
 }
