@@ -23,7 +23,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -64,15 +63,8 @@ func TestExactlyOnceKills(t *testing.T) {
 
 	const writers, perWriter = 8, 3750
 	const total = writers * perWriter
-	var rows atomic.Int64
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
 	start := time.Now()
-	for w := range writers {
-		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 30*time.Millisecond, &rows) })
-	}
-	writing := make(chan struct{})
-	go func() { wg.Wait(); close(writing) }()
+	wr := e.startWriters(writers, 0, perWriter, 30*time.Millisecond)
 
 	// Kill at random points of the writers' progress, so the kills span
 	// the run whatever the machine's speed; at least 200ms apart so that
@@ -88,9 +80,9 @@ func TestExactlyOnceKills(t *testing.T) {
 	var killLog []string
 	for _, frac := range at {
 		target := int64(frac * total)
-		for rows.Load() < target {
+		for wr.rows.Load() < target {
 			select {
-			case <-writing:
+			case <-wr.done:
 			case <-time.After(10 * time.Millisecond):
 				continue
 			}
@@ -102,16 +94,10 @@ func TestExactlyOnceKills(t *testing.T) {
 		}
 		kill9(p)
 		done++
-		killLog = append(killLog, fmt.Sprintf("%d/%d", rc.distinct(), rows.Load()))
+		killLog = append(killLog, fmt.Sprintf("%d/%d", rc.distinct(), wr.rows.Load()))
 		p = startProc(t, nil, args...)
 	}
-	<-writing
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	writeTime := time.Since(start)
 
 	conn := e.conn()
@@ -243,35 +229,18 @@ func TestExactlyOnceBrokerRestart(t *testing.T) {
 	ru := e.consumeIsolated(false)
 
 	const writers, perWriter = 8, 600
-	var rows atomic.Int64
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 60*time.Millisecond, &rows) })
-	}
-	err := devcluster.WaitFor(2*time.Minute, 20*time.Millisecond, func() (bool, error) {
-		n := rc.distinct()
-		return n >= writers*perWriter/4, fmt.Errorf("%d ids read", n)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	wr := e.startWriters(writers, 0, perWriter, 60*time.Millisecond)
+	rc.waitDistinct(writers*perWriter/4, 2*time.Minute)
 	state := e.waitTxnOngoing("walrelay-"+e.name, 30*time.Second)
 	b.stop()
-	rowsAtStop := rows.Load()
+	rowsAtStop := wr.rows.Load()
 	time.Sleep(5 * time.Second)
 	if ok, err := rr.returned(); ok {
 		t.Fatalf("relay Run returned during the broker outage: %v", err)
 	}
-	rowsDuring := rows.Load() - rowsAtStop
+	rowsDuring := wr.rows.Load() - rowsAtStop
 	b.start()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	if rowsDuring == 0 {
 		t.Fatal("no rows were committed while the broker was down: the writers did not span the outage")
 	}
@@ -324,19 +293,7 @@ func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
 	const writers, perPhase = 8, 250
 	phase := func(from int) {
 		t.Helper()
-		errs := make(chan error, writers)
-		var wg sync.WaitGroup
-		var rows atomic.Int64
-		for w := range writers {
-			wg.Go(func() { errs <- writeCounted(e, w, from, perPhase, 5*time.Millisecond, &rows) })
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
+		e.startWriters(writers, from, perPhase, 5*time.Millisecond).wait(t)
 	}
 	phase(0)
 	conn := e.conn()
@@ -400,19 +357,8 @@ func TestExactlyOnceFencing(t *testing.T) {
 	pidA := e.slotInfo().ActivePID
 
 	const writers, perWriter = 8, 600
-	var rows atomic.Int64
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 40*time.Millisecond, &rows) })
-	}
-	err := devcluster.WaitFor(2*time.Minute, 20*time.Millisecond, func() (bool, error) {
-		n := rc.distinct()
-		return n >= writers*perWriter/4, fmt.Errorf("%d ids read", n)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	wr := e.startWriters(writers, 0, perWriter, 40*time.Millisecond)
+	rc.waitDistinct(writers*perWriter/4, 2*time.Minute)
 	bStarted := time.Now()
 	b := startProc(t, nil, args...)
 	code, _, ok := a.wait(60 * time.Second)
@@ -435,13 +381,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 		return i.Active && i.ActivePID != nil && (pidA == nil || *i.ActivePID != *pidA),
 			fmt.Errorf("slot active %v pid %v (relay A's walsender %v)", i.Active, deref(i.ActivePID), deref(pidA))
 	})
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	conn := e.conn()
 	want, n := committedRows(t, e, conn)
 	end := e.currentLSN(conn)
@@ -547,19 +487,8 @@ func TestExactlyOnceTransactionTimeout(t *testing.T) {
 	e.waitSlotStreamed(60 * time.Second)
 
 	const writers, perWriter = 8, 300
-	var rows atomic.Int64
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 40*time.Millisecond, &rows) })
-	}
-	err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
-		n := rc.distinct()
-		return n >= writers*perWriter/4, fmt.Errorf("%d ids read", n)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	wr := e.startWriters(writers, 0, perWriter, 40*time.Millisecond)
+	rc.waitDistinct(writers*perWriter/4, time.Minute)
 	var held atomic.Bool
 	heldAt := make(chan time.Time, 1)
 	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -576,13 +505,7 @@ func TestExactlyOnceTransactionTimeout(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no transactional produce request within 30s")
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	conn := e.conn()
 	want, n := committedRows(t, e, conn)
 	end := e.currentLSN(conn)
@@ -612,19 +535,8 @@ func TestExactlyOnceAbortedTransaction(t *testing.T) {
 	e.waitSlotStreamed(60 * time.Second)
 
 	const writers, perWriter = 8, 300
-	var rows atomic.Int64
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 40*time.Millisecond, &rows) })
-	}
-	err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
-		n := rc.distinct()
-		return n >= writers*perWriter/4, fmt.Errorf("%d ids read", n)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	wr := e.startWriters(writers, 0, perWriter, 40*time.Millisecond)
+	rc.waitDistinct(writers*perWriter/4, time.Minute)
 	// Refuse a produce request once read_uncommitted shows the open
 	// transaction has records in the log, so the abort has something to
 	// hide.
@@ -633,13 +545,7 @@ func TestExactlyOnceAbortedTransaction(t *testing.T) {
 	})
 	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("w"), Err: kerr.InvalidRecord, Count: 1})
 	e.waitFor("the fault hit", 30*time.Second, func() (bool, error) { return fault.Hits() > 0, nil })
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	conn := e.conn()
 	want, n := committedRows(t, e, conn)
 	end := e.currentLSN(conn)
@@ -734,20 +640,9 @@ func TestExactlyOnceSigterm(t *testing.T) {
 	rc := e.consumeIsolated(true)
 	e.waitSlotStreamed(60 * time.Second)
 	const writers, perWriter = 8, 500
-	var rows atomic.Int64
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() { errs <- writeCounted(e, w, 0, perWriter, 20*time.Millisecond, &rows) })
-	}
+	wr := e.startWriters(writers, 0, perWriter, 20*time.Millisecond)
 	for _, frac := range []int{4, 2} {
-		err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) {
-			n := rc.distinct()
-			return n >= writers*perWriter/frac, fmt.Errorf("%d ids read", n)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		rc.waitDistinct(writers*perWriter/frac, time.Minute)
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
@@ -756,13 +651,7 @@ func TestExactlyOnceSigterm(t *testing.T) {
 		}
 		p = startProc(t, nil, args...)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	conn := e.conn()
 	want, n := committedRows(t, e, conn)
 	end := e.currentLSN(conn)
@@ -1122,6 +1011,18 @@ func (c *eosConsumer) duplicates() (ids, extra int) {
 	return ids, extra
 }
 
+// waitDistinct waits until n distinct ids were read.
+func (c *eosConsumer) waitDistinct(n int, timeout time.Duration) {
+	c.e.t.Helper()
+	err := devcluster.WaitFor(timeout, 20*time.Millisecond, func() (bool, error) {
+		got := c.distinct()
+		return got >= n, fmt.Errorf("%d of %d ids read", got, n)
+	})
+	if err != nil {
+		c.e.t.Fatal(err)
+	}
+}
+
 // waitAll waits until every id of want (key → ids) was read.
 func (c *eosConsumer) waitAll(want map[string][]string, timeout time.Duration) {
 	c.e.t.Helper()
@@ -1143,38 +1044,6 @@ func (c *eosConsumer) waitAll(want map[string][]string, timeout time.Duration) {
 	if err != nil {
 		c.e.t.Fatalf("waiting for every committed id: %v", err)
 	}
-}
-
-// writeCounted is writePaced for seq from..from+n-1 (keys w-0..w-9, seq
-// increasing in commit order per key), adding every committed row to rows.
-func writeCounted(e *env, w, from, n int, pause time.Duration, rows *atomic.Int64) error {
-	conn, err := pgx.Connect(e.ctx, e.url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	rng := rand.New(rand.NewPCG(uint64(w), uint64(from)+17))
-	for seq := from; seq < from+n; {
-		size := min(1+rng.IntN(5), from+n-seq)
-		err := pgx.BeginFunc(e.ctx, conn, func(tx pgx.Tx) error {
-			for j := range size {
-				s := seq + j
-				if _, err := tx.Exec(e.ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
-					VALUES ('w', $1, 'T', jsonb_build_object('writer', $2::int, 'seq', $3::int), $3)`,
-					fmt.Sprintf("%d-%d", w, s%10), w, s); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("writer %d: %w", w, err)
-		}
-		seq += size
-		rows.Add(int64(size))
-		time.Sleep(pause)
-	}
-	return nil
 }
 
 // txnState is the broker's state of a transactional id ("Ongoing",

@@ -50,11 +50,7 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 	conn := e.conn()
 
 	const writers, perWriter = 8, 500
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() { errs <- writePaced(e, w, perWriter, 100*time.Millisecond) })
-	}
+	wr := e.startWriters(writers, 0, perWriter, 100*time.Millisecond)
 	waitDistinct(c, writers*perWriter/4, 2*time.Minute)
 
 	b.stop()
@@ -94,13 +90,7 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 	b.start()
 	restarted := time.Now()
 
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	end := e.currentLSN(conn)
 	recs := waitDistinct(c, writers*perWriter+1, 2*time.Minute)
 	caughtUp := time.Since(restarted)
@@ -395,11 +385,7 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	}
 
 	const writers, perWriter = 8, 500
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() { errs <- writePaced(e, w, perWriter, 40*time.Millisecond) })
-	}
+	wr := e.startWriters(writers, 0, perWriter, 40*time.Millisecond)
 	waitDistinct(c, writers*perWriter/4, 2*time.Minute)
 	survivor := 1 - active
 	cmds[active].Process.Kill()
@@ -416,13 +402,7 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	if code := readyz(addrs[active]); code != 0 {
 		t.Errorf("the killed relay still answers /readyz: %d", code)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	recs := waitDistinct(c, writers*perWriter, 2*time.Minute)
 	dups := checkPerKeyOrder(t, recs)
 	if cmds[survivor].ProcessState != nil {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -490,15 +491,7 @@ func TestKill9MidRun(t *testing.T) {
 		return err == nil && i.Active, err
 	})
 	const writers, perWriter = 8, 2500
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs <- writeSequence(e, w, perWriter)
-		}()
-	}
+	wr := e.startWriters(writers, 0, perWriter, 0)
 	// Kill once a quarter of the events were delivered.
 	e.waitFor("a quarter delivered", 2*time.Minute, func() (bool, error) {
 		return len(distinctIDs(c.records())) >= writers*perWriter/4, nil
@@ -507,13 +500,7 @@ func TestKill9MidRun(t *testing.T) {
 	cmd.Wait()
 	killedAt := len(distinctIDs(c.records()))
 	e.runBinary(e.args()...)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	wr.wait(t)
 	recs := c.waitIDs(writers*perWriter, 3*time.Minute)
 	dups := checkPerKeyOrder(t, recs)
 	t.Logf("killed after %d distinct events; %d records read for %d events (%d duplicates)", killedAt, len(recs), writers*perWriter, dups)
@@ -527,14 +514,21 @@ func writeSequence(e *env, w, n int) error { return writePaced(e, w, n, 0) }
 // writePaced is writeSequence with a pause after every transaction, so
 // that the writes span the faults the tests inject.
 func writePaced(e *env, w, n int, pause time.Duration) error {
+	return writeCounted(e, w, 0, n, pause, nil)
+}
+
+// writeCounted is writePaced for seq from..from+n-1 (keys w-0..w-9, seq
+// increasing in commit order per key), adding every committed row to rows
+// (when not nil).
+func writeCounted(e *env, w, from, n int, pause time.Duration, rows *atomic.Int64) error {
 	conn, err := pgx.Connect(e.ctx, e.url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	rng := rand.New(rand.NewPCG(uint64(w), 7))
-	for seq := 0; seq < n; {
-		size := min(1+rng.IntN(5), n-seq)
+	rng := rand.New(rand.NewPCG(uint64(w), uint64(from)+7))
+	for seq := from; seq < from+n; {
+		size := min(1+rng.IntN(5), from+n-seq)
 		err := pgx.BeginFunc(e.ctx, conn, func(tx pgx.Tx) error {
 			for j := range size {
 				s := seq + j
@@ -550,9 +544,42 @@ func writePaced(e *env, w, n int, pause time.Duration) error {
 			return fmt.Errorf("writer %d: %w", w, err)
 		}
 		seq += size
+		if rows != nil {
+			rows.Add(int64(size))
+		}
 		time.Sleep(pause)
 	}
 	return nil
+}
+
+// writerGroup is writers running writeCounted side by side.
+type writerGroup struct {
+	rows atomic.Int64  // rows committed so far, all writers
+	done chan struct{} // closed when every writer returned
+	errs chan error
+}
+
+// startWriters starts n writers (0..n-1), each writing perWriter events
+// numbered from seq from, pausing after every transaction.
+func (e *env) startWriters(n, from, perWriter int, pause time.Duration) *writerGroup {
+	g := &writerGroup{done: make(chan struct{}), errs: make(chan error, n)}
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Go(func() { g.errs <- writeCounted(e, w, from, perWriter, pause, &g.rows) })
+	}
+	go func() { wg.Wait(); close(g.errs); close(g.done) }()
+	return g
+}
+
+// wait waits for every writer and fails the test if one failed.
+func (g *writerGroup) wait(t *testing.T) {
+	t.Helper()
+	<-g.done
+	for err := range g.errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // checkPerKeyOrder fails the test unless, per key, the first arrival of
