@@ -350,6 +350,10 @@ func (r *Relay) prepare(ctx context.Context) error {
 			r.backoff.Reset()
 			return err
 		}
+		if certificateError(err) {
+			// Retrying cannot make an untrusted certificate trusted.
+			return &fatalError{fmt.Errorf("postgresql: %w", err)}
+		}
 		if !r.retry(ctx, "setup", err) {
 			if r.giveUp != nil {
 				return r.giveUp
@@ -401,12 +405,16 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 // kafkaConfigError reports errors that retrying cannot fix: wrong
 // credentials, an unsupported mechanism, a certificate that is not trusted.
 func kafkaConfigError(err error) bool {
+	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
+		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || certificateError(err)
+}
+
+// certificateError reports a server certificate that does not verify.
+func certificateError(err error) bool {
 	var unknownCA x509.UnknownAuthorityError
 	var hostname x509.HostnameError
 	var verify *tls.CertificateVerificationError
-	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
-		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.As(err, &unknownCA) || errors.As(err, &hostname) ||
-		errors.As(err, &verify)
+	return errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &verify)
 }
 
 // retry logs err, counts it and sleeps a backoff; false when the relay

@@ -94,5 +94,17 @@ func redactErr(err error, conn string) error {
 			msg = strings.ReplaceAll(msg, pw, "xxxxx")
 		}
 	}
-	return errors.New(msg)
+	return &redactedError{msg: msg, err: err}
 }
+
+// redactedError is an error whose message had the password taken out. It
+// still unwraps to the original, so that callers can tell what kind of
+// failure it was (errors.As a certificate error, a *pgconn.PgError); only
+// its message is what gets printed.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }

@@ -13,7 +13,9 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,4 +170,112 @@ func clientPair(t *testing.T, certPEM, keyPEM []byte) []tls.Certificate {
 		t.Fatal(err)
 	}
 	return []tls.Certificate{pair}
+}
+
+// TestPostgresTLS starts a PostgreSQL cluster with TLS on and runs the
+// relay with sslmode=verify-full in --pg-url: it delivers, and both of its
+// connections to the server (the replication connection included) use TLS
+// (pg_stat_ssl). With a CA that did not sign the server's certificate it
+// refuses to start at once with a certificate error.
+func TestPostgresTLS(t *testing.T) {
+	if pgCluster == nil {
+		t.Skip("starts a PostgreSQL cluster of its own; skipped with WALRELAY_TEST_PG_URL")
+	}
+	ca, other := newTestCA(t), newTestCA(t)
+	// The server reads its key as the postgres account: a directory it can
+	// enter, files it owns, the key private to it.
+	dir, err := os.MkdirTemp("", "walrelay-pgtls-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	uid, gid := -1, -1
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+	}
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if uid >= 0 {
+			if err := os.Chown(p, uid, gid); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p
+	}
+	srvCert, srvKey := ca.issue(t, "127.0.0.1", 2)
+	certFile, keyFile := write("server.pem", srvCert), write("server-key.pem", srvKey)
+	caFile, otherCAFile := write("ca.pem", ca.pem), write("other-ca.pem", other.pem)
+	pg, err := devcluster.StartPostgres(context.Background(), devcluster.PostgresOptions{Settings: map[string]string{
+		"ssl": "on", "ssl_cert_file": "'" + certFile + "'", "ssl_key_file": "'" + keyFile + "'",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+
+	tlsURL := func(e *env, ca string) string {
+		u := strings.Replace(e.url, "sslmode=disable", "sslmode=verify-full&sslrootcert="+ca, 1)
+		if u == e.url {
+			t.Fatalf("cannot make a TLS URL of %s", e.url)
+		}
+		return u
+	}
+
+	t.Run("verify-full with the server's CA", func(t *testing.T) {
+		e := newEnvOn(t, pg.URL("postgres"))
+		p := startProc(t, nil, append(e.args(), "--pg-url", tlsURL(e, caFile))...)
+		c := e.consume()
+		e.waitFor("slot active", 30*time.Second, func() (bool, error) {
+			i, err := e.slotInfoErr()
+			return err == nil && i.Active, err
+		})
+		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('tls', 'k', 'T', '{"secure": true}')`)
+		waitDistinct(c, 1, 60*time.Second)
+		if got := string(c.records()[0].Value); got != `{"secure": true}` {
+			t.Errorf("value %q", got)
+		}
+		// The walsender's connection, and the relay's other connection
+		// (slot polling) to the database, run over TLS.
+		var repl, plain int
+		err := e.conn().QueryRow(e.ctx, `
+			SELECT count(*) FILTER (WHERE a.backend_type = 'walsender' AND s.ssl),
+			       count(*) FILTER (WHERE NOT s.ssl AND a.application_name LIKE 'walrelay%')
+			FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+			WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()`).Scan(&repl, &plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if repl != 1 {
+			t.Errorf("%d walsenders of this database use TLS, want 1 (relay output:\n%s)", repl, lastLines(p.out.String(), 3))
+		}
+		if plain != 0 {
+			t.Errorf("%d walrelay connections without TLS", plain)
+		}
+		checkRunning(t, p, "the relay")
+	})
+
+	t.Run("verify-full with another CA", func(t *testing.T) {
+		e := newEnvOn(t, pg.URL("postgres"))
+		// A certificate that does not verify is refused at once, not
+		// retried until --startup-timeout.
+		p := startProc(t, nil, append(e.args(), "--pg-url", tlsURL(e, otherCAFile), "--startup-timeout", "2m")...)
+		code, elapsed, exited := p.wait(20 * time.Second)
+		if !exited || code == 0 {
+			t.Fatalf("exit %d after %s (exited by itself: %v); want a non-zero exit at once\n%s", code, elapsed, exited, p.out.String())
+		}
+		if out := finalLines(p.out.String()); !strings.Contains(out, "certificate") {
+			t.Errorf("the error does not mention the certificate:\n%s", out)
+		}
+	})
 }
