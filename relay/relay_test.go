@@ -1,0 +1,123 @@
+package relay
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/router"
+)
+
+func validConfig() Config {
+	return Config{
+		Slot: "walrelay", Publication: "walrelay_outbox",
+		Tables:  []decoder.Table{{Schema: "public", Name: "outbox"}},
+		Mapping: decoder.DefaultMapping(),
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		err    string // "" means valid
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"exactly-once with defaults", func(c *Config) { c.ExactlyOnce = true }, ""},
+		{"exactly-once, commit interval half the timeout", func(c *Config) {
+			c.ExactlyOnce, c.TxnMaxInterval, c.Router.TransactionTimeout = true, time.Second, 2*time.Second
+		}, ""},
+		{"exactly-once, commit interval over half the timeout", func(c *Config) {
+			c.ExactlyOnce, c.TxnMaxInterval, c.Router.TransactionTimeout = true, 1500*time.Millisecond, 2*time.Second
+		}, "--txn-timeout"},
+		{"exactly-once, commit interval over half the default timeout", func(c *Config) {
+			c.ExactlyOnce, c.TxnMaxInterval = true, 31*time.Second
+		}, "--txn-max-interval"},
+		{"at-least-once ignores the transaction settings", func(c *Config) {
+			c.TxnMaxInterval, c.Router.TransactionTimeout = time.Minute, time.Second
+		}, ""},
+		{"bad slot name", func(c *Config) { c.Slot = "Bad-Slot" }, "slot"},
+		{"no publication", func(c *Config) { c.Publication = "" }, "publication"},
+		{"no table", func(c *Config) { c.Tables = nil }, "table"},
+		{"status interval under the confirm delay", func(c *Config) {
+			c.StatusInterval, c.ConfirmDelay = time.Second, 2*time.Second
+		}, "confirm delay"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := validConfig()
+			tc.change(&cfg)
+			r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+			switch {
+			case tc.err == "" && err != nil:
+				t.Fatalf("New: %v", err)
+			case tc.err != "" && err == nil:
+				t.Fatalf("New accepted it; want an error mentioning %q", tc.err)
+			case tc.err != "" && !strings.Contains(err.Error(), tc.err):
+				t.Fatalf("error %q does not mention %q", err, tc.err)
+			}
+			if err == nil && r.cfg.Router.TransactionTimeout <= 0 {
+				t.Errorf("transaction timeout %s: commits would be bounded by a zero timeout", r.cfg.Router.TransactionTimeout)
+			}
+		})
+	}
+}
+
+func TestErrorClassification(t *testing.T) {
+	certErr := fmt.Errorf("connect: %w", x509.UnknownAuthorityError{})
+	for _, tc := range []struct {
+		name  string
+		err   error
+		cause string
+		fatal bool
+		conf  bool // kafkaConfigError
+	}{
+		{"slot busy", fmt.Errorf("%w: in use", errSlotBusy), "slot_busy", false, false},
+		{"silent connection", errServerSilent, "silent", false, false},
+		{"malformed stream", fmt.Errorf("x: %w", decoder.ErrMalformed), "decode", false, false},
+		{"server error", fmt.Errorf("x: %w", &pgconn.PgError{Code: "57P01"}), "postgres", false, false},
+		{"refused record", &produceError{errors.New("refused")}, "kafka", false, false},
+		{"failed Kafka transaction", &txnError{kerr.InvalidTxnState}, "kafka", false, false},
+		{"fatal", &fatalError{errors.New("stop")}, "connection", true, false},
+		{"missing column", fmt.Errorf("x: %w", decoder.ErrMissingColumn), "connection", true, false},
+		{"untrusted certificate", certErr, "connection", false, true},
+		{"wrong SASL password", kerr.SaslAuthenticationFailed, "connection", false, true},
+		{"transactional id not authorized", kerr.TransactionalIDAuthorizationFailed, "connection", false, true},
+		{"plain I/O", errors.New("connection reset"), "connection", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := causeOf(tc.err); got != tc.cause {
+				t.Errorf("causeOf = %q, want %q", got, tc.cause)
+			}
+			if got := isFatal(tc.err); got != tc.fatal {
+				t.Errorf("isFatal = %v, want %v", got, tc.fatal)
+			}
+			if got := kafkaConfigError(tc.err); got != tc.conf {
+				t.Errorf("kafkaConfigError = %v, want %v", got, tc.conf)
+			}
+		})
+	}
+}
+
+func TestFencedIsFatal(t *testing.T) {
+	r := &Relay{cfg: Config{Slot: "s", Router: router.Config{TransactionalID: "walrelay-s"}}}
+	err := r.eosError(fmt.Errorf("commit: %w", router.ErrFenced))
+	if !isFatal(err) || !errors.Is(err, router.ErrFenced) || !strings.Contains(err.Error(), `"walrelay-s"`) {
+		t.Errorf("fenced: %v (fatal %v)", err, isFatal(err))
+	}
+	err = r.eosError(fmt.Errorf("commit: %w", router.ErrTxnTimedOut))
+	if isFatal(err) || causeOf(err) != "kafka" {
+		t.Errorf("timed out: %v (fatal %v, cause %s): must be retried", err, isFatal(err), causeOf(err))
+	}
+	if r.eosError(nil) != nil {
+		t.Error("eosError(nil) is not nil")
+	}
+}
