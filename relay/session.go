@@ -309,14 +309,14 @@ func (s *session) handle(data []byte) error {
 				return err
 			}
 		}
-		if s.eos != nil {
+		if e := s.eos; e != nil {
 			// Counted once in the Kafka transaction, not before: a stop
 			// while waiting for room commits a checkpoint that must not
 			// claim an event never sent.
-			s.eos.curEvents++
-		}
-		if s.eos != nil && s.rt.TxnEvents() >= s.r.cfg.TxnMaxEvents {
-			return s.commitKafka() // a large transaction is split across Kafka transactions
+			e.curEvents++
+			if s.rt.TxnEvents() >= s.r.cfg.TxnMaxEvents {
+				return s.commitKafka() // a large transaction is split across Kafka transactions
+			}
 		}
 	case decoder.KindCommit:
 		if s.txn == nil {
