@@ -100,16 +100,10 @@ func TestExactlyOnceKills(t *testing.T) {
 	wr.wait(t)
 	writeTime := time.Since(start)
 
-	conn := e.conn()
-	want, n := committedRows(t, e, conn)
+	recs, n := e.deliveredExactlyOnce(rc, 3*time.Minute)
 	if n != total {
 		t.Fatalf("the outbox holds %d rows, the writers wrote %d", n, total)
 	}
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 3*time.Minute)
-	e.settle(end)
-	recs := rc.records()
-	e.checkExactlyOnce(recs, want)
 	checkRunning(t, p, "the last relay")
 	ruIDs, ruExtra := ru.duplicates()
 	t.Logf("%d kills (read_committed ids/rows committed at each: %s); %d events, writes %s, elapsed %s; "+
@@ -186,16 +180,10 @@ func TestExactlyOnceBigTransaction(t *testing.T) {
 	}
 	p = startProc(t, nil, args...)
 
-	conn := e.conn()
-	want, n := committedRows(t, e, conn)
+	recs, n := e.deliveredExactlyOnce(rc, 5*time.Minute)
 	if n != rows {
 		t.Fatalf("the outbox holds %d rows, want %d", n, rows)
 	}
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 5*time.Minute)
-	e.settle(end)
-	recs := rc.records()
-	e.checkExactlyOnce(recs, want)
 	checkRunning(t, p, "the restarted relay")
 	all := 0
 	for _, d := range ckc.durables(t, e.name) {
@@ -244,13 +232,7 @@ func TestExactlyOnceBrokerRestart(t *testing.T) {
 	if rowsDuring == 0 {
 		t.Fatal("no rows were committed while the broker was down: the writers did not span the outage")
 	}
-	conn := e.conn()
-	want, n := committedRows(t, e, conn)
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 3*time.Minute)
-	e.settle(end)
-	recs := rc.records()
-	e.checkExactlyOnce(recs, want)
+	_, n := e.deliveredExactlyOnce(rc, 3*time.Minute)
 	if ok, err := rr.returned(); ok {
 		t.Fatalf("relay Run returned: %v", err)
 	}
@@ -274,17 +256,7 @@ func TestExactlyOnceBrokerRestart(t *testing.T) {
 // covers. Every id of both phases is read exactly once, per key in commit
 // order, and the slot moves past the end.
 func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
-	if pgCluster == nil {
-		t.Skip("restarts a PostgreSQL cluster of its own; skipped with WALRELAY_TEST_PG_URL")
-	}
-	pg, err := devcluster.StartPostgres(context.Background(), devcluster.PostgresOptions{Settings: map[string]string{
-		"wal_sender_timeout": "0",
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close() })
-	e := newEnvOn(t, pg.URL("postgres"))
+	e, pg := newClusterEnv(t, map[string]string{"wal_sender_timeout": "0"})
 	p := startProc(t, nil, e.eosArgs("--status-interval", "1h", "--confirm-delay", "1h", "--receive-timeout", "1h")...)
 	rc := e.consumeIsolated(true)
 	e.waitSlotStreamed(60 * time.Second)
@@ -330,12 +302,7 @@ func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
 
 	p = startProc(t, nil, e.eosArgs()...)
 	phase(perPhase)
-	want, n := committedRows(t, e, conn)
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 2*time.Minute)
-	e.settle(end)
-	recs := rc.records()
-	e.checkExactlyOnce(recs, want)
+	recs, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
 	checkRunning(t, p, "the restarted relay")
 	t.Logf("slot created at %s; phase 1: %d rows up to %s, newest checkpoint %s; confirmed_flush_lsn at the kill %s, after the PostgreSQL restart %s "+
 		"(%d bytes of WAL resent and skipped); phase 2: %d rows; %d records read",
@@ -382,13 +349,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 			fmt.Errorf("slot active %v pid %v (relay A's walsender %v)", i.Active, deref(i.ActivePID), deref(pidA))
 	})
 	wr.wait(t)
-	conn := e.conn()
-	want, n := committedRows(t, e, conn)
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 2*time.Minute)
-	e.settle(end)
-	recs := rc.records()
-	e.checkExactlyOnce(recs, want)
+	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
 	checkRunning(t, b, "relay B")
 	if strings.Contains(b.out.String(), "fenced") {
 		t.Errorf("relay B reports being fenced:\n%s", grepLines(b.out.String(), "fenced", 3))
@@ -432,12 +393,7 @@ func TestReadUncommittedSeesAborted(t *testing.T) {
 	}
 	p = startProc(t, nil, args...)
 
-	conn := e.conn()
-	want, _ := committedRows(t, e, conn)
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 60*time.Second)
-	e.settle(end)
-	e.checkExactlyOnce(rc.records(), want)
+	e.deliveredExactlyOnce(rc, 60*time.Second)
 	checkRunning(t, p, "the restarted relay")
 	ids, extra := ru.duplicates()
 	if ids == 0 {
@@ -506,13 +462,7 @@ func TestExactlyOnceTransactionTimeout(t *testing.T) {
 		t.Fatal("no transactional produce request within 30s")
 	}
 	wr.wait(t)
-	conn := e.conn()
-	want, n := committedRows(t, e, conn)
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 2*time.Minute)
-	e.settle(end)
-	recs := rc.records()
-	e.checkExactlyOnce(recs, want)
+	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
 	checkRunning(t, p, "the relay, after a Kafka transaction timed out,")
 	ruIDs, ruExtra := ru.duplicates()
 	t.Logf("produce held at %s for 5s; %d events read exactly once; read_uncommitted saw %d ids twice or more (%d aborted copies); relay warnings:\n%s",
@@ -546,13 +496,7 @@ func TestExactlyOnceAbortedTransaction(t *testing.T) {
 	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("w"), Err: kerr.InvalidRecord, Count: 1})
 	e.waitFor("the fault hit", 30*time.Second, func() (bool, error) { return fault.Hits() > 0, nil })
 	wr.wait(t)
-	conn := e.conn()
-	want, n := committedRows(t, e, conn)
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 2*time.Minute)
-	e.settle(end)
-	recs := rc.records()
-	e.checkExactlyOnce(recs, want)
+	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
 	checkRunning(t, p, "the relay, after an aborted Kafka transaction,")
 	ruIDs, ruExtra := ru.duplicates()
 	t.Logf("%d events read exactly once; read_uncommitted saw %d ids twice or more (%d aborted copies); relay warnings:\n%s",
@@ -597,15 +541,7 @@ func TestExactlyOnceConfirmAfterCommit(t *testing.T) {
 	e.waitFor("a held record in the log", 30*time.Second, func() (bool, error) {
 		return ru.distinct() >= 2, fmt.Errorf("read_uncommitted read %d ids", ru.distinct())
 	})
-	deadline := time.Now().Add(5 * time.Second)
-	var maxConfirmed slot.LSN
-	for time.Now().Before(deadline) {
-		if _, err := conn.Exec(e.ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 200)`); err != nil {
-			t.Fatal(err)
-		}
-		maxConfirmed = max(maxConfirmed, e.slotInfo().ConfirmedLSN)
-		time.Sleep(50 * time.Millisecond)
-	}
+	maxConfirmed := e.writeNoiseFor(conn, 5*time.Second)
 	heldCommitted, heldUncommitted := rc.distinct(), ru.distinct()
 	hits := fault.Hits()
 	fault.Remove()
@@ -618,11 +554,7 @@ func TestExactlyOnceConfirmAfterCommit(t *testing.T) {
 	if heldCommitted != 1 {
 		t.Errorf("read_committed read %d ids while no Kafka transaction could commit, want 1", heldCommitted)
 	}
-	want, _ := committedRows(t, e, conn)
-	end := e.currentLSN(conn)
-	rc.waitAll(want, time.Minute)
-	e.settle(end)
-	e.checkExactlyOnce(rc.records(), want)
+	e.deliveredExactlyOnce(rc, time.Minute)
 	checkRunning(t, p, "the relay")
 	t.Logf("during the hold: %d EndTxn requests refused, confirmed_flush_lsn at most %s (bound %s), read_uncommitted %d ids, read_committed %d",
 		hits, maxConfirmed, bound, heldUncommitted, heldCommitted)
@@ -652,12 +584,7 @@ func TestExactlyOnceSigterm(t *testing.T) {
 		p = startProc(t, nil, args...)
 	}
 	wr.wait(t)
-	conn := e.conn()
-	want, n := committedRows(t, e, conn)
-	end := e.currentLSN(conn)
-	rc.waitAll(want, 2*time.Minute)
-	e.settle(end)
-	e.checkExactlyOnce(rc.records(), want)
+	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
 	checkRunning(t, p, "the restarted relay")
 	t.Logf("2 SIGTERMs; %d events read exactly once", n)
 }
@@ -864,6 +791,22 @@ func (e *env) settle(end slot.LSN) {
 	time.Sleep(2 * time.Second)
 }
 
+// deliveredExactlyOnce waits until rc has read every outbox row committed
+// so far and the slot is confirmed past the end of the writes, then fails
+// the test unless each row was read exactly once, per key in commit order.
+// It returns the records read and the number of rows.
+func (e *env) deliveredExactlyOnce(rc *eosConsumer, timeout time.Duration) ([]*kgo.Record, int) {
+	e.t.Helper()
+	conn := e.conn()
+	want, n := committedRows(e.t, e, conn)
+	end := e.currentLSN(conn)
+	rc.waitAll(want, timeout)
+	e.settle(end)
+	recs := rc.records()
+	e.checkExactlyOnce(recs, want)
+	return recs, n
+}
+
 // checkExactlyOnce fails the test unless recs hold exactly the ids of want
 // (key → ids in commit order), each exactly once, per key in commit order.
 func (e *env) checkExactlyOnce(recs []*kgo.Record, want map[string][]string) {
@@ -912,46 +855,22 @@ func (e *env) newEOSConsumer(committed bool, topicRegex string) *eosConsumer {
 	if committed {
 		level = kgo.ReadCommitted()
 	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(e.brokers...),
-		kgo.ConsumeRegex(),
-		kgo.ConsumeTopics(topicRegex),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(level),
-		kgo.MetadataMinAge(50*time.Millisecond),
-		kgo.MetadataMaxAge(200*time.Millisecond),
-		kgo.FetchMaxWait(100*time.Millisecond),
-	)
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	c := &eosConsumer{e: e, count: map[string]int{}}
 	ckTopic := e.checkpointTopic()
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			c.mu.Lock()
-			fs.EachRecord(func(r *kgo.Record) {
-				if r.Topic == ckTopic {
-					c.ckpts = append(c.ckpts, r)
-					return
-				}
-				c.recs = append(c.recs, r)
-				if id, ok := header(r, "id"); ok {
-					c.count[id]++
-				}
-			})
-			c.mu.Unlock()
-		}
-	}()
-	e.t.Cleanup(func() {
-		cancel()
-		<-done
-		cl.Close()
-	})
+	e.poll(func(fs kgo.Fetches) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Topic == ckTopic {
+				c.ckpts = append(c.ckpts, r)
+				return
+			}
+			c.recs = append(c.recs, r)
+			if id, ok := header(r, "id"); ok {
+				c.count[id]++
+			}
+		})
+	}, kgo.ConsumeTopics(topicRegex), kgo.FetchIsolationLevel(level))
 	return c
 }
 

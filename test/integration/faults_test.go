@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,13 +21,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
 )
 
@@ -206,18 +201,7 @@ func TestPostgresRestart(t *testing.T) {
 // every event is delivered with per-key order intact.
 func TestReplicationConnectionCut(t *testing.T) {
 	e := newEnv(t)
-	u, err := url.Parse(e.url)
-	if err != nil || u.Host == "" {
-		t.Skipf("needs a URL-form PostgreSQL URL to insert a proxy: %q", e.url)
-	}
-	target := u.Host
-	if u.Port() == "" {
-		target = net.JoinHostPort(u.Hostname(), "5432")
-	}
-	p := startProxy(t, target)
-	u.Host = p.addr()
-	cfg := e.config()
-	cfg.PGURL = u.String()
+	cfg, p := e.configThroughProxy()
 	rr, reg := e.startRelayGathered(cfg)
 	c := e.consume()
 
@@ -280,18 +264,7 @@ func TestReplicationConnectionCut(t *testing.T) {
 // itself: events written after the freeze arrive within 60s.
 func TestReplicationConnectionSilentlyLost(t *testing.T) {
 	e := newEnv(t)
-	u, err := url.Parse(e.url)
-	if err != nil || u.Host == "" {
-		t.Skipf("needs a URL-form PostgreSQL URL to insert a proxy: %q", e.url)
-	}
-	target := u.Host
-	if u.Port() == "" {
-		target = net.JoinHostPort(u.Hostname(), "5432")
-	}
-	p := startProxy(t, target)
-	u.Host = p.addr()
-	cfg := e.config()
-	cfg.PGURL = u.String()
+	cfg, p := e.configThroughProxy()
 	rr, reg := e.startRelayGathered(cfg)
 	c := e.consume()
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', '{"seq": 0}', 0)`)
@@ -305,7 +278,7 @@ func TestReplicationConnectionSilentlyLost(t *testing.T) {
 	}
 	var released time.Duration
 	readyWhileStuck := 0
-	err = devcluster.WaitFor(60*time.Second, 250*time.Millisecond, func() (bool, error) {
+	err := devcluster.WaitFor(60*time.Second, 250*time.Millisecond, func() (bool, error) {
 		info, err := e.slotInfoErr()
 		if err == nil && released == 0 && (!info.Active || (info.ActivePID != nil && pid != nil && *info.ActivePID != *pid)) {
 			released = time.Since(at)
@@ -548,69 +521,6 @@ func TestSoakKillsAndBrokerRestarts(t *testing.T) {
 
 // ---- helpers ----
 
-// startRelayGathered is e.startRelay with metrics on a registry the test
-// reads.
-func (e *env) startRelayGathered(cfg relay.Config) (*running, *prometheus.Registry) {
-	e.t.Helper()
-	var log *zap.Logger
-	if *verbose {
-		log = zaptest.NewLogger(e.t)
-	} else {
-		log = zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
-	}
-	reg := prometheus.NewRegistry()
-	r, err := relay.New(cfg, log, metrics.New(reg))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(e.ctx)
-	rr := &running{relay: r, cancel: cancel, done: make(chan error, 1)}
-	go func() { rr.done <- r.Run(ctx) }()
-	e.t.Cleanup(func() { rr.stop(e.t) })
-	e.waitFor("relay streaming", 60*time.Second, func() (bool, error) {
-		if ok, err := rr.returned(); ok {
-			return false, fmt.Errorf("relay stopped: %v", err)
-		}
-		return r.Streaming(), nil
-	})
-	return rr, reg
-}
-
-// returned reports whether Run returned, and its error.
-func (rr *running) returned() (bool, error) {
-	select {
-	case err := <-rr.done:
-		rr.done <- err
-		return true, err
-	default:
-		return false, nil
-	}
-}
-
-// gathered returns the values of metric name by label values.
-func gathered(reg *prometheus.Registry, name string) map[string]float64 {
-	out := map[string]float64{}
-	mfs, err := reg.Gather()
-	if err != nil {
-		return out
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetValue())
-			}
-			if v := m.GetCounter().GetValue() + m.GetGauge().GetValue(); v != 0 {
-				out[strings.Join(labels, ",")] = v
-			}
-		}
-	}
-	return out
-}
-
 func sumValues(m map[string]float64) float64 {
 	var s float64
 	for _, v := range m {
@@ -679,6 +589,25 @@ type tcpProxy struct {
 	mu     sync.Mutex
 	conns  map[*proxied]struct{}
 	wg     sync.WaitGroup
+}
+
+// configThroughProxy is e.config() with PostgreSQL reached through a TCP
+// proxy the test controls (the writers and the harness connect directly).
+func (e *env) configThroughProxy() (relay.Config, *tcpProxy) {
+	e.t.Helper()
+	u, err := url.Parse(e.url)
+	if err != nil || u.Host == "" {
+		e.t.Skipf("needs a URL-form PostgreSQL URL to insert a proxy: %q", e.url)
+	}
+	target := u.Host
+	if u.Port() == "" {
+		target = net.JoinHostPort(u.Hostname(), "5432")
+	}
+	p := startProxy(e.t, target)
+	u.Host = p.addr()
+	cfg := e.config()
+	cfg.PGURL = u.String()
+	return cfg, p
 }
 
 func startProxy(t *testing.T, target string) *tcpProxy {

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -238,13 +239,22 @@ type running struct {
 // startRelay runs a relay in-process until the test ends (or stop).
 func (e *env) startRelay(cfg relay.Config) *running {
 	e.t.Helper()
+	rr, _ := e.startRelayGathered(cfg)
+	return rr
+}
+
+// startRelayGathered is startRelay with the relay's metrics on a registry
+// the test reads (see gathered).
+func (e *env) startRelayGathered(cfg relay.Config) (*running, *prometheus.Registry) {
+	e.t.Helper()
 	var log *zap.Logger
 	if *verbose {
 		log = zaptest.NewLogger(e.t)
 	} else {
 		log = zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
 	}
-	r, err := relay.New(cfg, log, metrics.NewUnregistered())
+	reg := prometheus.NewRegistry()
+	r, err := relay.New(cfg, log, metrics.New(reg))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -252,16 +262,48 @@ func (e *env) startRelay(cfg relay.Config) *running {
 	rr := &running{relay: r, cancel: cancel, done: make(chan error, 1)}
 	go func() { rr.done <- r.Run(ctx) }()
 	e.t.Cleanup(func() { rr.stop(e.t) })
-	e.waitFor("relay streaming", 30*time.Second, func() (bool, error) {
-		select {
-		case err := <-rr.done:
-			rr.done <- err
+	e.waitFor("relay streaming", 60*time.Second, func() (bool, error) {
+		if ok, err := rr.returned(); ok {
 			return false, fmt.Errorf("relay stopped: %v", err)
-		default:
 		}
 		return r.Streaming(), nil
 	})
-	return rr
+	return rr, reg
+}
+
+// returned reports whether Run returned, and its error.
+func (rr *running) returned() (bool, error) {
+	select {
+	case err := <-rr.done:
+		rr.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+// gathered returns the values of metric name by label values.
+func gathered(reg *prometheus.Registry, name string) map[string]float64 {
+	out := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetValue())
+			}
+			if v := m.GetCounter().GetValue() + m.GetGauge().GetValue(); v != 0 {
+				out[strings.Join(labels, ",")] = v
+			}
+		}
+	}
+	return out
 }
 
 // stop cancels the relay and waits for Run to return; it returns Run's
@@ -311,6 +353,22 @@ func (e *env) currentLSN(c *pgx.Conn) slot.LSN {
 	return l
 }
 
+// writeNoiseFor writes to the table noise (which the test created) for d:
+// the walsender decodes it, finds nothing to send and reports its position
+// in keepalives. It returns the highest confirmed_flush_lsn seen meanwhile.
+func (e *env) writeNoiseFor(conn *pgx.Conn, d time.Duration) slot.LSN {
+	e.t.Helper()
+	var maxConfirmed slot.LSN
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+		if _, err := conn.Exec(e.ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 200)`); err != nil {
+			e.t.Fatal(err)
+		}
+		maxConfirmed = max(maxConfirmed, e.slotInfo().ConfirmedLSN)
+		time.Sleep(50 * time.Millisecond)
+	}
+	return maxConfirmed
+}
+
 // consumer collects what a Kafka consumer of the test's topics read.
 type consumer struct {
 	e      *env
@@ -325,29 +383,36 @@ func (e *env) consume() *consumer { return e.consumeWith() }
 // consumeWith is consume with extra client options (SASL, isolation).
 func (e *env) consumeWith(extra ...kgo.Opt) *consumer {
 	e.t.Helper()
-	opts := append([]kgo.Opt{
+	c := &consumer{e: e}
+	c.client = e.poll(func(fs kgo.Fetches) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		fs.EachRecord(func(r *kgo.Record) { c.recs = append(c.recs, r) })
+	}, append([]kgo.Opt{kgo.ConsumeTopics("^" + regexp.QuoteMeta(e.topicPrefix()) + ".*")}, extra...)...)
+	return c
+}
+
+// poll starts a client reading the topics opts name (regular expressions)
+// from the start, and hands every fetch to handle until the test ends.
+func (e *env) poll(handle func(kgo.Fetches), opts ...kgo.Opt) *kgo.Client {
+	e.t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(e.brokers...),
 		kgo.ConsumeRegex(),
-		kgo.ConsumeTopics("^" + regexp.QuoteMeta(e.topicPrefix()) + ".*"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.MetadataMinAge(50 * time.Millisecond),
 		kgo.MetadataMaxAge(200 * time.Millisecond),
 		kgo.FetchMaxWait(100 * time.Millisecond),
-	}, extra...)
-	cl, err := kgo.NewClient(opts...)
+	}, opts...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	c := &consumer{e: e, client: cl}
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			c.mu.Lock()
-			fs.EachRecord(func(r *kgo.Record) { c.recs = append(c.recs, r) })
-			c.mu.Unlock()
+			handle(cl.PollFetches(ctx))
 		}
 	}()
 	e.t.Cleanup(func() {
@@ -355,7 +420,7 @@ func (e *env) consumeWith(extra ...kgo.Opt) *consumer {
 		<-done
 		cl.Close()
 	})
-	return c
+	return cl
 }
 
 // records returns a copy of what was read so far.

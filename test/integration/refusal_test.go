@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -29,71 +28,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/metrics"
-	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
 // ---------------------------------------------------------------------------
 // Helpers
-
-// startRelayRegistry is startRelay with the relay's metrics registered on a
-// registry of the test's own, so counters can be read back with Gather.
-func (e *env) startRelayRegistry(cfg relay.Config) (*running, *prometheus.Registry) {
-	e.t.Helper()
-	log := zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
-	if *verbose {
-		log = zaptest.NewLogger(e.t)
-	}
-	reg := prometheus.NewRegistry()
-	r, err := relay.New(cfg, log, metrics.New(reg))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(e.ctx)
-	rr := &running{relay: r, cancel: cancel, done: make(chan error, 1)}
-	go func() { rr.done <- r.Run(ctx) }()
-	e.t.Cleanup(func() { rr.stop(e.t) })
-	e.waitFor("relay streaming", 30*time.Second, func() (bool, error) {
-		select {
-		case err := <-rr.done:
-			rr.done <- err
-			return false, fmt.Errorf("relay stopped: %v", err)
-		default:
-		}
-		return r.Streaming(), nil
-	})
-	return rr, reg
-}
-
-// counterValues returns the values of a counter vector by one label, read
-// from reg.
-func counterValues(t *testing.T, reg *prometheus.Registry, name, label string) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label {
-					got[l.GetValue()] = m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return got
-}
 
 // syncBuffer collects a process's output.
 type syncBuffer struct {
@@ -240,20 +182,8 @@ func newClusterEnv(t *testing.T, settings map[string]string) (*env, *devcluster.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Close() })
-	e := newEnv(t) // its cleanups run before the cluster is closed
-	u, err := devcluster.CreateDatabase(e.ctx, pg.URL("postgres"), e.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.url = u
-	e.exec(`CREATE TABLE outbox (
-		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-		aggregate_type text,
-		aggregate_id text,
-		type text,
-		payload jsonb,
-		seq bigint
-	)`)
+	// newEnvOn's cleanups (registered later) run before the cluster closes.
+	e := newEnvOn(t, pg.URL("postgres"))
 	return e, pg
 }
 
@@ -323,7 +253,7 @@ func TestInvalidEventsDeadLettered(t *testing.T) {
 		t.Fatalf("create topic %s: %v", e.topic("big"), err)
 	}
 
-	rr, reg := e.startRelayRegistry(e.config())
+	rr, reg := e.startRelayGathered(e.config())
 	c := e.consume()
 	conn := e.conn()
 
@@ -446,13 +376,13 @@ func TestInvalidEventsDeadLettered(t *testing.T) {
 		t.Errorf("valid events on %s in order %v, want %v", e.topic("order"), gotOrder, wantOrder)
 	}
 
-	got := counterValues(t, reg, "walrelay_events_dead_lettered_total", "reason")
+	got := gathered(reg, "walrelay_events_dead_lettered_total")
 	for _, reason := range router.Reasons {
 		if got[string(reason)] != wantCounts[string(reason)] {
 			t.Errorf("walrelay_events_dead_lettered_total{reason=%q} = %v, want %v", reason, got[string(reason)], wantCounts[string(reason)])
 		}
 	}
-	pub := counterValues(t, reg, "walrelay_events_published_total", "topic")
+	pub := gathered(reg, "walrelay_events_published_total")
 	if pub[e.topic("order")] != 7 || pub[e.topic("big")] != 1 {
 		t.Errorf("walrelay_events_published_total = %v, want 7 on %s and 1 on %s", pub, e.topic("order"), e.topic("big"))
 	}

@@ -292,15 +292,7 @@ func TestAckGating(t *testing.T) {
 	}
 	// Write elsewhere for a while: the walsender decodes it, finds nothing
 	// to send and reports its position in keepalives.
-	deadline := time.Now().Add(4 * time.Second)
-	var maxConfirmed slot.LSN
-	for time.Now().Before(deadline) {
-		if _, err := conn.Exec(e.ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 200)`); err != nil {
-			t.Fatal(err)
-		}
-		maxConfirmed = max(maxConfirmed, e.slotInfo().ConfirmedLSN)
-		time.Sleep(50 * time.Millisecond)
-	}
+	maxConfirmed := e.writeNoiseFor(conn, 4*time.Second)
 	noiseEnd := e.currentLSN(conn)
 	if maxConfirmed >= firstUnacked {
 		t.Fatalf("confirmed_flush_lsn reached %s while the transaction ending before %s was unacknowledged", maxConfirmed, firstUnacked)
