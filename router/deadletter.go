@@ -95,6 +95,9 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 			h = append(h, kgo.RecordHeader{Key: x.Key, Value: x.Value})
 		}
 	}
+	if ev.Omitted > 0 {
+		h = append(h, kgo.RecordHeader{Key: HeaderPayloadOmit, Value: []byte(fmt.Sprint(ev.Omitted))})
+	}
 	o.rec.Headers = h
 	// The payload rides along when it fits; a record that was too large
 	// (or whose headers alone are) keeps only what identifies it.

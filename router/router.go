@@ -301,6 +301,11 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	if wait := r.gate.wait(); wait != nil {
 		return wait, nil
 	}
+	if ev.Omitted > 0 {
+		// A value was too large to be read into memory: the event could
+		// never be produced, and it may lack its other fields.
+		return nil, r.invalid(ev, lsn, a, ReasonTooLarge, fmt.Sprintf("a value of %d bytes exceeds the record limit %d and was not read into memory", ev.Omitted, r.cfg.MaxRecordBytes))
+	}
 	reason, t, detail := r.route(ev)
 	if t != nil {
 		switch t.state {

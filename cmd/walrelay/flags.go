@@ -124,6 +124,7 @@ type TuningFlags struct {
 	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
 	ReadBufferBytes   int           `default:"1048576" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
 	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"524288" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning (better over high-latency links: 512 KiB carries about 50 MB/s at 10 ms round trip)."`
+	MaxMessageBytes   int           `default:"67108864" help:"Largest replication message read into memory; a larger one (a huge outbox row) is read as a stream, its values over this size left out, and the row dead-lettered as too large. Must exceed --max-record-bytes."`
 	ReadCoalesce      time.Duration `default:"200us" help:"After a small read, wait this long before the next so the stream arrives in larger pieces (less work for the walsender); adds at most this much latency."`
 }
 
@@ -183,6 +184,7 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 			BufferBytes:        tun.ReadBufferBytes,
 			SocketReceiveBytes: tun.SocketRecvBytes,
 			Coalesce:           tun.ReadCoalesce,
+			MaxMessageBytes:    tun.MaxMessageBytes,
 		},
 		Router: router.Config{
 			TopicTemplate:          rec.TopicTemplate,

@@ -1,0 +1,95 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/walrelay/walrelay/router"
+)
+
+// vmHWM is the peak resident set size of process pid, in bytes.
+func vmHWM(t *testing.T, pid int) int64 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM in /proc status")
+	return 0
+}
+
+// One outbox row far over every limit (150 MB of payload) neither takes
+// the relay's memory nor stops the stream: the binary's peak RSS stays
+// within a small multiple of --max-message-bytes, the row is dead-lettered
+// with its id and size, and a row written after it is published.
+func TestHugeRowBoundedMemory(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("needs /proc to read the relay's peak RSS")
+	}
+	e := newEnv(t)
+	c := e.consume()
+	const capBytes = 16 << 20
+	const payloadBytes = 150_000_000
+	cmd := e.runBinary(append(e.args(), "--max-message-bytes", strconv.Itoa(capBytes), "--read-buffer-bytes", "65536")...)
+	e.waitFor("slot active", 60*time.Second, func() (bool, error) {
+		i, err := e.slotInfoErr()
+		return err == nil && i.Active, err
+	})
+	e.exec(`INSERT INTO outbox (id, aggregate_type, aggregate_id, payload) VALUES ('00000000-0000-0000-0000-000000000001', 'order', 'warm', '{}')`)
+	c.waitIDs(1, 60*time.Second)
+
+	const huge = "00000000-0000-0000-0000-0000000000ff"
+	e.exec(fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, payload)
+		VALUES ('%s', 'order', 'big', ('{"x":"' || repeat('x', %d) || '"}')::jsonb)`, huge, payloadBytes-8))
+	const after = "00000000-0000-0000-0000-000000000002"
+	e.exec(fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, payload) VALUES ('%s', 'order', 'after', '{}')`, after))
+
+	recs := c.waitIDs(3, 120*time.Second)
+	var dead, later bool
+	for _, r := range recs {
+		id, _ := header(r, "id")
+		switch id {
+		case huge:
+			dead = true
+			if r.Topic != e.topicPrefix()+"dlq" {
+				t.Errorf("huge row on %s, want the dead-letter topic", r.Topic)
+			}
+			if got, _ := header(r, router.HeaderReason); got != string(router.ReasonTooLarge) {
+				t.Errorf("huge row reason %q, want %q", got, router.ReasonTooLarge)
+			}
+			size, _ := header(r, router.HeaderPayloadOmit)
+			if n, _ := strconv.Atoi(size); n < payloadBytes {
+				t.Errorf("huge row %s = %q, want its size (at least %d)", router.HeaderPayloadOmit, size, payloadBytes)
+			}
+			if len(r.Value) != 0 {
+				t.Errorf("huge row carries a %d-byte value", len(r.Value))
+			}
+		case after:
+			later = r.Topic == e.topic("order")
+		}
+	}
+	if !dead || !later {
+		t.Fatalf("dead-lettered huge row: %v, later row published: %v", dead, later)
+	}
+	peak := vmHWM(t, cmd.Process.Pid)
+	t.Logf("peak RSS %d MiB with --max-message-bytes %d MiB and a %d MB row", peak>>20, capBytes>>20, payloadBytes/1_000_000)
+	if limit := int64(4 * capBytes); peak > limit {
+		t.Fatalf("peak RSS %d MiB exceeds 4 × --max-message-bytes (%d MiB)", peak>>20, limit>>20)
+	}
+}
