@@ -142,6 +142,9 @@ func (c *Config) setDefaults() {
 	if !c.ExactlyOnce {
 		c.Router.TransactionalID = ""
 	}
+	if c.ExactlyOnce && c.Router.CheckpointTopic == "" {
+		c.Router.CheckpointTopic = "walrelay.checkpoints" // the router's default, named in errors
+	}
 	if c.TxnMaxEvents <= 0 {
 		c.TxnMaxEvents = 10_000
 	}
