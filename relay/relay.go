@@ -212,6 +212,14 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if _, err := router.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
 		return nil, err
 	}
+	if _, err := router.ParseTopicAllow(cfg.Router.TopicAllow); err != nil {
+		return nil, err
+	}
+	if cfg.Router.Topics == nil {
+		// One set for every router of this relay: the topic bounds hold
+		// for the process, across producer replacements.
+		cfg.Router.Topics = router.NewTopicSet()
+	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
 		// A transaction is committed TxnMaxInterval after it began at the
 		// earliest; past the timeout the broker has aborted it, and every

@@ -20,10 +20,13 @@ const (
 	ReasonInvalidTopic    Reason = "invalid_topic"
 	ReasonTopicRejected   Reason = "topic_rejected"
 	ReasonTooLarge        Reason = "record_too_large"
+	ReasonTopicNotAllowed Reason = "topic_not_allowed" // not matched by Config.TopicAllow
+	ReasonTooManyTopics   Reason = "too_many_topics"   // past Config.MaxTopics
 )
 
 // Reasons lists every Reason.
-var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge}
+var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge,
+	ReasonTopicNotAllowed, ReasonTooManyTopics}
 
 // Dead-letter header names. The event's own id and type headers keep their
 // configured names.
@@ -87,7 +90,7 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 	if ev.AggregateType != nil {
 		h = append(h, kgo.RecordHeader{Key: HeaderAggregateType, Value: truncate(ev.AggregateType, 1024)})
 	}
-	if reason == ReasonInvalidTopic || reason == ReasonTopicRejected {
+	if reason == ReasonInvalidTopic || reason == ReasonTopicRejected || reason == ReasonTopicNotAllowed || reason == ReasonTooManyTopics {
 		h = append(h, kgo.RecordHeader{Key: HeaderTopic, Value: truncate([]byte(r.tmpl.Topic(ev.AggregateType)), 1024)})
 	}
 	for _, x := range ev.Headers {

@@ -98,6 +98,9 @@ func parseTables(names []string) ([]decoder.Table, error) {
 // RecordFlags say what the Kafka records look like.
 type RecordFlags struct {
 	TopicTemplate          string `default:"outbox.event.{aggregate_type}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
+	TopicAllow             string `help:"Regular expression (anchored at both ends) every event topic must match, e.g. 'outbox\\.event\\.(order|payment)'; events of other topics are dead-lettered (topic_not_allowed). Empty allows all."`
+	MaxTopics              int    `default:"1000" help:"Most distinct event topics produced to (and created); events of further topics are dead-lettered (too_many_topics). Negative: no limit."`
+	MaxTopicSeries         int    `default:"100" help:"Most topics with their own walrelay_events_published_total series; the rest count under topic=\"other\". Negative: no limit."`
 	CreateTopics           bool   `default:"true" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
 	TopicPartitions        int32  `default:"-1" help:"Partitions of created topics; -1 means the broker's default."`
 	TopicReplicationFactor int16  `default:"-1" help:"Replication factor of created topics; -1 means the broker's default."`
@@ -188,6 +191,9 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		},
 		Router: router.Config{
 			TopicTemplate:          rec.TopicTemplate,
+			TopicAllow:             rec.TopicAllow,
+			MaxTopics:              rec.MaxTopics,
+			MaxTopicSeries:         rec.MaxTopicSeries,
 			DeadLetterTopic:        rec.DeadLetterTopic,
 			OnInvalid:              router.OnInvalid(rec.OnInvalid),
 			CreateTopics:           rec.CreateTopics,

@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/router"
 )
@@ -91,5 +95,63 @@ func TestHugeRowBoundedMemory(t *testing.T) {
 	t.Logf("peak RSS %d MiB with --max-message-bytes %d MiB and a %d MB row", peak>>20, capBytes>>20, payloadBytes/1_000_000)
 	if limit := int64(4 * capBytes); peak > limit {
 		t.Fatalf("peak RSS %d MiB exceeds 4 × --max-message-bytes (%d MiB)", peak>>20, limit>>20)
+	}
+}
+
+// Writers do not choose topics without limit: with an allowlist and
+// --max-topics 2, rows of topics outside the list and of a third allowed
+// topic are dead-lettered with their reasons, those topics are never
+// created, and rows of the allowed topics keep flowing after them.
+func TestTopicAllowlistAndMaxTopics(t *testing.T) {
+	e := newEnv(t)
+	c := e.consume()
+	cfg := e.config()
+	cfg.Router.TopicAllow = regexp.QuoteMeta(e.topicPrefix()) + `(order|payment|invoice)`
+	cfg.Router.MaxTopics = 2
+	_, reg := e.startRelayGathered(cfg)
+	rows := []struct{ id, agg, want string }{
+		{"00000000-0000-0000-0000-000000000001", "order", "order"},
+		{"00000000-0000-0000-0000-000000000002", "secret", string(router.ReasonTopicNotAllowed)},
+		{"00000000-0000-0000-0000-000000000003", "payment", "payment"},
+		{"00000000-0000-0000-0000-000000000004", "invoice", string(router.ReasonTooManyTopics)},
+		{"00000000-0000-0000-0000-000000000005", "orderx", string(router.ReasonTopicNotAllowed)},
+		{"00000000-0000-0000-0000-000000000006", "order", "order"},
+	}
+	for _, r := range rows {
+		e.exec(`INSERT INTO outbox (id, aggregate_type, aggregate_id, payload) VALUES ($1, $2, 'k', '{}')`, r.id, r.agg)
+	}
+	recs := c.waitIDs(len(rows), 60*time.Second)
+	byID := map[string]*kgo.Record{}
+	for _, r := range recs {
+		id, _ := header(r, "id")
+		byID[id] = r
+	}
+	for _, r := range rows {
+		rec := byID[r.id]
+		switch r.want {
+		case "order", "payment":
+			if rec.Topic != e.topic(r.want) {
+				t.Errorf("row %s (%s) on %s, want %s", r.id, r.agg, rec.Topic, e.topic(r.want))
+			}
+		default:
+			reason, _ := header(rec, router.HeaderReason)
+			if rec.Topic != e.topicPrefix()+"dlq" || reason != r.want {
+				t.Errorf("row %s (%s) on %s with reason %q, want the dead-letter topic with %q", r.id, r.agg, rec.Topic, reason, r.want)
+			}
+		}
+	}
+	dl := gathered(reg, "walrelay_events_dead_lettered_total")
+	if dl[string(router.ReasonTopicNotAllowed)] != 2 || dl[string(router.ReasonTooManyTopics)] != 1 {
+		t.Errorf("dead-lettered by reason = %v", dl)
+	}
+	adm := kadm.NewClient(c.client)
+	topics, err := adm.ListTopics(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, agg := range []string{"secret", "invoice", "orderx"} {
+		if topics.Has(e.topic(agg)) {
+			t.Errorf("topic %s was created", e.topic(agg))
+		}
 	}
 }
