@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walrelay/walrelay/router"
 )
@@ -153,5 +156,64 @@ func TestTopicAllowlistAndMaxTopics(t *testing.T) {
 		if topics.Has(e.topic(agg)) {
 			t.Errorf("topic %s was created", e.topic(agg))
 		}
+	}
+}
+
+// A topic Kafka will not let the relay use does not block the rows behind
+// it, in either delivery mode: a topic whose creation a policy refuses and
+// one the relay may not write to are dead-lettered (topic_rejected), and
+// the rows after them are published. (kfake answers as a broker with those
+// ACLs and policies would.)
+func TestTopicRefusedIsDeadLettered(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(map[bool]string{false: "at-least-once", true: "exactly-once"}[eos], func(t *testing.T) {
+			e := newEnv(t)
+			e.needKfake()
+			e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: e.topic("policy"), Err: kerr.PolicyViolation, Count: -1})
+			e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("locked"), Err: kerr.TopicAuthorizationFailed, Count: -1})
+			cfg := e.config()
+			var records func() []*kgo.Record
+			if eos {
+				cfg.ExactlyOnce = true
+				cfg.Router.CheckpointTopic = e.checkpointTopic()
+				rc := e.consumeIsolated(true)
+				records = rc.records
+			} else {
+				records = e.consume().records
+			}
+			rr := e.startRelay(cfg)
+			rows := []struct{ id, agg string }{
+				{"00000000-0000-0000-0000-000000000001", "order"},
+				{"00000000-0000-0000-0000-000000000002", "locked"},
+				{"00000000-0000-0000-0000-000000000003", "policy"},
+				{"00000000-0000-0000-0000-000000000004", "order"},
+				{"00000000-0000-0000-0000-000000000005", "locked"},
+			}
+			for _, r := range rows {
+				e.exec(`INSERT INTO outbox (id, aggregate_type, aggregate_id, payload) VALUES ($1, $2, 'k', '{}')`, r.id, r.agg)
+			}
+			byID := map[string]*kgo.Record{}
+			e.waitFor("every row delivered", 90*time.Second, func() (bool, error) {
+				for _, r := range records() {
+					id, _ := header(r, "id")
+					byID[id] = r
+				}
+				return len(byID) == len(rows), fmt.Errorf("%d of %d rows read", len(byID), len(rows))
+			})
+			for _, r := range rows {
+				rec := byID[r.id]
+				reason, _ := header(rec, router.HeaderReason)
+				if r.agg == "order" {
+					if rec.Topic != e.topic("order") {
+						t.Errorf("row %s on %s, want %s", r.id, rec.Topic, e.topic("order"))
+					}
+				} else if rec.Topic != e.topicPrefix()+"dlq" || reason != string(router.ReasonTopicRejected) {
+					t.Errorf("row %s (%s) on %s with reason %q, want the dead-letter topic with %q", r.id, r.agg, rec.Topic, reason, router.ReasonTopicRejected)
+				}
+			}
+			if ok, err := rr.returned(); ok {
+				t.Fatalf("relay stopped: %v", err)
+			}
+		})
 	}
 }
