@@ -53,11 +53,11 @@ deps: $(DEPS)
 # PostgreSQL server (initdb, pg_ctl) and pg_recvlogical, the benchmark
 # smoke test's baseline.
 deps-postgres:
-	@bash scripts/ensure-postgres --client
+	@bash scripts/ensure-postgres --client --retry "make $(MAKECMDGOALS)"
 
 # The server alone: all `walrelay dev` needs.
 deps-postgres-server:
-	@bash scripts/ensure-postgres
+	@bash scripts/ensure-postgres --retry "make $(MAKECMDGOALS)"
 
 clean:
 	rm -rf bin

@@ -15,13 +15,13 @@ import (
 // stubs of id, sudo and apt-get (which record their arguments), and an empty
 // stand-in for /usr/lib/postgresql.
 type machine struct {
-	t       *testing.T
-	bin     string // the whole PATH
-	root    string // WALRELAY_PG_ROOT
-	log     string // one line per stub call
-	dryRun  bool
-	chmod   string
-	mkdir string
+	t      *testing.T
+	bin    string // the whole PATH
+	root   string // WALRELAY_PG_ROOT
+	log    string // one line per stub call
+	dryRun bool
+	chmod  string
+	mkdir  string
 }
 
 type machineOpts struct {
@@ -29,6 +29,7 @@ type machineOpts struct {
 	sudo       string // "" none, "ok" passwordless, "password" asks (fails with -n)
 	noAptGet   bool
 	aptNoFiles bool // apt-get succeeds but installs nothing
+	aptFails   bool // apt-get install fails with a message
 }
 
 func newMachine(t *testing.T, o machineOpts) *machine {
@@ -66,6 +67,9 @@ func newMachine(t *testing.T, o machineOpts) *machine {
 			`; for f in ` + m.root + `/15/bin/initdb ` + m.root + `/15/bin/pg_ctl ` + m.bin + `/pg_recvlogical; do echo '#!/bin/sh' > $f; ` + m.chmod + ` +x $f; done; fi`
 		if o.aptNoFiles {
 			install = ""
+		}
+		if o.aptFails {
+			install = `if [ "$1" = install ]; then echo "E: Unable to locate package $4"; exit 100; fi`
 		}
 		m.stub("apt-get", `echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND apt-get $*" >> `+m.log+"\n"+install)
 	}
@@ -203,15 +207,15 @@ func TestEnsurePostgresRefusesWithOneLine(t *testing.T) {
 		dry  bool
 		want string
 	}{
-		{"sudo asks for a password", machineOpts{uid: "1000", sudo: "password"}, false, "sudo apt-get update && sudo apt-get install -y postgresql"},
-		{"sudo asks for a password, dry run", machineOpts{uid: "1000", sudo: "password"}, true, "sudo apt-get update && sudo apt-get install -y postgresql"},
-		{"no sudo", machineOpts{uid: "1000"}, false, "sudo apt-get update && sudo apt-get install -y postgresql"},
+		{"sudo asks for a password", machineOpts{uid: "1000", sudo: "password"}, false, "run `sudo apt-get update && sudo apt-get install -y postgresql`, then `make demo` again"},
+		{"sudo asks for a password, dry run", machineOpts{uid: "1000", sudo: "password"}, true, "run `sudo apt-get update && sudo apt-get install -y postgresql`, then `make demo` again"},
+		{"no sudo", machineOpts{uid: "1000"}, false, "run `sudo apt-get update && sudo apt-get install -y postgresql`, then `make demo` again"},
 		{"no apt-get", machineOpts{uid: "0", noAptGet: true}, false, "put the directory holding initdb and pg_ctl on PATH"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMachine(t, tc.o)
 			m.dryRun = tc.dry
-			out, errOut, code := m.run()
+			out, errOut, code := m.run("--retry", "make demo")
 			if code == 0 {
 				t.Fatalf("exit 0 (stdout %q, stderr %q); want a refusal", out, errOut)
 			}
@@ -277,5 +281,20 @@ func TestEnsurePostgresFailsWhenInstallLeavesNoServer(t *testing.T) {
 	}
 	if lines := strings.Split(strings.TrimRight(errOut, "\n"), "\n"); len(lines) != 1 || !strings.Contains(errOut, "initdb") {
 		t.Fatalf("stderr %q; want one line about initdb", errOut)
+	}
+}
+
+// TestEnsurePostgresShowsFailedInstall: apt-get's output is hidden while it
+// works and shown when it fails, with the command that failed.
+func TestEnsurePostgresShowsFailedInstall(t *testing.T) {
+	m := newMachine(t, machineOpts{uid: "0", aptFails: true})
+	out, errOut, code := m.run()
+	if code == 0 {
+		t.Fatalf("exit 0 (stdout %q); want failure", out)
+	}
+	for _, want := range []string{"E: Unable to locate package postgresql", "failed: env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr %q does not contain %q", errOut, want)
+		}
 	}
 }
