@@ -19,6 +19,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -372,6 +373,9 @@ func (r *Relay) prepare(ctx context.Context) error {
 			// Retrying cannot make an untrusted certificate trusted.
 			return &fatalError{fmt.Errorf("postgresql: %w", err)}
 		}
+		if pgAuthError(err) {
+			return &fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)}
+		}
 		if !r.retry(ctx, "setup", err) {
 			if r.giveUp != nil {
 				return r.giveUp
@@ -395,6 +399,9 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		rt.Close()
 		if kafkaConfigError(err) {
 			return nil, &fatalError{fmt.Errorf("kafka: %w", err)}
+		}
+		if notKafka(err) {
+			return nil, &fatalError{fmt.Errorf("kafka: a --brokers endpoint did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
 		}
 		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}
@@ -425,6 +432,23 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 func kafkaConfigError(err error) bool {
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
 		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || certificateError(err)
+}
+
+// pgAuthError reports PostgreSQL refusing the login: a wrong password
+// (28P01) or no pg_hba.conf entry allowing it (28000). Retrying cannot fix
+// either.
+func pgAuthError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
+}
+
+// notKafka reports a peer that answered, but not in the Kafka protocol:
+// its first bytes, read as a Kafka response size, are absurd (PostgreSQL's
+// error reply reads as 1157627904). franz-go exports no error value for
+// this, so its message is matched.
+func notKafka(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "invalid large response size") || strings.Contains(msg, "invalid negative response size")
 }
 
 // certificateError reports a server certificate that does not verify.

@@ -108,6 +108,27 @@ func TestErrorClassification(t *testing.T) {
 	}
 }
 
+func TestStartupConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		err            error
+		auth, notKafka bool
+	}{
+		{"wrong password", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28P01"}), true, false},
+		{"no pg_hba entry", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28000"}), true, false},
+		{"server shutting down", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "57P03"}), false, false},
+		{"PostgreSQL port as broker", errors.New("unable to dial: invalid large response size 1157627904 > limit 104857600: response exceeds BrokerMaxReadBytes"), false, true},
+		{"broker down", errors.New("dial tcp 127.0.0.1:9092: connect: connection refused"), false, false},
+	} {
+		if got := pgAuthError(tc.err); got != tc.auth {
+			t.Errorf("%s: pgAuthError = %v, want %v", tc.name, got, tc.auth)
+		}
+		if got := notKafka(tc.err); got != tc.notKafka {
+			t.Errorf("%s: notKafka = %v, want %v", tc.name, got, tc.notKafka)
+		}
+	}
+}
+
 func TestFencedIsFatal(t *testing.T) {
 	r := &Relay{cfg: Config{Slot: "s", Router: router.Config{TransactionalID: "walrelay-s"}}}
 	err := r.eosError(fmt.Errorf("commit: %w", router.ErrFenced))
