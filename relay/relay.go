@@ -19,6 +19,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,6 +175,10 @@ type Relay struct {
 	everStreamed atomic.Bool
 	begin        time.Time   // when Run started, for StartupTimeout
 	giveUp       *fatalError // set by retry when StartupTimeout ran out
+	// now and sleep are retry's clock and wait (sleep returns false when
+	// ctx ended first); unit tests replace them to check the waits.
+	now   func() time.Time
+	sleep func(ctx context.Context, d time.Duration) bool
 }
 
 // New checks cfg and returns a Relay.
@@ -220,7 +225,21 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 			Multiplier:          2,
 			MaxInterval:         cfg.BackoffMax,
 		},
+		now:   time.Now,
+		sleep: sleepCtx,
 	}, nil
+}
+
+// sleepCtx waits d; false when ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // Confirmed returns the position last confirmed to PostgreSQL by this
@@ -261,7 +280,7 @@ func (r *Relay) updateReady() {
 // an invalidated or vanished slot, an outbox table that lost a mapped
 // column, an invalid event with on-invalid=fail.
 func (r *Relay) Run(parent context.Context) error {
-	r.begin = time.Now()
+	r.begin = r.now()
 	if err := r.prepare(parent); err != nil {
 		if parent.Err() != nil {
 			return nil
@@ -354,6 +373,9 @@ func (r *Relay) prepare(ctx context.Context) error {
 			// Retrying cannot make an untrusted certificate trusted.
 			return &fatalError{fmt.Errorf("postgresql: %w", err)}
 		}
+		if pgAuthError(err) {
+			return &fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)}
+		}
 		if !r.retry(ctx, "setup", err) {
 			if r.giveUp != nil {
 				return r.giveUp
@@ -377,6 +399,9 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		rt.Close()
 		if kafkaConfigError(err) {
 			return nil, &fatalError{fmt.Errorf("kafka: %w", err)}
+		}
+		if notKafka(err) {
+			return nil, &fatalError{fmt.Errorf("kafka: a --brokers endpoint did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
 		}
 		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}
@@ -409,6 +434,23 @@ func kafkaConfigError(err error) bool {
 		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || certificateError(err)
 }
 
+// pgAuthError reports PostgreSQL refusing the login: a wrong password
+// (28P01) or no pg_hba.conf entry allowing it (28000). Retrying cannot fix
+// either.
+func pgAuthError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
+}
+
+// notKafka reports a peer that answered, but not in the Kafka protocol:
+// its first bytes, read as a Kafka response size, are absurd (PostgreSQL's
+// error reply reads as 1157627904). franz-go exports no error value for
+// this, so its message is matched.
+func notKafka(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "invalid large response size") || strings.Contains(msg, "invalid negative response size")
+}
+
 // certificateError reports a server certificate that does not verify.
 func certificateError(err error) bool {
 	var unknownCA x509.UnknownAuthorityError
@@ -417,15 +459,21 @@ func certificateError(err error) bool {
 	return errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &verify)
 }
 
-// retry logs err, counts it and sleeps a backoff; false when the relay
+// retry logs err, counts it and sleeps a backoff (before the first stream
+// at most until StartupTimeout runs out); false when the relay
 // must stop: ctx ended, or (*giveUp set) the relay never streamed within
 // StartupTimeout and err is not a standby's wait for a busy slot.
 func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
-	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && time.Since(r.begin) > r.cfg.StartupTimeout {
+	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
 		r.giveUp = &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
 		return false
 	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
+	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
+		// End the sleep at the deadline: one last attempt then, and the
+		// next failure gives up on time instead of a backoff late.
+		wait = max(min(wait, r.begin.Add(r.cfg.StartupTimeout).Sub(r.now())), 0)
+	}
 	r.metrics.StreamRestarts.WithLabelValues(cause).Inc()
 	if cause == "slot_busy" {
 		r.log.Info("waiting as a standby: another client streams from the slot", zap.String("slot", r.cfg.Slot),
@@ -434,14 +482,7 @@ func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
 		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
 			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return r.sleep(ctx, wait)
 }
 
 // onProduceError is the router's fatal handler: it ends the current

@@ -172,3 +172,20 @@ func TestValidTopicEveryByte(t *testing.T) {
 		}
 	}
 }
+
+// TestValidTopicQuotesTheCharacter checks that the error names the
+// offending character as the writer typed it, not its first UTF-8 byte.
+func TestValidTopicQuotesTheCharacter(t *testing.T) {
+	tests := []struct{ topic, want string }{
+		{"order.заказ", `character 'з'`},
+		{"café", `character 'é'`},
+		{"a b", `character ' '`},
+		{"bad\xffutf8", `byte 0xff`},
+	}
+	for _, tt := range tests {
+		err := ValidTopic(tt.topic)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ValidTopic(%q) = %v; want an error containing %s", tt.topic, err, tt.want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -51,6 +52,26 @@ type SourceFlags struct {
 	Table             []string `default:"public.outbox" help:"Outbox table, schema.table; repeat the flag (or separate with commas) for several."`
 	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing and add outbox tables it lacks."`
 	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
+}
+
+// validateSource checks the flags every command that touches the database
+// shares. An empty URL is refused because pgx would dial a local Unix
+// socket as the OS user; a slot name outside [a-z0-9_] is refused because
+// it is spliced into replication commands (START_REPLICATION,
+// CREATE_REPLICATION_SLOT), where 'x TEMPORARY' would change the command.
+// Publication names are always quoted where they reach SQL or the
+// replication protocol, so only an empty one is refused.
+func validateSource(pgURL, slotName string, publication *string) error {
+	if strings.TrimSpace(pgURL) == "" {
+		return errors.New("--pg-url is empty: give the source database URL (postgres://user@host:5432/db?sslmode=verify-full) or set WALRELAY_PG_URL")
+	}
+	if err := slot.ValidSlotName(slotName); err != nil {
+		return fmt.Errorf("--slot: %w", err)
+	}
+	if publication != nil && *publication == "" {
+		return errors.New("--publication is empty: name the publication the slot streams")
+	}
+	return nil
 }
 
 // ColumnFlags map outbox columns to the record.

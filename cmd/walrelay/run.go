@@ -33,6 +33,12 @@ type runCmd struct {
 	DeliveryFlags `embed:""`
 }
 
+// Validate refuses malformed flags before anything is connected (kong
+// calls it; its errors exit 80).
+func (c *runCmd) Validate() error {
+	return validateSource(c.PGURL, c.Slot, &c.Publication)
+}
+
 func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 	log, err := lf.logger()
 	if err != nil {
@@ -54,23 +60,25 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
+	// Everything up to relay.New checks the configuration alone: its
+	// errors are malformed flags.
 	cfg, err := relayConfig(c.PGURL, c.Brokers, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags, log)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageError(err)
 	}
 	kopts, err := c.KafkaFlags.options()
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageError(err)
 	}
 	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
 	r, err := relay.New(cfg, log, m)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageError(err)
 	}
 	if c.MetricsAddr != "" {
 		stop, err := serveHTTP(c.MetricsAddr, reg, r, log)
 		if err != nil {
-			return err
+			return &exitError{code: exitFailed, err: err}
 		}
 		defer stop()
 	}
@@ -85,9 +93,9 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		}
 		log.Error("walrelay stopped", zap.Error(err))
 		if errors.Is(err, router.ErrFenced) {
-			return &exitError{code: 3, err: err}
+			return &exitError{code: exitFenced, err: err}
 		}
-		return &exitError{code: 2, err: err}
+		return &exitError{code: exitFailed, err: err}
 	}
 	return nil
 }
