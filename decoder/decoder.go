@@ -41,8 +41,11 @@ var (
 	// cannot be trusted after it.
 	ErrMalformed = errors.New("malformed pgoutput message")
 
-	// ErrMissingColumn means a configured outbox table lacks a mapped column.
-	// The relay should refuse to run: the table or the mapping must change.
+	// ErrMissingColumn is what Event.Unmappable wraps: the row's outbox
+	// table lacks a mapped column (dropped or renamed after the relay
+	// started; the WAL keeps the old shape, so restarting cannot help). It
+	// is not a stream error: the row is an invalid event, and the rows after
+	// it decode as usual.
 	ErrMissingColumn = errors.New("outbox table is missing a mapped column")
 
 	// ErrUnknownRelation means an Insert named a relation OID that no Relation
@@ -208,6 +211,14 @@ type Event struct {
 	// record timestamp is the commit time, shared by the whole transaction.
 	CommitTime time.Time
 	Xid        uint32
+
+	// Unmappable is nil for a row that has every mapped column. It is set
+	// (wrapping ErrMissingColumn and naming the missing columns) for a row
+	// whose table, as its last Relation message described it, lacks one:
+	// such a row cannot become a record and is an invalid event. The fields
+	// of the columns the table still has are filled as usual (the id and
+	// aggregate id identify it in a dead-letter record); the others are nil.
+	Unmappable error
 }
 
 // field is one event value the mapping asks for: where it comes from and
@@ -315,10 +326,10 @@ func (d *Decoder) MessageLSN() LSN { return d.messageLSN }
 // caller reuses its buffer). It never panics on any input; malformed input
 // returns an error wrapping ErrMalformed with the message type, the field and
 // its offset. On error the kind is KindIgnored; Begin, Commit and the
-// transaction state are unchanged, Event is not valid until the next
-// KindInsert, and a Relation message of an outbox table that lacks mapped
-// columns still replaces the cached relation, so that its rows fail with
-// ErrMissingColumn too.
+// transaction state are unchanged, and Event is not valid until the next
+// KindInsert. A Relation message of an outbox table that lacks mapped
+// columns is not an error: it is cached, and its rows are KindInsert with
+// Event.Unmappable set.
 func (d *Decoder) Decode(data []byte) (Kind, error) {
 	if len(data) == 0 {
 		return KindIgnored, fmt.Errorf("decoder: empty message: %w", ErrMalformed)

@@ -258,8 +258,8 @@ func (r *Relay) updateReady() {
 // Run prepares the database and relays until ctx ends, then waits (at most
 // ShutdownTimeout) for outstanding acks, confirms them and returns nil.
 // It returns an error only for what retrying cannot fix: a setup refusal,
-// an invalidated or vanished slot, an outbox table that lost a mapped
-// column, an invalid event with on-invalid=fail.
+// an invalidated or vanished slot, an invalid event with on-invalid=fail
+// (such as a row written while its table lacked a mapped column).
 func (r *Relay) Run(parent context.Context) error {
 	r.begin = time.Now()
 	if err := r.prepare(parent); err != nil {
@@ -472,7 +472,7 @@ func isFatal(err error) bool {
 	var f *fatalError
 	var inv *router.InvalidEventError
 	return errors.As(err, &f) || errors.As(err, &inv) || slot.IsSetupError(err) ||
-		errors.Is(err, decoder.ErrMissingColumn) || errors.Is(err, decoder.ErrUnsupported)
+		errors.Is(err, decoder.ErrUnsupported)
 }
 
 // causeOf names a session's end for the restarts metric.

@@ -20,10 +20,14 @@ const (
 	ReasonInvalidTopic    Reason = "invalid_topic"
 	ReasonTopicRejected   Reason = "topic_rejected"
 	ReasonTooLarge        Reason = "record_too_large"
+	// ReasonUnmappable is a row of an outbox table that lacked a mapped
+	// column when the row was written (decoder.Event.Unmappable): a column
+	// dropped or renamed while the relay ran.
+	ReasonUnmappable Reason = "unmappable"
 )
 
 // Reasons lists every Reason.
-var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge}
+var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge, ReasonUnmappable}
 
 // Dead-letter header names. The event's own id and type headers keep their
 // configured names.
@@ -33,6 +37,7 @@ const (
 	HeaderTable         = "walrelay.table"
 	HeaderLSN           = "walrelay.lsn"
 	HeaderAggregateType = "walrelay.aggregate_type"
+	HeaderAggregateID   = "walrelay.aggregate_id"
 	HeaderTopic         = "walrelay.topic"
 	HeaderPayloadOmit   = "walrelay.payload_omitted"
 )
@@ -86,6 +91,10 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 	}
 	if ev.AggregateType != nil {
 		h = append(h, kgo.RecordHeader{Key: HeaderAggregateType, Value: truncate(ev.AggregateType, 1024)})
+	}
+	if ev.AggregateID != nil {
+		// Also the key, but a header survives tools that show headers only.
+		h = append(h, kgo.RecordHeader{Key: HeaderAggregateID, Value: truncate(ev.AggregateID, 1024)})
 	}
 	if reason == ReasonInvalidTopic || reason == ReasonTopicRejected {
 		h = append(h, kgo.RecordHeader{Key: HeaderTopic, Value: truncate([]byte(r.tmpl.Topic(ev.AggregateType)), 1024)})
