@@ -105,11 +105,14 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 		}
 	}
 	o.rec.Headers = h
-	// The payload rides along when it fits; a record that was too large
-	// (or whose headers alone are) keeps only what identifies it.
+	// The payload rides along when it fits the dead-letter topic (its own
+	// max.message.bytes, read by Start, and --max-record-bytes); a record
+	// that does not (or whose headers alone do not) keeps only what
+	// identifies it. Kafka would refuse it for good otherwise, and the
+	// relay would restart into the same event forever.
 	o.rec.Value = ev.Payload
 	o.size = recordSize(o.rec.Key, o.rec.Value, h)
-	if o.size > r.cfg.MaxRecordBytes {
+	if o.size > r.dlq.maxBytes {
 		o.rec.Value = nil
 		o.rec.Key = truncate(o.rec.Key, 1024)
 		o.rec.Headers = append(o.rec.Headers, kgo.RecordHeader{Key: HeaderPayloadOmit, Value: []byte(fmt.Sprint(len(ev.Payload)))})

@@ -1,7 +1,8 @@
 package integration
 
 // Edges of a running stream: an outbox table that loses a mapped column
-// while the relay runs.
+// while the relay runs, and a dead-letter record larger than the
+// dead-letter topic accepts.
 
 import (
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/router"
@@ -173,5 +175,76 @@ func TestSchemaChangeOnInvalidFail(t *testing.T) {
 		if got, _ := header(rec, "id"); got == id {
 			t.Errorf("row %s published on %s although the relay stopped at it", id, rec.Topic)
 		}
+	}
+}
+
+// TestDeadLetterOverDeadLetterTopicLimit creates the dead-letter topic
+// beforehand with max.message.bytes 2048 (kfake enforces it) and inserts an
+// invalid row (NULL aggregate id) with a 5000-byte payload, well under
+// --max-record-bytes, then a valid row: the dead-letter record arrives
+// without the payload (walrelay.payload_omitted says its length), the
+// valid row after it is delivered, and the stream never restarted.
+func TestDeadLetterOverDeadLetterTopicLimit(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	adm, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	const dlqLimit = 2048
+	limit := fmt.Sprint(dlqLimit)
+	dlq := e.topicPrefix() + "dlq"
+	resp, err := kadm.NewClient(adm).CreateTopic(e.ctx, 1, 1, map[string]*string{"max.message.bytes": &limit}, dlq)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("create %s: %v", dlq, err)
+	}
+
+	rr, reg := e.startRelayGathered(e.config())
+	c := e.consume()
+	conn := e.conn()
+	payload := `{"pad": "` + strings.Repeat("x", 5000-11) + `"}`
+	var bad, good string
+	if err := conn.QueryRow(e.ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+		VALUES ('order', NULL, 'T', $1::jsonb) RETURNING id::text`, payload).Scan(&bad); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(e.ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+		VALUES ('order', 'agg-1', 'T', '{}') RETURNING id::text`).Scan(&good); err != nil {
+		t.Fatal(err)
+	}
+	recs := c.waitIDs(2, 30*time.Second)
+	for _, rec := range recs {
+		switch id, _ := header(rec, "id"); id {
+		case bad:
+			if rec.Topic != dlq {
+				t.Errorf("invalid row on %s, want %s", rec.Topic, dlq)
+			}
+			if rec.Value != nil {
+				t.Errorf("dead-letter value of %d bytes, want none: it does not fit the topic's %d", len(rec.Value), dlqLimit)
+			}
+			if got, _ := header(rec, router.HeaderPayloadOmit); got != fmt.Sprint(len(payload)) {
+				t.Errorf("%s = %q, want %d", router.HeaderPayloadOmit, got, len(payload))
+			}
+			if got, _ := header(rec, router.HeaderReason); got != string(router.ReasonNoAggregateID) {
+				t.Errorf("%s = %q, want %s", router.HeaderReason, got, router.ReasonNoAggregateID)
+			}
+		case good:
+			if rec.Topic != e.topic("order") {
+				t.Errorf("valid row on %s, want %s", rec.Topic, e.topic("order"))
+			}
+		}
+	}
+	if ok, err := rr.returned(); ok {
+		t.Fatalf("the relay exited: %v", err)
+	}
+	if n := gathered(reg, "walrelay_produce_errors_total")[""]; n != 0 {
+		t.Errorf("walrelay_produce_errors_total = %v, want 0", n)
+	}
+	if restarts := gathered(reg, "walrelay_stream_restarts_total"); len(restarts) != 0 {
+		t.Errorf("the stream restarted: walrelay_stream_restarts_total %v", restarts)
 	}
 }
