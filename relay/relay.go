@@ -65,8 +65,9 @@ type Config struct {
 	// only move the confirmed position forward (default 100ms): confirming
 	// promptly keeps slot lag low, without a message per transaction.
 	ConfirmDelay time.Duration
-	// ShutdownTimeout bounds the wait for outstanding acks when Run's
-	// context ends (default 30s).
+	// ShutdownTimeout bounds the stop when Run's context ends: the wait
+	// for outstanding acks and, with exactly-once delivery, the final Kafka
+	// commit before it, together (default 30s).
 	ShutdownTimeout time.Duration
 	// BackoffMin and BackoffMax bound the jittered exponential wait between
 	// sessions (defaults 500ms and 30s).

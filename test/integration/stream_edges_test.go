@@ -1,8 +1,8 @@
 package integration
 
 // Edges of a running stream: an outbox table that loses a mapped column
-// while the relay runs, and a dead-letter record larger than the
-// dead-letter topic accepts.
+// while the relay runs, a dead-letter record larger than the dead-letter
+// topic accepts, and an exactly-once stop whose final Kafka commit hangs.
 
 import (
 	"errors"
@@ -12,7 +12,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -246,5 +249,50 @@ func TestDeadLetterOverDeadLetterTopicLimit(t *testing.T) {
 	}
 	if restarts := gathered(reg, "walrelay_stream_restarts_total"); len(restarts) != 0 {
 		t.Errorf("the stream restarted: walrelay_stream_restarts_total %v", restarts)
+	}
+}
+
+// TestExactlyOnceStopWithinShutdownTimeout stops an exactly-once relay
+// whose open Kafka transaction cannot commit: the broker refuses every
+// produce request (retriably, so the producer retries forever). With
+// --shutdown-timeout 2s and --txn-timeout 60s, Run must return within the
+// shutdown timeout plus a margin far below the transaction timeout: the
+// final commit and the wait for acks share the shutdown timeout.
+func TestExactlyOnceStopWithinShutdownTimeout(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	cfg := e.config()
+	cfg.ExactlyOnce = true
+	cfg.Router.CheckpointTopic = e.checkpointTopic()
+	cfg.Router.TransactionTimeout = 60 * time.Second
+	cfg.TxnMaxInterval = 20 * time.Second // the transaction is open when the stop comes
+	cfg.ShutdownTimeout = 2 * time.Second
+	const margin = 5 * time.Second
+	if cfg.ShutdownTimeout+margin >= cfg.Router.TransactionTimeout/2 {
+		t.Fatal("the transaction timeout must dwarf the shutdown timeout for this test to mean anything")
+	}
+	rr := e.startRelay(cfg)
+
+	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
+	defer fault.Remove()
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', 'agg-1', 'T', '{}')`)
+	e.waitFor("produce requests refused", 30*time.Second, func() (bool, error) { return fault.Hits() > 0, nil })
+
+	start := time.Now()
+	rr.cancel()
+	select {
+	case err := <-rr.done:
+		rr.done <- err
+		took := time.Since(start)
+		if err != nil {
+			t.Errorf("Run returned %v after a stop, want nil", err)
+		}
+		if took > cfg.ShutdownTimeout+margin {
+			t.Errorf("Run returned %s after the stop, want at most --shutdown-timeout %s + %s (--txn-timeout is %s)",
+				took.Round(time.Millisecond), cfg.ShutdownTimeout, margin, cfg.Router.TransactionTimeout)
+		}
+		t.Logf("stopped in %s", took.Round(time.Millisecond))
+	case <-time.After(cfg.Router.TransactionTimeout + cfg.ShutdownTimeout + 30*time.Second):
+		t.Fatalf("Run did not return within --txn-timeout + --shutdown-timeout + 30s")
 	}
 }
