@@ -1,8 +1,8 @@
 // Package decoder turns pgoutput logical replication messages into outbox
 // events.
 //
-// The slot package hands every XLogData.WALData payload to Decoder.Decode. The
-// decoder keeps the relation cache that pgoutput expects its client to keep,
+// The relay hands the pgoutput message of every XLogData message the slot
+// package receives to Decoder.Decode. The decoder keeps the relation cache that pgoutput expects its client to keep,
 // tracks the enclosing transaction, and reports one of a few kinds per message:
 // Begin and Commit delimit a transaction, Insert carries one outbox row
 // (Decoder.Event), Relation says the cache changed, and everything that carries
@@ -12,8 +12,10 @@
 // never panics on any input, and allocates exactly one buffer per outbox row:
 // the hot path of the relay decodes every outbox INSERT of the database, and
 // the rows of other tables cost a map lookup and nothing else. pglogrepl's own
-// tuple decoder is not used because it allocates per column and does not check
-// lengths (see DESIGN.md).
+// tuple decoder is not used: it allocates per column (16 allocations for a
+// five-column outbox row, against one here: BenchmarkPglogreplInsert) and
+// indexes the message without checking lengths, so a truncated message
+// panics instead of returning an error.
 //
 // A Decoder is not safe for concurrent use. Use one per replication
 // connection: pgoutput announces every relation again on a new connection, so

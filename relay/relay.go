@@ -231,8 +231,10 @@ func (r *Relay) Confirmed() decoder.LSN { return decoder.LSN(r.confirmed.Load())
 // Streaming reports whether a replication stream is open.
 func (r *Relay) Streaming() bool { return r.streaming.Load() }
 
-// ReplicationLag is now minus the commit time of the oldest transaction
-// not yet confirmed (0 when everything received is confirmed).
+// ReplicationLag is, while any transaction is in flight, now minus the
+// commit time of the newest confirmable transaction (of the oldest one in
+// flight when none is confirmable yet); 0 when nothing is in flight. It is
+// how far behind PostgreSQL what Kafka has lies, as housekeep computes it.
 func (r *Relay) ReplicationLag() time.Duration { return time.Duration(r.lag.Load()) }
 
 // Ready returns nil when the relay is streaming and its replication lag is

@@ -151,8 +151,11 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Router produces outbox events to Kafka. Send belongs to one goroutine;
-// everything else is safe for concurrent use.
+// Router produces outbox events to Kafka. Send, Start and the Kafka
+// transaction methods (InTxn, TxnEvents, CommitTxn, AbortTxn,
+// ReadCheckpoint) belong to one goroutine, the one that sends, or to one
+// goroutine it waits for; Flush, Inflight, Failed, Client, HeartbeatClient
+// and Close are safe for concurrent use.
 type Router struct {
 	cfg       Config
 	tmpl      Template
