@@ -226,6 +226,12 @@ func TestUnknownRelation(t *testing.T) {
 	}
 }
 
+// TestMissingColumn: an outbox table that lacks a mapped column (dropped or
+// renamed while the relay ran) does not stop the stream. Its Relation is
+// cached, and each of its rows is an Insert marked Unmappable (wrapping
+// ErrMissingColumn, naming the table and every missing column) with the
+// columns the table still has filled in, so the router can dead-letter it
+// with what identifies it. A corrected Relation heals it.
 func TestMissingColumn(t *testing.T) {
 	without := func(name string) []relCol {
 		return slices.DeleteFunc(outboxCols(), func(c relCol) bool { return c.name == name })
@@ -234,7 +240,7 @@ func TestMissingColumn(t *testing.T) {
 		name    string
 		opts    func(*Config)
 		cols    []relCol
-		wantErr []string // substrings of the error; nil for success
+		wantErr []string // substrings of Unmappable; nil for a mappable table
 	}{
 		{"payload", nil, without("payload"), []string{"public.outbox", `"payload"`}},
 		{"id", nil, without("id"), []string{`"id"`}},
@@ -255,27 +261,62 @@ func TestMissingColumn(t *testing.T) {
 				opts = append(opts, tc.opts)
 			}
 			d := newDecoder(t, opts...)
-			rel := relationMsg(outboxOID, "public", "outbox", tc.cols...)
+			decode(t, d, relationMsg(outboxOID, "public", "outbox", tc.cols...), KindRelation)
+			decode(t, d, beginMsg(1, 1, 7), KindBegin)
+			row := make([]val, len(tc.cols))
+			for i, c := range tc.cols {
+				row[i] = text("v-" + c.name)
+			}
+			decode(t, d, insertMsg(outboxOID, row...), KindInsert)
+			ev := d.Event()
+			if ev.Table == nil || *ev.Table != (Table{"public", "outbox"}) || ev.Xid != 7 {
+				t.Fatalf("event table %v xid %d", ev.Table, ev.Xid)
+			}
 			if tc.wantErr == nil {
-				decode(t, d, rel, KindRelation)
+				if ev.Unmappable != nil {
+					t.Fatalf("Unmappable = %v for a table with every mapped column", ev.Unmappable)
+				}
 				return
 			}
-			err := decodeErr(t, d, rel, ErrMissingColumn)
+			if !errors.Is(ev.Unmappable, ErrMissingColumn) {
+				t.Fatalf("Unmappable = %v, want an error wrapping ErrMissingColumn", ev.Unmappable)
+			}
 			for _, s := range tc.wantErr {
-				if !strings.Contains(err.Error(), s) {
-					t.Errorf("error %q does not contain %s", err, s)
+				if !strings.Contains(ev.Unmappable.Error(), s) {
+					t.Errorf("Unmappable %q does not contain %s", ev.Unmappable, s)
 				}
 			}
-			// Rows of the table fail the same way rather than decode
-			// against a column list that lacks the mapping.
-			decode(t, d, beginMsg(1, 1, 1), KindBegin)
-			row := make([]val, len(tc.cols))
+			// What the row still has identifies it; what it lacks is nil.
+			has := func(name string) bool {
+				return slices.ContainsFunc(tc.cols, func(c relCol) bool { return c.name == name })
+			}
+			cfg := Config{Mapping: DefaultMapping()}
+			for _, o := range opts {
+				o(&cfg)
+			}
+			m := cfg.Mapping
+			for _, f := range []struct {
+				column string
+				got    []byte
+			}{{m.ID, ev.ID}, {m.AggregateID, ev.AggregateID}, {m.AggregateType, ev.AggregateType}, {m.Payload, ev.Payload}} {
+				switch {
+				case has(f.column) && string(f.got) != "v-"+f.column:
+					t.Errorf("%s = %q, want %q", f.column, f.got, "v-"+f.column)
+				case !has(f.column) && f.got != nil:
+					t.Errorf("%s = %q, want nil: the table has no such column", f.column, f.got)
+				}
+			}
+			// A corrected Relation heals it.
+			healed := append(outboxCols(), col("trace_id", oidText), col("aggregatetype", oidText), col("aggregateid", oidText))
+			decode(t, d, relationMsg(outboxOID, "public", "outbox", healed...), KindRelation)
+			row = make([]val, len(healed))
 			for i := range row {
 				row[i] = text("x")
 			}
-			decodeErr(t, d, insertMsg(outboxOID, row...), ErrMissingColumn)
-			// A corrected Relation heals it.
-			decode(t, d, relationMsg(outboxOID, "public", "outbox", append(outboxCols(), col("trace_id", oidText), col("aggregatetype", oidText), col("aggregateid", oidText))...), KindRelation)
+			decode(t, d, insertMsg(outboxOID, row...), KindInsert)
+			if d.Event().Unmappable != nil {
+				t.Fatalf("Unmappable = %v after a corrected Relation", d.Event().Unmappable)
+			}
 		})
 	}
 }

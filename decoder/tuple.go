@@ -40,9 +40,6 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	if tag != 'N' {
 		return KindIgnored, malformed('I', "tuple tag", 5, fmt.Sprintf("want 'N', got 0x%02x", tag))
 	}
-	if rel.err != nil {
-		return KindIgnored, rel.err
-	}
 	if rel.table == nil {
 		// Rows of other tables are not parsed; only the column count is
 		// checked, because a mismatch means a Relation message was missed
@@ -60,6 +57,10 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	total := 0
 	for f := range d.fields {
 		c := rel.fieldCols[f]
+		if c < 0 { // a column the table lacks (rel.err says which): nil
+			d.sizes[f] = -1
+			continue
+		}
 		sp := cols[c]
 		n, err := valueLen(sp.kind, rel.columns[c].typ, r.buf[sp.off:sp.off+sp.n])
 		if err != nil {
@@ -88,6 +89,7 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 		off += n
 	}
 	d.event.Table = rel.table
+	d.event.Unmappable = rel.err
 	d.event.CommitTime = d.begin.CommitTime
 	d.event.Xid = d.begin.Xid
 	return KindInsert, nil

@@ -44,7 +44,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"topic"}),
 		EventsDeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_dead_lettered_total",
-			Help: "Outbox events sent to the dead-letter topic instead of their own, by reason. Any increase means a writer produced an invalid outbox row: inspect the dead-letter topic.",
+			Help: "Outbox events sent to the dead-letter topic instead of their own, by reason. Any increase means a writer produced an invalid outbox row (or, reason unmappable, a mapped column was dropped or renamed): inspect the dead-letter topic.",
 		}, []string{"reason"}),
 		Transactions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_transactions_total",

@@ -66,8 +66,9 @@ type Config struct {
 	// only move the confirmed position forward (default 100ms): confirming
 	// promptly keeps slot lag low, without a message per transaction.
 	ConfirmDelay time.Duration
-	// ShutdownTimeout bounds the wait for outstanding acks when Run's
-	// context ends (default 30s).
+	// ShutdownTimeout bounds the stop when Run's context ends: the wait
+	// for outstanding acks and, with exactly-once delivery, the final Kafka
+	// commit before it, together (default 30s).
 	ShutdownTimeout time.Duration
 	// BackoffMin and BackoffMax bound the jittered exponential wait between
 	// sessions (defaults 500ms and 30s).
@@ -249,8 +250,10 @@ func (r *Relay) Confirmed() decoder.LSN { return decoder.LSN(r.confirmed.Load())
 // Streaming reports whether a replication stream is open.
 func (r *Relay) Streaming() bool { return r.streaming.Load() }
 
-// ReplicationLag is now minus the commit time of the oldest transaction
-// not yet confirmed (0 when everything received is confirmed).
+// ReplicationLag is, while any transaction is in flight, now minus the
+// commit time of the newest confirmable transaction (of the oldest one in
+// flight when none is confirmable yet); 0 when nothing is in flight. It is
+// how far behind PostgreSQL what Kafka has lies, as housekeep computes it.
 func (r *Relay) ReplicationLag() time.Duration { return time.Duration(r.lag.Load()) }
 
 // Ready returns nil when the relay is streaming and its replication lag is
@@ -277,8 +280,8 @@ func (r *Relay) updateReady() {
 // Run prepares the database and relays until ctx ends, then waits (at most
 // ShutdownTimeout) for outstanding acks, confirms them and returns nil.
 // It returns an error only for what retrying cannot fix: a setup refusal,
-// an invalidated or vanished slot, an outbox table that lost a mapped
-// column, an invalid event with on-invalid=fail.
+// an invalidated or vanished slot, an invalid event with on-invalid=fail
+// (such as a row written while its table lacked a mapped column).
 func (r *Relay) Run(parent context.Context) error {
 	r.begin = r.now()
 	if err := r.prepare(parent); err != nil {
@@ -513,7 +516,7 @@ func isFatal(err error) bool {
 	var f *fatalError
 	var inv *router.InvalidEventError
 	return errors.As(err, &f) || errors.As(err, &inv) || slot.IsSetupError(err) ||
-		errors.Is(err, decoder.ErrMissingColumn) || errors.Is(err, decoder.ErrUnsupported)
+		errors.Is(err, decoder.ErrUnsupported)
 }
 
 // causeOf names a session's end for the restarts metric.

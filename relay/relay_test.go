@@ -88,7 +88,6 @@ func TestErrorClassification(t *testing.T) {
 		{"refused record", &produceError{errors.New("refused")}, "kafka", false, false},
 		{"failed Kafka transaction", &txnError{kerr.InvalidTxnState}, "kafka", false, false},
 		{"fatal", &fatalError{errors.New("stop")}, "connection", true, false},
-		{"missing column", fmt.Errorf("x: %w", decoder.ErrMissingColumn), "connection", true, false},
 		{"untrusted certificate", certErr, "connection", false, true},
 		{"wrong SASL password", kerr.SaslAuthenticationFailed, "connection", false, true},
 		{"transactional id not authorized", kerr.TransactionalIDAuthorizationFailed, "connection", false, true},

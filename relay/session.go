@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -54,6 +55,46 @@ type session struct {
 	msgs      uint64
 	recvBytes int
 	serverEnd decoder.LSN
+
+	// stopAt is when a stop must be over: ShutdownTimeout after the
+	// session first saw ctx end. Set once (stopOnce), possibly from a
+	// context.AfterFunc goroutine.
+	stopOnce sync.Once
+	stopAt   time.Time
+}
+
+// stopDeadline bounds everything a stop waits for (the final Kafka commit
+// with exactly-once delivery, then the outstanding acks) by one
+// ShutdownTimeout, counted from the first call after the stop.
+func (s *session) stopDeadline() time.Time {
+	s.stopOnce.Do(func() { s.stopAt = time.Now().Add(s.r.cfg.ShutdownTimeout) })
+	return s.stopAt
+}
+
+// kafkaCtx bounds a transactional Kafka call (commit, abort): by the
+// transaction timeout, and once the relay stops, by the stop deadline, so
+// a broker that stopped answering cannot hold a stop for --txn-timeout.
+// A commit cut short this way is safe: its checkpoint record is in the
+// same Kafka transaction, so the next start resumes from whatever
+// checkpoint the broker did commit.
+func (s *session) kafkaCtx() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.Router.TransactionTimeout)
+	var mu sync.Mutex
+	var timer *time.Timer
+	stopWatch := context.AfterFunc(s.ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		timer = time.AfterFunc(time.Until(s.stopDeadline()), cancel)
+	})
+	return ctx, func() {
+		stopWatch()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
 }
 
 // session streams until the connection breaks, Kafka refuses a record, or
@@ -423,10 +464,11 @@ func (s *session) housekeep(force bool) {
 	s.r.confirmed.Store(uint64(pos.LSN))
 }
 
-// finish ends a session: it waits for outstanding acks (bounded by
-// ShutdownTimeout when stopping, unbounded but cancellable otherwise so
-// the next session starts from an exact position), confirms what they
-// allow when the connection still works, and closes the stream.
+// finish ends a session: it waits for outstanding acks (unbounded but
+// cancellable when not stopping, so the next session starts from an exact
+// position), confirms what they allow when the connection still works,
+// and closes the stream. A stop waits at most ShutdownTimeout in all, for
+// the final Kafka commit (exactly-once) and the acks together.
 func (s *session) finish(cause error) error {
 	stopping := s.ctx.Err() != nil
 	if s.eos != nil {
@@ -443,10 +485,10 @@ func (s *session) finish(cause error) error {
 	flushCtx := context.Background()
 	if stopping {
 		var cancel context.CancelFunc
-		flushCtx, cancel = context.WithTimeout(flushCtx, s.r.cfg.ShutdownTimeout)
+		flushCtx, cancel = context.WithDeadline(flushCtx, s.stopDeadline())
 		defer cancel()
 		s.r.log.Info("stopping: waiting for outstanding acks", zap.Int64("inflight_events", s.rt.Inflight()),
-			zap.Duration("timeout", s.r.cfg.ShutdownTimeout))
+			zap.Duration("timeout", max(time.Until(s.stopDeadline()), 0)))
 	} else {
 		var cancel context.CancelFunc
 		flushCtx, cancel = context.WithCancel(s.ctx)

@@ -14,7 +14,8 @@
 // last confirmed position: duplicates, never loss).
 //
 // Invalid events (no aggregate type, a topic name Kafka rejects, no
-// aggregate id, no id, larger than the broker accepts) go to a dead-letter
+// aggregate id, no id, larger than the broker accepts, a row its table's
+// columns could not map) go to a dead-letter
 // topic with headers naming the reason, table, LSN and id, and count as
 // acknowledged once the dead-letter record is.
 //
@@ -150,8 +151,11 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Router produces outbox events to Kafka. Send belongs to one goroutine;
-// everything else is safe for concurrent use.
+// Router produces outbox events to Kafka. Send, Start and the Kafka
+// transaction methods (InTxn, TxnEvents, CommitTxn, AbortTxn,
+// ReadCheckpoint) belong to one goroutine, the one that sends, or to one
+// goroutine it waits for; Flush, Inflight, Failed, Client, HeartbeatClient
+// and Close are safe for concurrent use.
 type Router struct {
 	cfg       Config
 	tmpl      Template
@@ -339,6 +343,8 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 // route finds the destination of ev, or why it has none.
 func (r *Router) route(ev *decoder.Event) (reason Reason, t *topic, detail string) {
 	switch {
+	case ev.Unmappable != nil:
+		return ReasonUnmappable, nil, ev.Unmappable.Error()
 	case len(ev.AggregateType) == 0 && !r.tmpl.fixed:
 		return ReasonNoAggregateType, nil, "aggregate type is NULL or empty"
 	case ev.AggregateID == nil:

@@ -61,8 +61,9 @@ func TestParseTemplate(t *testing.T) {
 
 // TestParseTemplateRejectsInvalidStaticParts proves that a template whose
 // fixed prefix or suffix can never form a valid topic name is refused at
-// start, as an invalid fixed template is (DESIGN.md: bad flags refuse to
-// start), instead of silently dead-lettering every event.
+// start, as an invalid fixed template is (bad flags refuse to start with a
+// one-line error rather than fail at run time), instead of silently
+// dead-lettering every event.
 func TestParseTemplateRejectsInvalidStaticParts(t *testing.T) {
 	for _, in := range []string{
 		"outbox event.{aggregate_type}",                        // space

@@ -54,7 +54,8 @@ type Message struct {
 // message arrives. The stream stays usable.
 var ErrTimeout = errors.New("slot: no message before the deadline")
 
-// ErrInterrupted is returned by Receive after Interrupt.
+// ErrInterrupted is returned by Receive after Interrupt, also by a Receive
+// that starts after an Interrupt nobody has seen yet.
 var ErrInterrupted = errors.New("slot: receive interrupted")
 
 // Stream is a logical replication stream from one slot. It is owned by one
@@ -133,6 +134,14 @@ func (s *Stream) Receive(deadline time.Time) (Message, error) {
 			return Message{}, fmt.Errorf("set read deadline: %w", err)
 		}
 		s.deadline = deadline
+	}
+	// An Interrupt that landed before the deadline above was armed had its
+	// own deadline overwritten: look at its flag now. Interrupt sets the
+	// flag before the deadline, so one that comes after this check still
+	// cuts the read short.
+	if s.interrupted.Swap(false) {
+		s.deadline = time.Time{}
+		return Message{}, ErrInterrupted
 	}
 	for {
 		msg, err := s.fe.Receive()

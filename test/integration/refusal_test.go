@@ -1,6 +1,6 @@
 package integration
 
-// Tests of what bad input gets (DESIGN.md, "What bad input gets"): invalid
+// Tests of what bad input gets: invalid
 // events go to the dead-letter topic (or fail / are skipped on request),
 // bad setups refuse to start with one line naming the fix, and secrets
 // (Kafka SASL and PostgreSQL passwords) never reach the output.
