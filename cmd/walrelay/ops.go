@@ -207,6 +207,9 @@ func (c *dropCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	conn, err := slot.Connect(ctx, c.PGURL)
 	if err != nil {
+		if slot.IsSetupError(err) {
+			return &exitError{code: 2, err: err}
+		}
 		return err
 	}
 	defer conn.Close(context.Background())
