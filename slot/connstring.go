@@ -3,6 +3,7 @@ package slot
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"regexp"
@@ -29,7 +30,7 @@ const unparseable = "(unparseable connection string)"
 // of the input's text is copied, so no password or other parameter can
 // appear; a string that does not parse prints as a fixed placeholder.
 func Redact(conn string) string {
-	cfg, err := pgconn.ParseConfig(withDefaultSSLMode(conn))
+	cfg, err := parseConfig(conn)
 	if err != nil {
 		return unparseable
 	}
@@ -63,10 +64,54 @@ func CheckURL(conn string) error {
 // parseConfig parses conn with DefaultSSLMode applied; a string that does
 // not parse is a *SetupError whose text holds none of conn.
 func parseConfig(conn string) (*pgconn.Config, error) {
-	cfg, err := pgconn.ParseConfig(withDefaultSSLMode(conn))
-	if err == nil {
-		return cfg, nil
+	orig, err := pgconn.ParseConfig(conn)
+	if err != nil {
+		return nil, parseError(err, conn)
 	}
+	for _, h := range append([]string{orig.Host}, fallbackHosts(orig)...) {
+		if strings.Contains(h, "@") {
+			// An unencoded '@' in a URL's password: the rest of the
+			// password became the host, and would be printed as one.
+			return nil, parseError(errors.New("a host name holds '@'"), conn)
+		}
+	}
+	withMode := withDefaultSSLMode(conn)
+	if withMode == conn {
+		return orig, nil
+	}
+	// The default is added to the text; make sure it landed as a
+	// parameter and changed nothing else (a '?' or '@' in a password can
+	// move where the query starts).
+	cfg, err := pgconn.ParseConfig(withMode)
+	if err != nil || !sameTarget(orig, cfg) {
+		return nil, setupErrorf("cannot add walrelay's default sslmode=%s to the PostgreSQL connection string (--pg-url; not shown, as it may hold a password): "+
+			"set sslmode in it explicitly, and percent-encode reserved characters in a URL's password (%%3F for ?, %%40 for @, %%23 for #, %%25 for %%)", DefaultSSLMode)
+	}
+	return cfg, nil
+}
+
+// sameTarget reports whether a and b connect to the same place the same
+// way, TLS aside.
+func sameTarget(a, b *pgconn.Config) bool {
+	if a.Host != b.Host || a.Port != b.Port || a.Database != b.Database || a.User != b.User || a.Password != b.Password ||
+		!maps.Equal(a.RuntimeParams, b.RuntimeParams) {
+		return false
+	}
+	hosts := func(c *pgconn.Config) []string {
+		var hs []string
+		for _, fb := range c.Fallbacks {
+			if hp := hostPort(fb.Host, fb.Port); !slices.Contains(hs, hp) && hp != hostPort(c.Host, c.Port) {
+				hs = append(hs, hp)
+			}
+		}
+		return hs
+	}
+	return slices.Equal(hosts(a), hosts(b))
+}
+
+// parseError is the *SetupError for a connection string pgconn cannot
+// parse; it holds nothing of conn.
+func parseError(err error, conn string) error {
 	// pgconn quotes the string with a best-effort redaction; use only the
 	// underlying reason (e.g. "sslmode is invalid", "unable to read CA
 	// file: …"), scrubbed of anything that may be a password and of quoted
@@ -76,7 +121,7 @@ func parseConfig(conn string) (*pgconn.Config, error) {
 		reason = quoted.ReplaceAllString(redactText(inner.Error(), conn), `"…"`)
 		reason = " (" + reason + ")"
 	}
-	return nil, setupErrorf("the PostgreSQL connection string (--pg-url) does not parse%s; it is not shown, as it may hold a password. "+
+	return setupErrorf("the PostgreSQL connection string (--pg-url) does not parse%s; it is not shown, as it may hold a password. "+
 		"Write postgres://user@host:port/database?sslmode=verify-full or key=value pairs (host=… user=… dbname=…), "+
 		"percent-encode reserved characters in a URL's password (%%23 for #, %%40 for @, %%3A for :, %%2F for /, %%3F for ?, %%25 for %%), "+
 		"or leave the password out and set PGPASSWORD or a passfile (~/.pgpass)", reason)
@@ -106,7 +151,13 @@ func withDefaultSSLMode(conn string) string {
 		return conn
 	}
 	if strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://") {
-		if strings.Contains(conn, "?") {
+		// The query starts at a '?' after the user info (a password may
+		// hold '?'); parseConfig checks the result.
+		rest := conn[strings.LastIndex(conn, "@")+1:]
+		switch {
+		case strings.HasSuffix(rest, "?"):
+			return conn + "sslmode=" + DefaultSSLMode
+		case strings.Contains(rest, "?"):
 			return conn + "&sslmode=" + DefaultSSLMode
 		}
 		return conn + "?sslmode=" + DefaultSSLMode
@@ -170,7 +221,7 @@ func secrets(conn string) []string {
 			out = append(out, s)
 		}
 	}
-	if cfg, err := pgconn.ParseConfig(withDefaultSSLMode(conn)); err == nil {
+	if cfg, err := pgconn.ParseConfig(conn); err == nil {
 		add(cfg.Password)
 	}
 	for _, v := range []string{conn, percentDecode(conn)} {

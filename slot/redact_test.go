@@ -20,6 +20,8 @@ var secretURLs = []struct {
 	{"postgres://relay:Secret99@db:6432/app?sslpassword=Keypass77", "relay@db:6432/app"},
 	{"postgres://relay@db/app?sslmode=bogus&password=Secret99", ""},
 	{"postgres://relay:p@ss:Secret99@db:5432/app", ""},
+	{"postgres://relay:Secret99@x@db:5432/app", ""},
+	{"postgres://relay:x@Secret99@db:5432/app", ""},
 	{"postgresql://relay:Secret99@db1:5432,db2:5433/app?target_session_attrs=read-write", "relay@db1:5432,db2:5433/app"},
 	{"host=db user=relay password=Secret99 sslpassword=Keypass77 dbname=app", "relay@db:5432/app"},
 	{"host=db user=relay password='Secret99 x' dbname=app sslmode=bogus", ""},
@@ -141,10 +143,16 @@ func TestSSLMode(t *testing.T) {
 // (pgx's own default, prefer, has both holes).
 func TestDefaultSSLModeVerifies(t *testing.T) {
 	t.Setenv("PGSSLMODE", "")
-	for _, conn := range []string{"postgres://relay@db.example/app", "host=db.example user=relay dbname=app"} {
+	for _, conn := range []string{
+		"postgres://relay@db.example/app", "host=db.example user=relay dbname=app",
+		"postgres://relay:a?b@db.example/app", "postgres://relay@db.example/app?", "postgres://relay:a#b@db.example/app?application_name=x",
+	} {
 		cfg, err := ReplicationConfig(conn)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if cfg.Database != "app" || cfg.User != "relay" {
+			t.Errorf("%s: database %q user %q: adding the default sslmode changed the target", conn, cfg.Database, cfg.User)
 		}
 		if cfg.TLSConfig == nil || cfg.TLSConfig.InsecureSkipVerify && cfg.TLSConfig.VerifyPeerCertificate == nil {
 			t.Errorf("%s: TLS %+v, want verified TLS", conn, cfg.TLSConfig)
