@@ -31,9 +31,14 @@ type SetupConfig struct {
 }
 
 // Connect opens a normal (non-replication) connection for checks and
-// queries, with the password kept out of any error.
+// queries, with the password kept out of any error. A string that does not
+// parse is a *SetupError, before any connection attempt; without sslmode
+// the connection uses DefaultSSLMode.
 func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(url)
+	if _, err := parseConfig(url); err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(withDefaultSSLMode(url))
 	if err != nil {
 		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), redactErr(err, url))
 	}
@@ -42,6 +47,9 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		if err := connectError(err, url); IsSetupError(err) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", Redact(url), redactErr(err, url))
 	}
 	return conn, nil
@@ -228,7 +236,7 @@ func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 	}
 	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
-		return fmt.Errorf("replication connection: %w", redactErr(err, cfg.URL))
+		return fmt.Errorf("replication connection: %w", connectError(err, cfg.URL))
 	}
 	defer rconn.Close(context.Background())
 	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{

@@ -81,7 +81,7 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 	applyReadOptions(cfg, opts.Read)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("replication connection: %w", redactErr(err, url))
+		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
 	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn()}
 	if s.System, err = pglogrepl.IdentifySystem(ctx, conn); err != nil {
@@ -110,11 +110,12 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 }
 
 // ReplicationConfig derives the replication connection's configuration from
-// a normal connection URL or DSN.
+// a normal connection URL or DSN (DefaultSSLMode when it sets no sslmode).
+// A string that does not parse is a *SetupError that does not quote it.
 func ReplicationConfig(url string) (*pgconn.Config, error) {
-	cfg, err := pgconn.ParseConfig(url)
+	cfg, err := parseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), redactErr(err, url))
+		return nil, err
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {

@@ -170,6 +170,11 @@ type DeliveryFlags struct {
 
 // relayConfig assembles the relay's configuration from the flag groups.
 func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, hf HealthFlags, df DeliveryFlags, log *zap.Logger) (relay.Config, error) {
+	// A URL that does not parse is refused before any connection attempt,
+	// without being quoted (a password may be anywhere in it).
+	if err := slot.CheckURL(pgURL); err != nil {
+		return relay.Config{}, err
+	}
 	tables, err := parseTables(src.Table)
 	if err != nil {
 		return relay.Config{}, err
