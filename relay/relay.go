@@ -26,6 +26,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -180,6 +181,11 @@ type Relay struct {
 	// ctx ended first); unit tests replace them to check the waits.
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) bool
+
+	// unmapped holds the counter of each table whose inserts the
+	// publication sends but no outbox maps; a table is logged when it is
+	// added. Only the session goroutine (one at a time) touches it.
+	unmapped map[decoder.Table]prometheus.Counter
 }
 
 // New checks cfg and returns a Relay.
