@@ -48,6 +48,10 @@ type Config struct {
 	Mapping     decoder.Mapping
 	// CreatePublication and CreateSlot create what is missing at start.
 	CreatePublication, CreateSlot bool
+	// AlterPublication adds missing outbox tables to a publication walrelay
+	// did not create; AllowRowFilter accepts a row filter on an outbox
+	// table (see slot.SetupConfig).
+	AlterPublication, AllowRowFilter bool
 	// Binary asks pgoutput for binary values (PostgreSQL 14+).
 	Binary bool
 	// Read tunes how the replication socket is read.
@@ -373,6 +377,7 @@ func (r *Relay) prepare(ctx context.Context) error {
 		err := slot.Prepare(ctx, slot.SetupConfig{
 			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
 			Columns: cols, CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
+			AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
 		}, r.log)
 		if err == nil || slot.IsSetupError(err) || ctx.Err() != nil {
 			r.backoff.Reset()
