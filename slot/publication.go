@@ -109,14 +109,15 @@ func ReadPublication(ctx context.Context, conn *pgx.Conn, name string, tables []
 func readPublishedTable(ctx context.Context, conn *pgx.Conn, pub *Publication, pubOID uint32, t decoder.Table) (PublishedTable, error) {
 	pt := PublishedTable{Table: t}
 	ident := pgx.Identifier{t.Schema, t.Name}.Sanitize()
-	leaves := "0"
-	if pub.version >= 120000 {
+	leaves, generated := "0", "true"
+	if pub.version >= 120000 { // pg_partition_tree and generated columns came with PostgreSQL 12
 		leaves = "(SELECT count(*) FROM pg_partition_tree(c.oid) WHERE isleaf AND relid <> c.oid)"
+		generated = "a.attgenerated = ''"
 	}
 	var oid uint32
 	var visible int // columns PostgreSQL replicates (generated ones it does not)
 	err := conn.QueryRow(ctx, `SELECT c.oid, c.relkind = 'p', CASE WHEN c.relkind = 'p' THEN `+leaves+` ELSE 0 END,
-			(SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '')
+			(SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND `+generated+`)
 		FROM pg_class c WHERE c.oid = to_regclass($1)`, ident).Scan(&oid, &pt.Partitioned, &pt.Partitions, &visible)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return pt, setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one with --table", t)
@@ -149,7 +150,7 @@ func readPublishedTable(ctx context.Context, conn *pgx.Conn, pub *Publication, p
 			pt.RowFilter = *rowFilter
 		}
 	}
-	if pt.Published || !pt.Partitioned || pub.ViaRoot {
+	if pt.Published || !pt.Partitioned || pub.ViaRoot || pub.version < 120000 {
 		return pt, nil
 	}
 	// Not listed under its own name: without publish_via_partition_root a
