@@ -223,12 +223,12 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	conn, err := slot.Connect(ctx, c.PGURL)
 	if err != nil {
-		return err
+		return &exitError{code: exitFailed, err: err}
 	}
 	defer conn.Close(context.Background())
 	pub, err := slot.ReadPublication(ctx, conn, c.Publication, tabs)
 	if err != nil {
-		return err
+		return &exitError{code: exitFailed, err: err}
 	}
 	var published []string
 	for _, line := range publicationSummary(pub) {
