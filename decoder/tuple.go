@@ -10,7 +10,7 @@ package decoder
 // allocation: walk the tuple once recording where each column's bytes are,
 // compute the decoded size of every mapped value, then allocate one buffer
 // and decode the values into it. Rows of other tables stop after the map
-// lookup and a column count check.
+// lookup and a column count check (KindUnmapped).
 
 import "fmt"
 
@@ -44,7 +44,11 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 		// Rows of other tables are not parsed; only the column count is
 		// checked, because a mismatch means a Relation message was missed
 		// and the stream is out of step.
-		return KindIgnored, d.checkColumnCount(r, rel)
+		if err := d.checkColumnCount(r, rel); err != nil {
+			return KindIgnored, err
+		}
+		d.unmapped = rel
+		return KindUnmapped, nil
 	}
 
 	cols, err := d.walkTuple(r, rel)

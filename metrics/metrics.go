@@ -33,6 +33,7 @@ type Metrics struct {
 	SlotWALStatus      *prometheus.GaugeVec
 	Ready              prometheus.Gauge
 	KafkaTransactions  prometheus.Counter
+	UnmappedInserts    *prometheus.CounterVec
 }
 
 // New creates the metrics and registers them on reg.
@@ -123,6 +124,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_kafka_transactions_total",
 			Help: "Kafka transactions committed (exactly-once delivery only), each with a checkpoint record.",
 		}),
+		UnmappedInserts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walrelay_unmapped_inserts_total",
+			Help: "Inserts the publication streamed for a table that is not a configured outbox table (--table), by table; they are not published. Add the table with --table if it is an outbox, or remove it from the publication.",
+		}, []string{"table"}),
 	}
 	reg.MustRegister(
 		m.EventsPublished, m.EventsDeadLettered, m.Transactions, m.ProduceErrors,
@@ -130,6 +135,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.SlotLag, m.ReplicationLag, m.CommitToAck, m.InflightEvents,
 		m.Heartbeats, m.StandbyStatusSent, m.StreamRestarts, m.Streaming,
 		m.ReceivedBytes, m.SlotSafeWALSize, m.SlotWALStatus, m.Ready, m.KafkaTransactions,
+		m.UnmappedInserts,
 	)
 	return m
 }

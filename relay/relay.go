@@ -26,6 +26,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -47,6 +48,10 @@ type Config struct {
 	Mapping     decoder.Mapping
 	// CreatePublication and CreateSlot create what is missing at start.
 	CreatePublication, CreateSlot bool
+	// AlterPublication adds missing outbox tables to a publication walrelay
+	// did not create; AllowRowFilter accepts a row filter on an outbox
+	// table (see slot.SetupConfig).
+	AlterPublication, AllowRowFilter bool
 	// Binary asks pgoutput for binary values (PostgreSQL 14+).
 	Binary bool
 	// Read tunes how the replication socket is read.
@@ -180,6 +185,11 @@ type Relay struct {
 	// ctx ended first); unit tests replace them to check the waits.
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) bool
+
+	// unmapped holds the counter of each table whose inserts the
+	// publication sends but no outbox maps; a table is logged when it is
+	// added. Only the session goroutine (one at a time) touches it.
+	unmapped map[decoder.Table]prometheus.Counter
 }
 
 // New checks cfg and returns a Relay.
@@ -367,6 +377,7 @@ func (r *Relay) prepare(ctx context.Context) error {
 		err := slot.Prepare(ctx, slot.SetupConfig{
 			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
 			Columns: cols, CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
+			AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
 		}, r.log)
 		if err == nil || slot.IsSetupError(err) || ctx.Err() != nil {
 			r.backoff.Reset()

@@ -24,8 +24,14 @@ type SetupConfig struct {
 	// Columns are the mapped columns every outbox table must have.
 	Columns []string
 	// CreatePublication creates the publication when it is missing and
-	// adds outbox tables it lacks.
+	// adds outbox tables it lacks when walrelay created it.
 	CreatePublication bool
+	// AlterPublication adds outbox tables to an existing publication that
+	// walrelay did not create (it may be shared with other subscribers).
+	AlterPublication bool
+	// AllowRowFilter accepts a publication row filter on an outbox table:
+	// rows it filters out are never published.
+	AllowRowFilter bool
 	// CreateSlot creates the slot (pgoutput) when it is missing.
 	CreateSlot bool
 }
@@ -122,83 +128,6 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 		}
 	}
 	return nil
-}
-
-func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
-	var pubInsert, allTables bool
-	err := conn.QueryRow(ctx, "SELECT pubinsert, puballtables FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert, &allTables)
-	if errors.Is(err, pgx.ErrNoRows) {
-		if !cfg.CreatePublication {
-			return setupErrorf("publication %q does not exist: create it with CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'), or allow --create-publication", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), tableList(cfg.Tables))
-		}
-		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", pgx.Identifier{cfg.Publication}.Sanitize(), tableList(cfg.Tables))
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") {
-				// Another walrelay created it at the same moment: check
-				// what it created.
-				return ensurePublication(ctx, conn, cfg, log)
-			}
-			return publicationError(cfg, "create", err)
-		}
-		log.Info("created publication", zap.String("publication", cfg.Publication), zap.String("sql", sql))
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("look up publication %q: %w", cfg.Publication, err)
-	}
-	if !pubInsert {
-		return setupErrorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize())
-	}
-	if allTables {
-		return nil
-	}
-	rows, err := conn.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1", cfg.Publication)
-	if err != nil {
-		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
-	}
-	have, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (decoder.Table, error) {
-		var t decoder.Table
-		err := r.Scan(&t.Schema, &t.Name)
-		return t, err
-	})
-	if err != nil {
-		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
-	}
-	var missing []decoder.Table
-	for _, t := range cfg.Tables {
-		if !slices.Contains(have, t) {
-			missing = append(missing, t)
-		}
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	sql := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{cfg.Publication}.Sanitize(), tableList(missing))
-	if !cfg.CreatePublication {
-		return setupErrorf("publication %q lacks outbox tables: run %s, or allow --create-publication", cfg.Publication, sql)
-	}
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		return publicationError(cfg, "alter", err)
-	}
-	log.Info("added tables to publication", zap.String("publication", cfg.Publication), zap.String("sql", sql))
-	return nil
-}
-
-func publicationError(cfg SetupConfig, verb string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return setupErrorf("cannot %s publication %q: %s; create it as the tables' owner or a superuser, then restart walrelay", verb, cfg.Publication, pgErr.Message)
-	}
-	return fmt.Errorf("%s publication %q: %w", verb, cfg.Publication, err)
-}
-
-func tableList(ts []decoder.Table) string {
-	parts := make([]string, len(ts))
-	for i, t := range ts {
-		parts[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
-	}
-	return strings.Join(parts, ", ")
 }
 
 func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {

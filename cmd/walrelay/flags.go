@@ -47,10 +47,12 @@ func (f *LogFlags) logger() (*zap.Logger, error) {
 
 // SourceFlags say where the events come from.
 type SourceFlags struct {
-	Publication       string   `default:"walrelay_outbox" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert') when missing)."`
+	Publication       string   `default:"walrelay_outbox" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert', publish_via_partition_root = true) when missing)."`
 	Slot              string   `default:"walrelay" help:"Logical replication slot (pgoutput)."`
 	Table             []string `default:"public.outbox" help:"Outbox table, schema.table; repeat the flag (or separate with commas) for several."`
-	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing and add outbox tables it lacks."`
+	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing, and add outbox tables it lacks to a publication walrelay created."`
+	AlterPublication  bool     `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared: every subscriber of it then receives them)."`
+	AllowRowFilter    bool     `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published. Logged at WARN at startup."`
 	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
 }
 
@@ -204,6 +206,8 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		Mapping:           mapping,
 		CreatePublication: src.CreatePublication,
 		CreateSlot:        src.CreateSlot,
+		AlterPublication:  src.AlterPublication,
+		AllowRowFilter:    src.AllowRowFilter,
 		Binary:            tun.Binary,
 		Read: slot.ReadOptions{
 			BufferBytes:        tun.ReadBufferBytes,
