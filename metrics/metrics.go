@@ -33,6 +33,8 @@ type Metrics struct {
 	SlotWALStatus      *prometheus.GaugeVec
 	Ready              prometheus.Gauge
 	KafkaTransactions  prometheus.Counter
+	SnapshotRows       prometheus.Counter
+	SnapshotRunning    prometheus.Gauge
 }
 
 // New creates the metrics and registers them on reg.
@@ -123,6 +125,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_kafka_transactions_total",
 			Help: "Kafka transactions committed (exactly-once delivery only), each with a checkpoint record.",
 		}),
+		SnapshotRows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_snapshot_rows_total",
+			Help: "Rows read by snapshots (the initial snapshot when walrelay creates the slot, or walrelay snapshot) and handed to Kafka. Rows of a snapshot interrupted by a crash are counted again when it is redone.",
+		}),
+		SnapshotRunning: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_snapshot_running",
+			Help: "1 while a snapshot is read and published; the stream starts after it. Stuck at 1 with walrelay_inflight_events at its limit means Kafka is the bottleneck.",
+		}),
 	}
 	reg.MustRegister(
 		m.EventsPublished, m.EventsDeadLettered, m.Transactions, m.ProduceErrors,
@@ -130,6 +140,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.SlotLag, m.ReplicationLag, m.CommitToAck, m.InflightEvents,
 		m.Heartbeats, m.StandbyStatusSent, m.StreamRestarts, m.Streaming,
 		m.ReceivedBytes, m.SlotSafeWALSize, m.SlotWALStatus, m.Ready, m.KafkaTransactions,
+		m.SnapshotRows, m.SnapshotRunning,
 	)
 	return m
 }

@@ -52,6 +52,9 @@ type SourceFlags struct {
 	Table             []string `default:"public.outbox" help:"Outbox table, schema.table; repeat the flag (or separate with commas) for several."`
 	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing and add outbox tables it lacks."`
 	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
+	Snapshot          string   `default:"initial" enum:"initial,never" help:"initial: when walrelay creates the slot, first publish the rows already in the outbox tables (at the slot's consistent point), then stream; never: publish only rows committed after the slot exists."`
+	SnapshotWhere     string   `placeholder:"SQL" help:"SQL condition the rows of the initial snapshot must meet (e.g. 'sent_at IS NULL'); empty for every row."`
+	SnapshotOrder     string   `placeholder:"SQL" help:"SQL ORDER BY list of the initial snapshot (e.g. 'created_at, id'); empty for the table's primary key."`
 }
 
 // validateSource checks the flags every command that touches the database
@@ -199,6 +202,9 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		Mapping:           mapping,
 		CreatePublication: src.CreatePublication,
 		CreateSlot:        src.CreateSlot,
+		InitialSnapshot:   src.Snapshot != "never",
+		SnapshotWhere:     src.SnapshotWhere,
+		SnapshotOrder:     src.SnapshotOrder,
 		Binary:            tun.Binary,
 		Read: slot.ReadOptions{
 			BufferBytes:        tun.ReadBufferBytes,
