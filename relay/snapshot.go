@@ -167,7 +167,7 @@ func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
 		}
 		wait, err := s.rt.Send(ev, s.lsn, &s.acks)
 		if err != nil {
-			if s.eos != nil {
+			if s.eos != nil && errors.Is(err, router.ErrFenced) {
 				return s.eos.r.eosError(err)
 			}
 			return err
