@@ -408,9 +408,11 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 			r.backoff.Reset()
 			return rt, nil
 		}
+		cause := "setup"
 		if rt.Failed() {
 			// Kafka refused a snapshot record: a new producer for the
 			// next attempt.
+			cause = "kafka"
 			rt.Close()
 			rt = nil
 		}
@@ -424,7 +426,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 		if pgAuthError(err) {
 			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
 		}
-		if !r.retry(ctx, "setup", err) {
+		if !r.retry(ctx, cause, err) {
 			return fail(r.stopErr(ctx))
 		}
 	}

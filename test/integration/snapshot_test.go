@@ -14,7 +14,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
@@ -393,6 +396,36 @@ func TestInitialSnapshotCrashRedoesIt(t *testing.T) {
 	}
 	e.waitSlotActive(p2)
 	t.Logf("killed after %v snapshot rows were sent; %d rows read, %d duplicates", sentBefore, len(distinctIDs(recs)), dups)
+}
+
+// TestInitialSnapshotKafkaRefusalRedoesIt: Kafka refuses a produce
+// request for good in the middle of the initial snapshot. The relay does
+// not create the slot from that snapshot: it replaces the producer, takes
+// a new snapshot and streams after it, without Run returning; every row
+// arrives.
+func TestInitialSnapshotKafkaRefusalRedoesIt(t *testing.T) {
+	e := newEnv(t)
+	e.needKfake()
+	const rows = 5000
+	insertSeq(e, "pre", 0, rows-1)
+	c := e.consume()
+	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("w"), Err: kerr.InvalidRecord, Count: 1})
+	cfg := e.config()
+	cfg.InitialSnapshot = true
+	cfg.Router.MaxInflightEvents = 50
+	rr, reg := e.startRelayGathered(cfg)
+	if fault.Hits() == 0 {
+		t.Fatal("the produce fault was never hit")
+	}
+	insertSeq(e, "post", 0, 9)
+	recs := c.waitIDs(rows+10, 2*time.Minute)
+	checkEachOnceAtLeast(t, recs, tableIDs(e))
+	if n := gathered(reg, "walrelay_snapshot_rows_total")[""]; n <= rows {
+		t.Errorf("walrelay_snapshot_rows_total = %v: the snapshot was not redone after the refused record", n)
+	}
+	if ok, err := rr.returned(); ok {
+		t.Fatalf("relay Run returned: %v", err)
+	}
 }
 
 // checkEachOnceAtLeast fails the test unless recs hold every id of want
