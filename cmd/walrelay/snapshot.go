@@ -26,6 +26,15 @@ type snapshotCmd struct {
 	RecordFlags `embed:""`
 }
 
+// Validate refuses an empty --pg-url, with which pgx would dial a local
+// Unix socket as the OS user.
+func (c *snapshotCmd) Validate() error {
+	if strings.TrimSpace(c.PGURL) == "" {
+		return errors.New("--pg-url is empty: give the source database URL (postgres://user@host:5432/db?sslmode=verify-full) or set WALRELAY_PG_URL")
+	}
+	return nil
+}
+
 func (c *snapshotCmd) Run(ctx context.Context, lf *LogFlags) error {
 	log, err := lf.logger()
 	if err != nil {
@@ -33,22 +42,24 @@ func (c *snapshotCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	defer log.Sync()
 	src := SourceFlags{Table: c.Table}
+	// Up to PublishSnapshot only the configuration is checked: its errors
+	// are malformed flags.
 	cfg, err := relayConfig(c.PGURL, c.Brokers, src, c.RecordFlags, TuningFlags{}, HealthFlags{}, DeliveryFlags{Delivery: "at-least-once"}, log)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageError(err)
 	}
 	kopts, err := c.KafkaFlags.options()
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return usageError(err)
 	}
 	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
 	cfg.SnapshotWhere, cfg.SnapshotOrder = c.Where, c.Order
 	n, err := relay.PublishSnapshot(ctx, cfg, log, metrics.NewUnregistered())
 	if err != nil {
 		if errors.Is(err, snapshot.ErrQuery) || slot.IsSetupError(err) {
-			return &exitError{code: 2, err: err}
+			return &exitError{code: exitFailed, err: err}
 		}
-		return fmt.Errorf("snapshot of %s failed after %d rows were sent (run it again: consumers dedupe by the id header): %w", strings.Join(c.Table, ", "), n, err)
+		return &exitError{code: exitFailed, err: fmt.Errorf("snapshot of %s failed after %d rows were sent (run it again: consumers dedupe by the id header): %w", strings.Join(c.Table, ", "), n, err)}
 	}
 	fmt.Printf("published %d rows of %s; a row may also arrive through the stream (consumers dedupe by the id header)\n", n, strings.Join(c.Table, ", "))
 	return nil
