@@ -41,6 +41,12 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 			}
 			r.log.Warn("initial snapshot failed; the slot is not created, the next attempt snapshots again",
 				zap.Int64("rows_sent", res.Rows), zap.Error(err))
+			if res.Rows > 0 {
+				// PostgreSQL and Kafka both answered: the startup timeout
+				// (for what cannot be reached) counts from here, not from
+				// before a snapshot that may have run for an hour.
+				r.begin = r.now()
+			}
 			if errors.Is(err, snapshot.ErrQuery) {
 				return &fatalError{err}
 			}

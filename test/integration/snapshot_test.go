@@ -399,29 +399,38 @@ func TestInitialSnapshotCrashRedoesIt(t *testing.T) {
 }
 
 // TestInitialSnapshotKafkaRefusalRedoesIt: Kafka refuses a produce
-// request for good in the middle of the initial snapshot. The relay does
-// not create the slot from that snapshot: it replaces the producer, takes
-// a new snapshot and streams after it, without Run returning; every row
-// arrives.
+// request for good in the middle of the initial snapshot, after
+// --startup-timeout has passed. The relay does not create the slot from
+// that snapshot: it replaces the producer, takes a new snapshot and
+// streams after it, without Run returning (the snapshot's progress showed
+// both servers reachable, so the startup timeout does not end it); every
+// row arrives.
 func TestInitialSnapshotKafkaRefusalRedoesIt(t *testing.T) {
 	e := newEnv(t)
 	e.needKfake()
-	const rows = 5000
+	const rows = 20000
 	insertSeq(e, "pre", 0, rows-1)
 	c := e.consume()
-	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("w"), Err: kerr.InvalidRecord, Count: 1})
+	began := time.Now()
+	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("w"), Err: kerr.InvalidRecord, Count: 1,
+		When: func(kmsg.Request) bool { return time.Since(began) > 2*time.Second }})
 	cfg := e.config()
 	cfg.InitialSnapshot = true
-	cfg.Router.MaxInflightEvents = 50
+	cfg.StartupTimeout = time.Second
+	// A small in-flight limit makes the snapshot outlast the timeout.
+	cfg.Router.MaxInflightEvents = 5
 	rr, reg := e.startRelayGathered(cfg)
 	if fault.Hits() == 0 {
-		t.Fatal("the produce fault was never hit")
+		t.Fatal("the produce fault was never hit: the snapshot ended before it")
 	}
 	insertSeq(e, "post", 0, 9)
 	recs := c.waitIDs(rows+10, 2*time.Minute)
 	checkEachOnceAtLeast(t, recs, tableIDs(e))
 	if n := gathered(reg, "walrelay_snapshot_rows_total")[""]; n <= rows {
 		t.Errorf("walrelay_snapshot_rows_total = %v: the snapshot was not redone after the refused record", n)
+	}
+	if n := gathered(reg, "walrelay_stream_restarts_total")["kafka"]; n != 1 {
+		t.Errorf("walrelay_stream_restarts_total{cause=kafka} = %v, want 1", n)
 	}
 	if ok, err := rr.returned(); ok {
 		t.Fatalf("relay Run returned: %v", err)
