@@ -19,8 +19,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/relay"
 )
 
 // insertSeq inserts rows seq from..to (inclusive) in one transaction, keys
@@ -213,6 +218,29 @@ func TestInitialSnapshotWhereAndOrder(t *testing.T) {
 		}
 		if !slices.Equal(seqs, want) {
 			t.Errorf("published seqs %v, want the unsent rows in descending seq %v", seqs, want)
+		}
+	})
+	t.Run("a condition PostgreSQL refuses", func(t *testing.T) {
+		e := newEnv(t)
+		cfg := e.config()
+		cfg.InitialSnapshot = true
+		cfg.SnapshotWhere = "no_such_column IS NULL"
+		r, err := relay.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), metrics.NewUnregistered())
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(e.ctx) }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "no_such_column") || !strings.Contains(err.Error(), "condition") {
+				t.Errorf("Run returned %v, want an error naming the column and the snapshot condition", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not refuse a bad --snapshot-where within 30s")
+		}
+		if _, err := e.slotInfoErr(); err == nil {
+			t.Errorf("slot %s created although the snapshot was refused", e.name)
 		}
 	})
 	t.Run("primary key by default", func(t *testing.T) {
