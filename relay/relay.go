@@ -52,6 +52,14 @@ type Config struct {
 	// did not create; AllowRowFilter accepts a row filter on an outbox
 	// table (see slot.SetupConfig).
 	AlterPublication, AllowRowFilter bool
+	// InitialSnapshot publishes the rows already in the outbox tables when
+	// the relay creates the slot (--snapshot initial), before streaming;
+	// false (--snapshot never) publishes only what is committed later.
+	InitialSnapshot bool
+	// SnapshotWhere is an SQL condition the rows of a snapshot must meet
+	// (empty: every row); SnapshotOrder an SQL ORDER BY list (empty: the
+	// primary key).
+	SnapshotWhere, SnapshotOrder string
 	// Binary asks pgoutput for binary values (PostgreSQL 14+).
 	Binary bool
 	// Read tunes how the replication socket is read.
@@ -294,12 +302,14 @@ func (r *Relay) updateReady() {
 // (such as a row written while its table lacked a mapped column).
 func (r *Relay) Run(parent context.Context) error {
 	r.begin = r.now()
-	if err := r.prepare(parent); err != nil {
+	rt, err := r.prepare(parent)
+	if err != nil {
 		if parent.Err() != nil {
 			return nil
 		}
 		return err
 	}
+	r.router.Store(rt)
 	// Background work that may stop the relay (an invalidated slot)
 	// cancels ctx with a cause; the parent's cancellation is a clean stop.
 	ctx, stop := context.WithCancelCause(parent)
@@ -320,7 +330,6 @@ func (r *Relay) Run(parent context.Context) error {
 		return nil
 	}
 
-	var rt *router.Router
 	defer func() {
 		if rt != nil {
 			r.router.Store(nil)
@@ -364,8 +373,11 @@ func (r *Relay) Run(parent context.Context) error {
 	}
 }
 
-// prepare runs the setup checks, retrying what may be transient.
-func (r *Relay) prepare(ctx context.Context) error {
+// prepare connects to Kafka, then runs the setup checks and creates what
+// is missing (with the initial snapshot, published through the router it
+// returns), retrying what may be transient. Kafka comes first: a slot
+// created by a start that then fails on Kafka would hold WAL for nothing.
+func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 	cols := []string{r.cfg.Mapping.ID, r.cfg.Mapping.AggregateType, r.cfg.Mapping.AggregateID, r.cfg.Mapping.Payload}
 	if r.cfg.Mapping.Type != "" {
 		cols = append(cols, r.cfg.Mapping.Type)
@@ -373,30 +385,71 @@ func (r *Relay) prepare(ctx context.Context) error {
 	for _, h := range r.cfg.Mapping.Headers {
 		cols = append(cols, h.Column)
 	}
+	var rt *router.Router
+	fail := func(err error) (*router.Router, error) {
+		if rt != nil {
+			rt.Close()
+		}
+		return nil, err
+	}
 	for {
-		err := slot.Prepare(ctx, slot.SetupConfig{
+		if rt == nil {
+			var err error
+			if rt, err = r.newRouter(ctx); err != nil {
+				rt = nil
+				if ctx.Err() != nil || isFatal(err) {
+					return fail(err)
+				}
+				if !r.retry(ctx, "kafka", err) {
+					return fail(r.stopErr(ctx))
+				}
+				continue
+			}
+		}
+		setup := slot.SetupConfig{
 			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
 			Columns: cols, CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
 			AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
-		}, r.log)
-		if err == nil || slot.IsSetupError(err) || ctx.Err() != nil {
+		}
+		if r.cfg.InitialSnapshot {
+			setup.Snapshot = r.initialSnapshot(rt)
+		}
+		err := slot.Prepare(ctx, setup, r.log)
+		if err == nil {
 			r.backoff.Reset()
-			return err
+			return rt, nil
+		}
+		cause := "setup"
+		if rt.Failed() {
+			// Kafka refused a snapshot record: a new producer for the
+			// next attempt.
+			cause = "kafka"
+			rt.Close()
+			rt = nil
+		}
+		if slot.IsSetupError(err) || isFatal(err) || ctx.Err() != nil {
+			return fail(err)
 		}
 		if certificateError(err) {
 			// Retrying cannot make an untrusted certificate trusted.
-			return &fatalError{fmt.Errorf("postgresql: %w", err)}
+			return fail(&fatalError{fmt.Errorf("postgresql: %w", err)})
 		}
 		if pgAuthError(err) {
-			return &fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)}
+			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
 		}
-		if !r.retry(ctx, "setup", err) {
-			if r.giveUp != nil {
-				return r.giveUp
-			}
-			return ctx.Err()
+		if !r.retry(ctx, cause, err) {
+			return fail(r.stopErr(ctx))
 		}
 	}
+}
+
+// stopErr is why retry said to stop: the startup timeout ran out, or ctx
+// ended.
+func (r *Relay) stopErr(ctx context.Context) error {
+	if r.giveUp != nil {
+		return r.giveUp
+	}
+	return ctx.Err()
 }
 
 func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {

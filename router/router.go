@@ -493,6 +493,15 @@ func (r *Router) produce(o *outRecord) error {
 // failed in an error state that only a new producer ID clears.
 func (r *Router) Failed() bool { return r.failed.Load() || r.txnBroken.Load() }
 
+// Err returns the error Kafka refused a record with for good (what made
+// Failed true), or nil.
+func (r *Router) Err() error {
+	if p := r.failErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 // Flush waits until every record sent so far is acknowledged or failed, or
 // ctx ends.
 func (r *Router) Flush(ctx context.Context) error { return r.client.Flush(ctx) }

@@ -2,6 +2,8 @@ package slot
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -34,6 +36,16 @@ type SetupConfig struct {
 	AllowRowFilter bool
 	// CreateSlot creates the slot (pgoutput) when it is missing.
 	CreateSlot bool
+	// Snapshot, when set, publishes the rows present when the slot is
+	// created. It is called only when Prepare creates the slot, with the
+	// name of a snapshot exported at the slot's consistent point (import
+	// it with SET TRANSACTION SNAPSHOT) and that point; it must return
+	// only once every row it published is safely in Kafka. The slot is
+	// made permanent only after it returned nil: until then it exists as
+	// a temporary slot that vanishes with the connection, so a crash
+	// during the snapshot leaves no slot behind and the next start
+	// snapshots again.
+	Snapshot func(ctx context.Context, snapshotName string, consistentPoint LSN) error
 }
 
 // Connect opens a normal (non-replication) connection for checks and
@@ -136,6 +148,9 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.L
 		if !cfg.CreateSlot {
 			return setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or allow --create-slot", cfg.Slot, cfg.Slot)
 		}
+		if cfg.Snapshot != nil {
+			return createSlotWithSnapshot(ctx, conn, cfg, log)
+		}
 		return createSlot(ctx, cfg, log)
 	}
 	if err != nil {
@@ -183,5 +198,68 @@ func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 		return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
 	}
 	log.Info("created replication slot", zap.String("slot", cfg.Slot), zap.String("consistent_point", res.ConsistentPoint))
+	return nil
+}
+
+// createSlotWithSnapshot creates the slot at a consistent point whose rows
+// cfg.Snapshot publishes first: a temporary slot exporting its snapshot on
+// a replication connection, the snapshot read at it, then a permanent copy
+// of the temporary slot (pg_copy_logical_replication_slot keeps the
+// consistent point), then the temporary slot goes with the connection.
+// Rows committed before the consistent point are in the snapshot, later
+// ones come through the slot: none both ways, none lost.
+func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
+	rcfg, err := ReplicationConfig(cfg.URL)
+	if err != nil {
+		return err
+	}
+	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return fmt.Errorf("replication connection: %w", redactErr(err, cfg.URL))
+	}
+	// Closing the connection drops the temporary slot, whatever happened.
+	defer rconn.Close(context.Background())
+	suffix := make([]byte, 6)
+	rand.Read(suffix)
+	tmp := "walrelay_snapshot_" + hex.EncodeToString(suffix)
+	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, tmp, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Mode:           pglogrepl.LogicalReplication,
+		Temporary:      true,
+		SnapshotAction: "EXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53400" {
+			return setupErrorf("cannot create replication slot %q: %s; raise max_replication_slots or drop unused slots", cfg.Slot, pgErr.Message)
+		}
+		return fmt.Errorf("create temporary replication slot %q for the initial snapshot: %w", tmp, err)
+	}
+	at, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return fmt.Errorf("consistent point %q of slot %q: %w", res.ConsistentPoint, tmp, err)
+	}
+	log.Info("created a temporary replication slot for the initial snapshot", zap.String("temporary_slot", tmp),
+		zap.Stringer("consistent_point", at), zap.String("snapshot", res.SnapshotName))
+	// The exported snapshot lives until the replication connection runs
+	// another command: it stays idle until the copy is made.
+	if err := cfg.Snapshot(ctx, res.SnapshotName, at); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, cfg.Slot)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+			// Another walrelay created it meanwhile: it streams from its
+			// own consistent point, and the rows this one published are
+			// duplicates at worst.
+			log.Info("replication slot was created meanwhile by another walrelay; using it", zap.String("slot", cfg.Slot))
+			return nil
+		}
+		if errors.As(err, &pgErr) && pgErr.Code == "53400" {
+			return setupErrorf("cannot create replication slot %q: %s; raise max_replication_slots or drop unused slots", cfg.Slot, pgErr.Message)
+		}
+		return fmt.Errorf("create replication slot %q from the snapshot's temporary slot: %w", cfg.Slot, err)
+	}
+	log.Info("created replication slot at the snapshot's consistent point", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at))
 	return nil
 }

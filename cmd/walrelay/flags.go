@@ -54,6 +54,9 @@ type SourceFlags struct {
 	AlterPublication  bool     `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared: every subscriber of it then receives them)."`
 	AllowRowFilter    bool     `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published. Logged at WARN at startup."`
 	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
+	Snapshot          string   `default:"initial" enum:"initial,never" help:"initial: when walrelay creates the slot, first publish the rows already in the outbox tables (at the slot's consistent point), then stream; never: publish only rows committed after the slot exists."`
+	SnapshotWhere     string   `placeholder:"SQL" help:"SQL condition the rows of the initial snapshot must meet (e.g. 'sent_at IS NULL'); empty for every row."`
+	SnapshotOrder     string   `placeholder:"SQL" help:"SQL ORDER BY list of the initial snapshot (e.g. 'created_at, id'); empty for the table's primary key."`
 }
 
 // validateSource checks the flags every command that touches the database
@@ -208,6 +211,9 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		CreateSlot:        src.CreateSlot,
 		AlterPublication:  src.AlterPublication,
 		AllowRowFilter:    src.AllowRowFilter,
+		InitialSnapshot:   src.Snapshot != "never",
+		SnapshotWhere:     src.SnapshotWhere,
+		SnapshotOrder:     src.SnapshotOrder,
 		Binary:            tun.Binary,
 		Read: slot.ReadOptions{
 			BufferBytes:        tun.ReadBufferBytes,
