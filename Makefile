@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test lint unit integration bench-micro fuzz demo clean
+.PHONY: all build test lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server
 
 all: build
 
@@ -16,7 +16,8 @@ build:
 # (unit, fuzz seed corpus, integration against a throwaway PostgreSQL and
 # an in-process Kafka-protocol broker), one pass of each benchmark, and the
 # Grafana dashboard and Prometheus rules (deploy/check, its own module).
-test: lint
+# deps first installs what the tests need beyond Go.
+test: deps lint
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run '^$$' -bench . -benchtime 1x $(PKGS)
 	cd deploy/check && $(GO) vet ./... && $(GO) test -count=1 ./...
@@ -38,8 +39,25 @@ bench-micro:
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $${FUZZTIME:-2m} ./decoder
 
-demo: build
+demo: deps-postgres-server build
 	./$(BIN) dev --demo 10
+
+# What the tests need beyond Go, installed when missing (apt-get, as root or
+# with passwordless sudo; otherwise one line says what to run). One target
+# per tool: add a new one (Maven dependencies of the real-broker tests, a
+# CLI a test calls) to DEPS, and to .ci/run nothing.
+DEPS := deps-postgres
+
+deps: $(DEPS)
+
+# PostgreSQL server (initdb, pg_ctl) and pg_recvlogical, the benchmark
+# smoke test's baseline.
+deps-postgres:
+	@bash scripts/ensure-postgres --client --retry "make $(MAKECMDGOALS)"
+
+# The server alone: all `walrelay dev` needs.
+deps-postgres-server:
+	@bash scripts/ensure-postgres --retry "make $(MAKECMDGOALS)"
 
 clean:
 	rm -rf bin

@@ -1,19 +1,23 @@
 // Package decoder turns pgoutput logical replication messages into outbox
 // events.
 //
-// The slot package hands every XLogData.WALData payload to Decoder.Decode. The
-// decoder keeps the relation cache that pgoutput expects its client to keep,
+// The relay hands the pgoutput message of every XLogData message the slot
+// package receives to Decoder.Decode. The decoder keeps the relation cache that pgoutput expects its client to keep,
 // tracks the enclosing transaction, and reports one of a few kinds per message:
 // Begin and Commit delimit a transaction, Insert carries one outbox row
-// (Decoder.Event), Relation says the cache changed, and everything that carries
-// nothing for the relay is Ignored.
+// (Decoder.Event), Relation says the cache changed, Unmapped is an insert into
+// a table the publication sends but no outbox table maps (Decoder.Unmapped
+// names it), and everything else that carries nothing for the relay is
+// Ignored.
 //
 // It speaks pgoutput protocol version 1 without streaming. It is pure (no I/O),
 // never panics on any input, and allocates exactly one buffer per outbox row:
 // the hot path of the relay decodes every outbox INSERT of the database, and
-// the rows of other tables cost a map lookup and nothing else. pglogrepl's own
-// tuple decoder is not used because it allocates per column and does not check
-// lengths (see DESIGN.md).
+// the rows of other tables cost a map lookup and a column count check, and
+// allocate nothing. pglogrepl's own tuple decoder is not used: it allocates
+// per column (16 allocations for a five-column outbox row, against one here:
+// BenchmarkPglogreplInsert) and indexes the message without checking
+// lengths, so a truncated message panics instead of returning an error.
 //
 // A Decoder is not safe for concurrent use. Use one per replication
 // connection: pgoutput announces every relation again on a new connection, so
@@ -41,8 +45,11 @@ var (
 	// cannot be trusted after it.
 	ErrMalformed = errors.New("malformed pgoutput message")
 
-	// ErrMissingColumn means a configured outbox table lacks a mapped column.
-	// The relay should refuse to run: the table or the mapping must change.
+	// ErrMissingColumn is what Event.Unmappable wraps: the row's outbox
+	// table lacks a mapped column (dropped or renamed after the relay
+	// started; the WAL keeps the old shape, so restarting cannot help). It
+	// is not a stream error: the row is an invalid event, and the rows after
+	// it decode as usual.
 	ErrMissingColumn = errors.New("outbox table is missing a mapped column")
 
 	// ErrUnknownRelation means an Insert named a relation OID that no Relation
@@ -104,7 +111,8 @@ func DefaultMapping() Mapping {
 // Config configures a Decoder.
 type Config struct {
 	// Tables are the outbox tables. Relations of other tables are cached only
-	// so that their rows can be told apart and ignored.
+	// so that their rows can be told apart, named (KindUnmapped) and not
+	// decoded.
 	Tables []Table
 
 	// Mapping names the outbox columns; it applies to every table.
@@ -131,9 +139,8 @@ type Kind uint8
 // Kinds of decoded messages.
 const (
 	// KindIgnored is a message that carries nothing for the relay: Update,
-	// Delete, Truncate, Origin, Type, a logical decoding message ('M'), or an
-	// insert into a table that is not an outbox table. Decode also returns it
-	// with every error.
+	// Delete, Truncate, Origin, Type or a transactional logical decoding
+	// message ('M'). Decode also returns it with every error.
 	KindIgnored Kind = iota
 	// KindBegin starts a transaction: Decoder.Begin is valid.
 	KindBegin
@@ -150,6 +157,12 @@ const (
 	// stream has been received, so it is a marker like a keepalive's.
 	// Transactional messages are KindIgnored.
 	KindMessage
+	// KindUnmapped is an insert into a relation that is not a configured
+	// outbox table: the publication sends rows nothing maps, such as
+	// another table of a shared publication or a partition published
+	// under its own name. Decoder.Unmapped names the relation; the row is
+	// not decoded.
+	KindUnmapped
 )
 
 // String returns the kind's name for logs.
@@ -167,6 +180,8 @@ func (k Kind) String() string {
 		return "Relation"
 	case KindMessage:
 		return "Message"
+	case KindUnmapped:
+		return "Unmapped"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -223,6 +238,14 @@ type Event struct {
 	// record timestamp is the commit time, shared by the whole transaction.
 	CommitTime time.Time
 	Xid        uint32
+
+	// Unmappable is nil for a row that has every mapped column. It is set
+	// (wrapping ErrMissingColumn and naming the missing columns) for a row
+	// whose table, as its last Relation message described it, lacks one:
+	// such a row cannot become a record and is an invalid event. The fields
+	// of the columns the table still has are filled as usual (the id and
+	// aggregate id identify it in a dead-letter record); the others are nil.
+	Unmappable error
 }
 
 // field is one event value the mapping asks for: where it comes from and
@@ -255,6 +278,7 @@ type Decoder struct {
 	event  Event
 
 	messageLSN LSN
+	unmapped   *relation // the relation of the last KindUnmapped
 }
 
 // New validates cfg and returns a Decoder for it.
@@ -328,14 +352,24 @@ func (d *Decoder) Event() *Event { return &d.event }
 // MessageLSN is the position of the last KindMessage.
 func (d *Decoder) MessageLSN() LSN { return d.messageLSN }
 
+// Unmapped names the relation of the last KindUnmapped as its Relation
+// message did (schema and name, not quoted), and returns its relation OID.
+// It allocates nothing: the strings were made when the relation was cached.
+func (d *Decoder) Unmapped() (Table, uint32) {
+	if d.unmapped == nil {
+		return Table{}, 0
+	}
+	return Table{Schema: d.unmapped.namespace, Name: d.unmapped.name}, d.unmapped.oid
+}
+
 // Decode decodes one pgoutput message. data is only read during the call (the
 // caller reuses its buffer). It never panics on any input; malformed input
 // returns an error wrapping ErrMalformed with the message type, the field and
 // its offset. On error the kind is KindIgnored; Begin, Commit and the
-// transaction state are unchanged, Event is not valid until the next
-// KindInsert, and a Relation message of an outbox table that lacks mapped
-// columns still replaces the cached relation, so that its rows fail with
-// ErrMissingColumn too.
+// transaction state are unchanged, and Event is not valid until the next
+// KindInsert. A Relation message of an outbox table that lacks mapped
+// columns is not an error: it is cached, and its rows are KindInsert with
+// Event.Unmappable set.
 func (d *Decoder) Decode(data []byte) (Kind, error) {
 	if len(data) == 0 {
 		return KindIgnored, fmt.Errorf("decoder: empty message: %w", ErrMalformed)

@@ -152,7 +152,6 @@ func TestIgnoredMessages(t *testing.T) {
 		{"Origin", originMsg(0x1000, "node_a")},
 		{"Type", typeMsg(16400, "public", "mood")},
 		{"transactional M", logicalMsg(true, 0x1000, "walrelay", []byte("nudge"))},
-		{"insert into other table", insertMsg(otherOID, text("1"), text("9.99"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := ready(t)
@@ -189,6 +188,30 @@ func TestUnsupported(t *testing.T) {
 	}
 }
 
+// TestUnmappedInsert: an insert into another table of the publication is
+// reported as KindUnmapped with the relation's name and OID, without
+// decoding the row, and the transaction goes on.
+func TestUnmappedInsert(t *testing.T) {
+	d := ready(t)
+	if tab, oid := d.Unmapped(); tab != (Table{}) || oid != 0 {
+		t.Fatalf("Unmapped() before any unmapped insert = %v, %d", tab, oid)
+	}
+	decode(t, d, insertMsg(otherOID, text("1"), text("9.99")), KindUnmapped)
+	if tab, oid := d.Unmapped(); tab != (Table{"public", "orders"}) || oid != otherOID {
+		t.Fatalf("Unmapped() = %v, %d, want public.orders, %d", tab, oid, otherOID)
+	}
+	// A wrong column count is still an error: a Relation message was missed.
+	decodeErr(t, d, insertMsg(otherOID, text("1")), ErrMalformed)
+	decode(t, d, insertMsg(outboxOID, text(uuidText), text("a"), text("1"), null(), text("{}")), KindInsert)
+	// A partition published under its own name is a relation of its own.
+	decode(t, d, relationMsg(otherOID+1, "public", "outbox_2026", outboxCols()...), KindRelation)
+	decode(t, d, insertMsg(otherOID+1, text(uuidText), text("a"), text("1"), null(), text("{}")), KindUnmapped)
+	if tab, _ := d.Unmapped(); tab.String() != "public.outbox_2026" {
+		t.Fatalf("Unmapped() = %v, want public.outbox_2026", tab)
+	}
+	decode(t, d, commitMsg(0, 0x16B3748, 0x16B3778, 1_000_000), KindCommit)
+}
+
 func TestOtherTablesIgnored(t *testing.T) {
 	d := newDecoder(t, func(c *Config) {
 		c.Tables = append(c.Tables, Table{"billing", "outbox"})
@@ -209,7 +232,7 @@ func TestOtherTablesIgnored(t *testing.T) {
 		t.Fatalf("tables %v, %v", first, second)
 	}
 	for oid := uint32(3); oid <= 5; oid++ {
-		decode(t, d, insertMsg(oid, row...), KindIgnored)
+		decode(t, d, insertMsg(oid, row...), KindUnmapped)
 	}
 	// The Table pointer is stable across events.
 	decode(t, d, insertMsg(1, row...), KindInsert)
@@ -226,6 +249,12 @@ func TestUnknownRelation(t *testing.T) {
 	}
 }
 
+// TestMissingColumn: an outbox table that lacks a mapped column (dropped or
+// renamed while the relay ran) does not stop the stream. Its Relation is
+// cached, and each of its rows is an Insert marked Unmappable (wrapping
+// ErrMissingColumn, naming the table and every missing column) with the
+// columns the table still has filled in, so the router can dead-letter it
+// with what identifies it. A corrected Relation heals it.
 func TestMissingColumn(t *testing.T) {
 	without := func(name string) []relCol {
 		return slices.DeleteFunc(outboxCols(), func(c relCol) bool { return c.name == name })
@@ -234,7 +263,7 @@ func TestMissingColumn(t *testing.T) {
 		name    string
 		opts    func(*Config)
 		cols    []relCol
-		wantErr []string // substrings of the error; nil for success
+		wantErr []string // substrings of Unmappable; nil for a mappable table
 	}{
 		{"payload", nil, without("payload"), []string{"public.outbox", `"payload"`}},
 		{"id", nil, without("id"), []string{`"id"`}},
@@ -255,27 +284,62 @@ func TestMissingColumn(t *testing.T) {
 				opts = append(opts, tc.opts)
 			}
 			d := newDecoder(t, opts...)
-			rel := relationMsg(outboxOID, "public", "outbox", tc.cols...)
+			decode(t, d, relationMsg(outboxOID, "public", "outbox", tc.cols...), KindRelation)
+			decode(t, d, beginMsg(1, 1, 7), KindBegin)
+			row := make([]val, len(tc.cols))
+			for i, c := range tc.cols {
+				row[i] = text("v-" + c.name)
+			}
+			decode(t, d, insertMsg(outboxOID, row...), KindInsert)
+			ev := d.Event()
+			if ev.Table == nil || *ev.Table != (Table{"public", "outbox"}) || ev.Xid != 7 {
+				t.Fatalf("event table %v xid %d", ev.Table, ev.Xid)
+			}
 			if tc.wantErr == nil {
-				decode(t, d, rel, KindRelation)
+				if ev.Unmappable != nil {
+					t.Fatalf("Unmappable = %v for a table with every mapped column", ev.Unmappable)
+				}
 				return
 			}
-			err := decodeErr(t, d, rel, ErrMissingColumn)
+			if !errors.Is(ev.Unmappable, ErrMissingColumn) {
+				t.Fatalf("Unmappable = %v, want an error wrapping ErrMissingColumn", ev.Unmappable)
+			}
 			for _, s := range tc.wantErr {
-				if !strings.Contains(err.Error(), s) {
-					t.Errorf("error %q does not contain %s", err, s)
+				if !strings.Contains(ev.Unmappable.Error(), s) {
+					t.Errorf("Unmappable %q does not contain %s", ev.Unmappable, s)
 				}
 			}
-			// Rows of the table fail the same way rather than decode
-			// against a column list that lacks the mapping.
-			decode(t, d, beginMsg(1, 1, 1), KindBegin)
-			row := make([]val, len(tc.cols))
+			// What the row still has identifies it; what it lacks is nil.
+			has := func(name string) bool {
+				return slices.ContainsFunc(tc.cols, func(c relCol) bool { return c.name == name })
+			}
+			cfg := Config{Mapping: DefaultMapping()}
+			for _, o := range opts {
+				o(&cfg)
+			}
+			m := cfg.Mapping
+			for _, f := range []struct {
+				column string
+				got    []byte
+			}{{m.ID, ev.ID}, {m.AggregateID, ev.AggregateID}, {m.AggregateType, ev.AggregateType}, {m.Payload, ev.Payload}} {
+				switch {
+				case has(f.column) && string(f.got) != "v-"+f.column:
+					t.Errorf("%s = %q, want %q", f.column, f.got, "v-"+f.column)
+				case !has(f.column) && f.got != nil:
+					t.Errorf("%s = %q, want nil: the table has no such column", f.column, f.got)
+				}
+			}
+			// A corrected Relation heals it.
+			healed := append(outboxCols(), col("trace_id", oidText), col("aggregatetype", oidText), col("aggregateid", oidText))
+			decode(t, d, relationMsg(outboxOID, "public", "outbox", healed...), KindRelation)
+			row = make([]val, len(healed))
 			for i := range row {
 				row[i] = text("x")
 			}
-			decodeErr(t, d, insertMsg(outboxOID, row...), ErrMissingColumn)
-			// A corrected Relation heals it.
-			decode(t, d, relationMsg(outboxOID, "public", "outbox", append(outboxCols(), col("trace_id", oidText), col("aggregatetype", oidText), col("aggregateid", oidText))...), KindRelation)
+			decode(t, d, insertMsg(outboxOID, row...), KindInsert)
+			if d.Event().Unmappable != nil {
+				t.Fatalf("Unmappable = %v after a corrected Relation", d.Event().Unmappable)
+			}
 		})
 	}
 }
@@ -326,7 +390,10 @@ func TestRelationResent(t *testing.T) {
 
 	// The table is renamed away: its rows are no longer outbox rows.
 	decode(t, d, relationMsg(outboxOID, "public", "outbox_old", retyped...), KindRelation)
-	decode(t, d, insertMsg(outboxOID, text(uuidText), text("7"), text("T2"), text(`\x4869`), text("invoice")), KindIgnored)
+	decode(t, d, insertMsg(outboxOID, text(uuidText), text("7"), text("T2"), text(`\x4869`), text("invoice")), KindUnmapped)
+	if tab, _ := d.Unmapped(); tab.String() != "public.outbox_old" {
+		t.Fatalf("after rename Unmapped() = %v, want public.outbox_old", tab)
+	}
 }
 
 // TestWideRelation checks that the scratch space follows the widest outbox
@@ -408,7 +475,7 @@ func TestNewCopiesTables(t *testing.T) {
 }
 
 func TestKindString(t *testing.T) {
-	for k, want := range map[Kind]string{KindIgnored: "Ignored", KindBegin: "Begin", KindInsert: "Insert", KindCommit: "Commit", KindRelation: "Relation", 9: "Kind(9)"} {
+	for k, want := range map[Kind]string{KindIgnored: "Ignored", KindBegin: "Begin", KindInsert: "Insert", KindCommit: "Commit", KindRelation: "Relation", KindMessage: "Message", KindUnmapped: "Unmapped", 9: "Kind(9)"} {
 		if got := k.String(); got != want {
 			t.Errorf("Kind(%d).String() = %q, want %q", k, got, want)
 		}

@@ -32,12 +32,12 @@ type relation struct {
 	columns         []column
 
 	// table is the configured outbox table, nil for other tables (whose
-	// rows are ignored).
+	// rows are KindUnmapped).
 	table *Table
 	// fieldCols holds, per Decoder.fields entry, the position of its column.
 	fieldCols []int
-	// err is set when an outbox table lacks mapped columns; its rows fail
-	// with it instead of being decoded against a wrong column list.
+	// err is set when an outbox table lacks mapped columns (their
+	// fieldCols are -1); its rows become events marked Unmappable with it.
 	err error
 }
 
@@ -87,9 +87,6 @@ func (d *Decoder) decodeRelation(r *reader) (Kind, error) {
 		}
 	}
 	d.relations[oid] = rel
-	if rel.err != nil {
-		return KindIgnored, rel.err
-	}
 	return KindRelation, nil
 }
 
@@ -104,9 +101,10 @@ func (d *Decoder) lookupTable(schema, name string) *Table {
 	return nil
 }
 
-// resolve finds the position of every mapped column of an outbox relation.
-// All missing columns are named at once so that one failed start tells the
-// operator everything to fix.
+// resolve finds the position of every mapped column of an outbox relation,
+// -1 for a column the relation lacks. All missing columns are named in the
+// error at once, so that one dead-letter record tells the operator
+// everything to fix.
 func (d *Decoder) resolve(rel *relation) error {
 	rel.fieldCols = make([]int, len(d.fields))
 	var missing []string

@@ -12,7 +12,7 @@ package decoder
 // allocation: walk the tuple once recording where each column's bytes are,
 // compute the decoded size of every mapped value, then allocate one buffer
 // and decode the values into it. Rows of other tables stop after the map
-// lookup and a column count check.
+// lookup and a column count check (KindUnmapped).
 
 import "fmt"
 
@@ -42,14 +42,15 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	if tag != 'N' {
 		return KindIgnored, malformed('I', "tuple tag", 5, fmt.Sprintf("want 'N', got 0x%02x", tag))
 	}
-	if rel.err != nil {
-		return KindIgnored, rel.err
-	}
 	if rel.table == nil {
 		// Rows of other tables are not parsed; only the column count is
 		// checked, because a mismatch means a Relation message was missed
 		// and the stream is out of step.
-		return KindIgnored, d.checkColumnCount(r, rel)
+		if err := d.checkColumnCount(r, rel); err != nil {
+			return KindIgnored, err
+		}
+		d.unmapped = rel
+		return KindUnmapped, nil
 	}
 
 	cols, err := d.walkTuple(r, rel)
@@ -63,6 +64,10 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	total, omitted := 0, 0
 	for f := range d.fields {
 		c := rel.fieldCols[f]
+		if c < 0 { // a column the table lacks (rel.err says which): nil
+			d.sizes[f] = -1
+			continue
+		}
 		sp := cols[c]
 		if sp.kind == 'o' {
 			d.sizes[f] = -2
@@ -100,6 +105,7 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	}
 	d.event.Table = rel.table
 	d.event.Omitted = omitted
+	d.event.Unmappable = rel.err
 	d.event.CommitTime = d.begin.CommitTime
 	d.event.Xid = d.begin.Xid
 	return KindInsert, nil

@@ -59,11 +59,9 @@ func (s *Schedule) Sent(now time.Time, pos LSN) {
 func (s *Schedule) Confirmed() LSN { return s.sent }
 
 // Pending reports whether confirmable is ahead of what was sent: the loop
-// should then wake by NextAdvance rather than sleep until Next.
+// should then wake soon (the relay wakes every few tens of milliseconds) to
+// send it once Due allows, rather than sleep until Next.
 func (s *Schedule) Pending(confirmable LSN) bool { return confirmable > s.sent }
 
 // Next is when the next periodic update is due.
 func (s *Schedule) Next() time.Time { return s.next }
-
-// NextAdvance is the earliest time an update that only advances may go.
-func (s *Schedule) NextAdvance() time.Time { return s.sentAt.Add(s.minGap) }

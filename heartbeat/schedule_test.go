@@ -56,9 +56,6 @@ func TestScheduleJitterStaysNearTheInterval(t *testing.T) {
 		if !s.Pending(2) || s.Pending(1) {
 			t.Fatal("Pending wrong")
 		}
-		if got := s.NextAdvance(); !got.Equal(now.Add(time.Millisecond)) {
-			t.Fatalf("NextAdvance %v", got)
-		}
 	}
 	if len(seen) < 100 {
 		t.Fatalf("only %d distinct delays: no jitter", len(seen))

@@ -113,8 +113,10 @@ func (s *session) commitDue(now time.Time) bool {
 
 // commitKafka closes the open Kafka transaction with a checkpoint record
 // saying exactly how far it reaches, and waits for the commit while still
-// answering PostgreSQL. The commit is never abandoned half-way: a
-// transaction whose outcome is unknown could not be aborted safely.
+// answering PostgreSQL. The commit is never abandoned half-way while the
+// relay runs: it waits for CommitTxn to return, which takes at most the
+// transaction timeout, or once the relay stops, until the stop deadline
+// (see kafkaCtx).
 func (s *session) commitKafka() error {
 	e := s.eos
 	d := checkpoint.Durable{Slot: s.r.cfg.Slot, SystemID: e.systemID, LSN: e.lastFull, Time: time.Now()}
@@ -122,11 +124,9 @@ func (s *session) commitKafka() error {
 		d.Partial = &checkpoint.Partial{CommitLSN: e.curCommit, Events: e.curEvents}
 	}
 	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.Router.TransactionTimeout)
-		defer cancel()
-		done <- s.rt.CommitTxn(ctx, e.key, d.Marshal())
-	}()
+	ctx, cancel := s.kafkaCtx()
+	defer cancel()
+	go func() { done <- s.rt.CommitTxn(ctx, e.key, d.Marshal()) }()
 	for {
 		s.timer.Reset(time.Until(s.nextTick))
 		select {
@@ -152,7 +152,7 @@ func (s *session) endEOS(commit bool) error {
 	if commit {
 		return s.commitKafka()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.Router.TransactionTimeout)
+	ctx, cancel := s.kafkaCtx()
 	defer cancel()
 	return s.eosError(s.rt.AbortTxn(ctx))
 }

@@ -19,12 +19,14 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -46,6 +48,18 @@ type Config struct {
 	Mapping     decoder.Mapping
 	// CreatePublication and CreateSlot create what is missing at start.
 	CreatePublication, CreateSlot bool
+	// AlterPublication adds missing outbox tables to a publication walrelay
+	// did not create; AllowRowFilter accepts a row filter on an outbox
+	// table (see slot.SetupConfig).
+	AlterPublication, AllowRowFilter bool
+	// InitialSnapshot publishes the rows already in the outbox tables when
+	// the relay creates the slot (--snapshot initial), before streaming;
+	// false (--snapshot never) publishes only what is committed later.
+	InitialSnapshot bool
+	// SnapshotWhere is an SQL condition the rows of a snapshot must meet
+	// (empty: every row); SnapshotOrder an SQL ORDER BY list (empty: the
+	// primary key).
+	SnapshotWhere, SnapshotOrder string
 	// Binary asks pgoutput for binary values (PostgreSQL 14+).
 	Binary bool
 	// Read tunes how the replication socket is read.
@@ -65,8 +79,9 @@ type Config struct {
 	// only move the confirmed position forward (default 100ms): confirming
 	// promptly keeps slot lag low, without a message per transaction.
 	ConfirmDelay time.Duration
-	// ShutdownTimeout bounds the wait for outstanding acks when Run's
-	// context ends (default 30s).
+	// ShutdownTimeout bounds the stop when Run's context ends: the wait
+	// for outstanding acks and, with exactly-once delivery, the final Kafka
+	// commit before it, together (default 30s).
 	ShutdownTimeout time.Duration
 	// BackoffMin and BackoffMax bound the jittered exponential wait between
 	// sessions (defaults 500ms and 30s).
@@ -189,6 +204,15 @@ type Relay struct {
 	everStreamed atomic.Bool
 	begin        time.Time   // when Run started, for StartupTimeout
 	giveUp       *fatalError // set by retry when StartupTimeout ran out
+	// now and sleep are retry's clock and wait (sleep returns false when
+	// ctx ended first); unit tests replace them to check the waits.
+	now   func() time.Time
+	sleep func(ctx context.Context, d time.Duration) bool
+
+	// unmapped holds the counter of each table whose inserts the
+	// publication sends but no outbox maps; a table is logged when it is
+	// added. Only the session goroutine (one at a time) touches it.
+	unmapped map[decoder.Table]prometheus.Counter
 }
 
 // New checks cfg and returns a Relay.
@@ -246,7 +270,21 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 			Multiplier:          2,
 			MaxInterval:         cfg.BackoffMax,
 		},
+		now:   time.Now,
+		sleep: sleepCtx,
 	}, nil
+}
+
+// sleepCtx waits d; false when ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // Confirmed returns the position last confirmed to PostgreSQL by this
@@ -256,8 +294,10 @@ func (r *Relay) Confirmed() decoder.LSN { return decoder.LSN(r.confirmed.Load())
 // Streaming reports whether a replication stream is open.
 func (r *Relay) Streaming() bool { return r.streaming.Load() }
 
-// ReplicationLag is now minus the commit time of the oldest transaction
-// not yet confirmed (0 when everything received is confirmed).
+// ReplicationLag is, while any transaction is in flight, now minus the
+// commit time of the newest confirmable transaction (of the oldest one in
+// flight when none is confirmable yet); 0 when nothing is in flight. It is
+// how far behind PostgreSQL what Kafka has lies, as housekeep computes it.
 func (r *Relay) ReplicationLag() time.Duration { return time.Duration(r.lag.Load()) }
 
 // Ready returns nil when the relay is streaming and its replication lag is
@@ -284,16 +324,18 @@ func (r *Relay) updateReady() {
 // Run prepares the database and relays until ctx ends, then waits (at most
 // ShutdownTimeout) for outstanding acks, confirms them and returns nil.
 // It returns an error only for what retrying cannot fix: a setup refusal,
-// an invalidated or vanished slot, an outbox table that lost a mapped
-// column, an invalid event with on-invalid=fail.
+// an invalidated or vanished slot, an invalid event with on-invalid=fail
+// (such as a row written while its table lacked a mapped column).
 func (r *Relay) Run(parent context.Context) error {
-	r.begin = time.Now()
-	if err := r.prepare(parent); err != nil {
+	r.begin = r.now()
+	rt, err := r.prepare(parent)
+	if err != nil {
 		if parent.Err() != nil {
 			return nil
 		}
 		return err
 	}
+	r.router.Store(rt)
 	// Background work that may stop the relay (an invalidated slot)
 	// cancels ctx with a cause; the parent's cancellation is a clean stop.
 	ctx, stop := context.WithCancelCause(parent)
@@ -314,7 +356,6 @@ func (r *Relay) Run(parent context.Context) error {
 		return nil
 	}
 
-	var rt *router.Router
 	defer func() {
 		if rt != nil {
 			r.router.Store(nil)
@@ -358,8 +399,11 @@ func (r *Relay) Run(parent context.Context) error {
 	}
 }
 
-// prepare runs the setup checks, retrying what may be transient.
-func (r *Relay) prepare(ctx context.Context) error {
+// prepare connects to Kafka, then runs the setup checks and creates what
+// is missing (with the initial snapshot, published through the router it
+// returns), retrying what may be transient. Kafka comes first: a slot
+// created by a start that then fails on Kafka would hold WAL for nothing.
+func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 	cols := []string{r.cfg.Mapping.ID, r.cfg.Mapping.AggregateType, r.cfg.Mapping.AggregateID, r.cfg.Mapping.Payload}
 	if r.cfg.Mapping.Type != "" {
 		cols = append(cols, r.cfg.Mapping.Type)
@@ -367,26 +411,71 @@ func (r *Relay) prepare(ctx context.Context) error {
 	for _, h := range r.cfg.Mapping.Headers {
 		cols = append(cols, h.Column)
 	}
+	var rt *router.Router
+	fail := func(err error) (*router.Router, error) {
+		if rt != nil {
+			rt.Close()
+		}
+		return nil, err
+	}
 	for {
-		err := slot.Prepare(ctx, slot.SetupConfig{
+		if rt == nil {
+			var err error
+			if rt, err = r.newRouter(ctx); err != nil {
+				rt = nil
+				if ctx.Err() != nil || isFatal(err) {
+					return fail(err)
+				}
+				if !r.retry(ctx, "kafka", err) {
+					return fail(r.stopErr(ctx))
+				}
+				continue
+			}
+		}
+		setup := slot.SetupConfig{
 			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
 			Columns: cols, CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
-		}, r.log)
-		if err == nil || slot.IsSetupError(err) || ctx.Err() != nil {
+			AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
+		}
+		if r.cfg.InitialSnapshot {
+			setup.Snapshot = r.initialSnapshot(rt)
+		}
+		err := slot.Prepare(ctx, setup, r.log)
+		if err == nil {
 			r.backoff.Reset()
-			return err
+			return rt, nil
+		}
+		cause := "setup"
+		if rt.Failed() {
+			// Kafka refused a snapshot record: a new producer for the
+			// next attempt.
+			cause = "kafka"
+			rt.Close()
+			rt = nil
+		}
+		if slot.IsSetupError(err) || isFatal(err) || ctx.Err() != nil {
+			return fail(err)
 		}
 		if certificateError(err) {
 			// Retrying cannot make an untrusted certificate trusted.
-			return &fatalError{fmt.Errorf("postgresql: %w", err)}
+			return fail(&fatalError{fmt.Errorf("postgresql: %w", err)})
 		}
-		if !r.retry(ctx, "setup", err) {
-			if r.giveUp != nil {
-				return r.giveUp
-			}
-			return ctx.Err()
+		if pgAuthError(err) {
+			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
+		}
+		if !r.retry(ctx, cause, err) {
+			return fail(r.stopErr(ctx))
 		}
 	}
+}
+
+// stopErr is why retry said to stop: the startup timeout ran out, or ctx
+// ended.
+func (r *Relay) stopErr(ctx context.Context) error {
+	if r.giveUp != nil {
+		return r.giveUp
+	}
+	return ctx.Err()
 }
 
 func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
@@ -403,6 +492,9 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		rt.Close()
 		if kafkaConfigError(err) {
 			return nil, &fatalError{fmt.Errorf("kafka: %w", err)}
+		}
+		if notKafka(err) {
+			return nil, &fatalError{fmt.Errorf("kafka: a --brokers endpoint did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
 		}
 		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}
@@ -435,6 +527,23 @@ func kafkaConfigError(err error) bool {
 		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || certificateError(err)
 }
 
+// pgAuthError reports PostgreSQL refusing the login: a wrong password
+// (28P01) or no pg_hba.conf entry allowing it (28000). Retrying cannot fix
+// either.
+func pgAuthError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
+}
+
+// notKafka reports a peer that answered, but not in the Kafka protocol:
+// its first bytes, read as a Kafka response size, are absurd (PostgreSQL's
+// error reply reads as 1157627904). franz-go exports no error value for
+// this, so its message is matched.
+func notKafka(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "invalid large response size") || strings.Contains(msg, "invalid negative response size")
+}
+
 // certificateError reports a server certificate that does not verify.
 func certificateError(err error) bool {
 	var unknownCA x509.UnknownAuthorityError
@@ -443,15 +552,21 @@ func certificateError(err error) bool {
 	return errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &verify)
 }
 
-// retry logs err, counts it and sleeps a backoff; false when the relay
+// retry logs err, counts it and sleeps a backoff (before the first stream
+// at most until StartupTimeout runs out); false when the relay
 // must stop: ctx ended, or (*giveUp set) the relay never streamed within
 // StartupTimeout and err is not a standby's wait for a busy slot.
 func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
-	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && time.Since(r.begin) > r.cfg.StartupTimeout {
+	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
 		r.giveUp = &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
 		return false
 	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
+	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
+		// End the sleep at the deadline: one last attempt then, and the
+		// next failure gives up on time instead of a backoff late.
+		wait = max(min(wait, r.begin.Add(r.cfg.StartupTimeout).Sub(r.now())), 0)
+	}
 	r.metrics.StreamRestarts.WithLabelValues(cause).Inc()
 	if cause == "slot_busy" {
 		r.log.Info("waiting as a standby: another client streams from the slot", zap.String("slot", r.cfg.Slot),
@@ -460,14 +575,7 @@ func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
 		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
 			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return r.sleep(ctx, wait)
 }
 
 // onProduceError is the router's fatal handler: it ends the current
@@ -498,7 +606,7 @@ func isFatal(err error) bool {
 	var f *fatalError
 	var inv *router.InvalidEventError
 	return errors.As(err, &f) || errors.As(err, &inv) || slot.IsSetupError(err) ||
-		errors.Is(err, decoder.ErrMissingColumn) || errors.Is(err, decoder.ErrUnsupported)
+		errors.Is(err, decoder.ErrUnsupported)
 }
 
 // causeOf names a session's end for the restarts metric.

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -95,7 +96,6 @@ func TestErrorClassification(t *testing.T) {
 		{"refused record", &produceError{errors.New("refused")}, "kafka", false, false},
 		{"failed Kafka transaction", &txnError{kerr.InvalidTxnState}, "kafka", false, false},
 		{"fatal", &fatalError{errors.New("stop")}, "connection", true, false},
-		{"missing column", fmt.Errorf("x: %w", decoder.ErrMissingColumn), "connection", true, false},
 		{"untrusted certificate", certErr, "connection", false, true},
 		{"wrong SASL password", kerr.SaslAuthenticationFailed, "connection", false, true},
 		{"transactional id not authorized", kerr.TransactionalIDAuthorizationFailed, "connection", false, true},
@@ -115,6 +115,27 @@ func TestErrorClassification(t *testing.T) {
 	}
 }
 
+func TestStartupConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		err            error
+		auth, notKafka bool
+	}{
+		{"wrong password", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28P01"}), true, false},
+		{"no pg_hba entry", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28000"}), true, false},
+		{"server shutting down", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "57P03"}), false, false},
+		{"PostgreSQL port as broker", errors.New("unable to dial: invalid large response size 1157627904 > limit 104857600: response exceeds BrokerMaxReadBytes"), false, true},
+		{"broker down", errors.New("dial tcp 127.0.0.1:9092: connect: connection refused"), false, false},
+	} {
+		if got := pgAuthError(tc.err); got != tc.auth {
+			t.Errorf("%s: pgAuthError = %v, want %v", tc.name, got, tc.auth)
+		}
+		if got := notKafka(tc.err); got != tc.notKafka {
+			t.Errorf("%s: notKafka = %v, want %v", tc.name, got, tc.notKafka)
+		}
+	}
+}
+
 func TestFencedIsFatal(t *testing.T) {
 	r := &Relay{cfg: Config{Slot: "s", Router: router.Config{TransactionalID: "walrelay-s"}}}
 	err := r.eosError(fmt.Errorf("commit: %w", router.ErrFenced))
@@ -127,5 +148,53 @@ func TestFencedIsFatal(t *testing.T) {
 	}
 	if r.eosError(nil) != nil {
 		t.Error("eosError(nil) is not nil")
+	}
+}
+
+// TestRetryWaitEndsAtTheStartupDeadline checks that the backoff sleep before
+// the first stream never runs past --startup-timeout, and that the attempt
+// after it gives up: a 10s timeout must mean about 10s, not 16.
+func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
+	cfg := validConfig()
+	cfg.StartupTimeout = 10 * time.Second
+	cfg.BackoffMin, cfg.BackoffMax = 8*time.Second, 30*time.Second
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := time.Unix(1_000_000, 0)
+	r.now = func() time.Time { return clock }
+	var waits []time.Duration
+	r.sleep = func(_ context.Context, d time.Duration) bool {
+		waits = append(waits, d)
+		clock = clock.Add(d)
+		return true
+	}
+	r.begin = clock
+	clock = clock.Add(7 * time.Second) // the attempts so far took 7s
+	if !r.retry(context.Background(), "setup", errors.New("connection refused")) {
+		t.Fatal("retry gave up before the startup timeout")
+	}
+	if len(waits) != 1 || waits[0] > 3*time.Second {
+		t.Fatalf("waited %v with 3s of the startup timeout left; want at most 3s", waits)
+	}
+	if got := clock.Sub(r.begin); got > cfg.StartupTimeout {
+		t.Fatalf("the next attempt starts %s after the start, past --startup-timeout %s", got, cfg.StartupTimeout)
+	}
+	clock = clock.Add(time.Millisecond) // the last attempt failed too
+	if r.retry(context.Background(), "setup", errors.New("connection refused")) {
+		t.Fatal("retry went on past the startup timeout")
+	}
+	if r.giveUp == nil || len(waits) != 1 {
+		t.Fatalf("giveUp %v, waits %v: want a give-up without another wait", r.giveUp, waits)
+	}
+
+	// Once streaming, and for a standby waiting on a busy slot, the
+	// startup deadline does not apply: the full backoff is kept.
+	r.everStreamed.Store(true)
+	r.backoff.Reset()
+	waits = nil
+	if !r.retry(context.Background(), "connection", errors.New("reset")) || waits[0] < 4*time.Second {
+		t.Fatalf("after streaming: waits %v; want the uncapped backoff (at least 4s from 8s with jitter 0.5)", waits)
 	}
 }

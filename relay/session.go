@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
@@ -54,6 +56,46 @@ type session struct {
 	msgs      uint64
 	recvBytes int
 	serverEnd decoder.LSN
+
+	// stopAt is when a stop must be over: ShutdownTimeout after the
+	// session first saw ctx end. Set once (stopOnce), possibly from a
+	// context.AfterFunc goroutine.
+	stopOnce sync.Once
+	stopAt   time.Time
+}
+
+// stopDeadline bounds everything a stop waits for (the final Kafka commit
+// with exactly-once delivery, then the outstanding acks) by one
+// ShutdownTimeout, counted from the first call after the stop.
+func (s *session) stopDeadline() time.Time {
+	s.stopOnce.Do(func() { s.stopAt = time.Now().Add(s.r.cfg.ShutdownTimeout) })
+	return s.stopAt
+}
+
+// kafkaCtx bounds a transactional Kafka call (commit, abort): by the
+// transaction timeout, and once the relay stops, by the stop deadline, so
+// a broker that stopped answering cannot hold a stop for --txn-timeout.
+// A commit cut short this way is safe: its checkpoint record is in the
+// same Kafka transaction, so the next start resumes from whatever
+// checkpoint the broker did commit.
+func (s *session) kafkaCtx() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.Router.TransactionTimeout)
+	var mu sync.Mutex
+	var timer *time.Timer
+	stopWatch := context.AfterFunc(s.ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		timer = time.AfterFunc(time.Until(s.stopDeadline()), cancel)
+	})
+	return ctx, func() {
+		stopWatch()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
 }
 
 // session streams until the connection breaks, Kafka refuses a record, or
@@ -344,8 +386,28 @@ func (s *session) handle(data []byte) error {
 		// A heartbeat (or any non-transactional message): everything
 		// before it was received, so it is a marker like a keepalive.
 		s.tr.Marker(s.dec.MessageLSN())
+	case decoder.KindUnmapped:
+		s.r.unmappedInsert(s.dec.Unmapped())
 	}
 	return nil
+}
+
+// unmappedInsert counts an insert the publication sent for a table no
+// outbox maps, and says so once per table for the life of the process: the
+// row is not published, and without a word a misconfigured --table or a
+// partition published under its own name would look like a quiet outbox.
+func (r *Relay) unmappedInsert(t decoder.Table, oid uint32) {
+	c, ok := r.unmapped[t]
+	if !ok {
+		if r.unmapped == nil {
+			r.unmapped = make(map[decoder.Table]prometheus.Counter)
+		}
+		c = r.metrics.UnmappedInserts.WithLabelValues(t.String())
+		r.unmapped[t] = c
+		r.log.Warn("the publication streams inserts of a table that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); add it with --table if it is an outbox, else remove it from the publication",
+			zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", r.cfg.Publication))
+	}
+	c.Inc()
 }
 
 // eosErrorOr maps a fenced producer to the fatal error, and passes other
@@ -432,10 +494,11 @@ func (s *session) housekeep(force bool) {
 	s.r.confirmed.Store(uint64(pos.LSN))
 }
 
-// finish ends a session: it waits for outstanding acks (bounded by
-// ShutdownTimeout when stopping, unbounded but cancellable otherwise so
-// the next session starts from an exact position), confirms what they
-// allow when the connection still works, and closes the stream.
+// finish ends a session: it waits for outstanding acks (unbounded but
+// cancellable when not stopping, so the next session starts from an exact
+// position), confirms what they allow when the connection still works,
+// and closes the stream. A stop waits at most ShutdownTimeout in all, for
+// the final Kafka commit (exactly-once) and the acks together.
 func (s *session) finish(cause error) error {
 	stopping := s.ctx.Err() != nil
 	if s.eos != nil {
@@ -452,10 +515,10 @@ func (s *session) finish(cause error) error {
 	flushCtx := context.Background()
 	if stopping {
 		var cancel context.CancelFunc
-		flushCtx, cancel = context.WithTimeout(flushCtx, s.r.cfg.ShutdownTimeout)
+		flushCtx, cancel = context.WithDeadline(flushCtx, s.stopDeadline())
 		defer cancel()
 		s.r.log.Info("stopping: waiting for outstanding acks", zap.Int64("inflight_events", s.rt.Inflight()),
-			zap.Duration("timeout", s.r.cfg.ShutdownTimeout))
+			zap.Duration("timeout", max(time.Until(s.stopDeadline()), 0)))
 	} else {
 		var cancel context.CancelFunc
 		flushCtx, cancel = context.WithCancel(s.ctx)

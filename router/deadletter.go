@@ -20,12 +20,16 @@ const (
 	ReasonInvalidTopic    Reason = "invalid_topic"
 	ReasonTopicRejected   Reason = "topic_rejected"
 	ReasonTooLarge        Reason = "record_too_large"
+	// ReasonUnmappable is a row of an outbox table that lacked a mapped
+	// column when the row was written (decoder.Event.Unmappable): a column
+	// dropped or renamed while the relay ran.
+	ReasonUnmappable      Reason = "unmappable"
 	ReasonTopicNotAllowed Reason = "topic_not_allowed" // not matched by Config.TopicAllow
 	ReasonTooManyTopics   Reason = "too_many_topics"   // past Config.MaxTopics
 )
 
 // Reasons lists every Reason.
-var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge,
+var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge, ReasonUnmappable,
 	ReasonTopicNotAllowed, ReasonTooManyTopics}
 
 // Dead-letter header names. The event's own id and type headers keep their
@@ -36,6 +40,7 @@ const (
 	HeaderTable         = "walrelay.table"
 	HeaderLSN           = "walrelay.lsn"
 	HeaderAggregateType = "walrelay.aggregate_type"
+	HeaderAggregateID   = "walrelay.aggregate_id"
 	HeaderTopic         = "walrelay.topic"
 	HeaderPayloadOmit   = "walrelay.payload_omitted"
 )
@@ -90,6 +95,10 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 	if ev.AggregateType != nil {
 		h = append(h, kgo.RecordHeader{Key: HeaderAggregateType, Value: truncate(ev.AggregateType, 1024)})
 	}
+	if ev.AggregateID != nil {
+		// Also the key, but a header survives tools that show headers only.
+		h = append(h, kgo.RecordHeader{Key: HeaderAggregateID, Value: truncate(ev.AggregateID, 1024)})
+	}
 	if reason == ReasonInvalidTopic || reason == ReasonTopicRejected || reason == ReasonTopicNotAllowed || reason == ReasonTooManyTopics {
 		h = append(h, kgo.RecordHeader{Key: HeaderTopic, Value: truncate([]byte(r.tmpl.Topic(ev.AggregateType)), 1024)})
 	}
@@ -102,11 +111,14 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 		h = append(h, kgo.RecordHeader{Key: HeaderPayloadOmit, Value: []byte(fmt.Sprint(ev.Omitted))})
 	}
 	o.rec.Headers = h
-	// The payload rides along when it fits; a record that was too large
-	// (or whose headers alone are) keeps only what identifies it.
+	// The payload rides along when it fits the dead-letter topic (its own
+	// max.message.bytes, read by Start, and --max-record-bytes); a record
+	// that does not (or whose headers alone do not) keeps only what
+	// identifies it. Kafka would refuse it for good otherwise, and the
+	// relay would restart into the same event forever.
 	o.rec.Value = ev.Payload
 	o.size = recordSize(o.rec.Key, o.rec.Value, h)
-	if o.size > r.cfg.MaxRecordBytes {
+	if o.size > r.dlq.maxBytes {
 		o.rec.Value = nil
 		o.rec.Key = truncate(o.rec.Key, 1024)
 		o.rec.Headers = append(o.rec.Headers, kgo.RecordHeader{Key: HeaderPayloadOmit, Value: []byte(fmt.Sprint(len(ev.Payload)))})

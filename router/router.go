@@ -14,7 +14,8 @@
 // last confirmed position: duplicates, never loss).
 //
 // Invalid events (no aggregate type, a topic name Kafka rejects, no
-// aggregate id, no id, larger than the broker accepts) go to a dead-letter
+// aggregate id, no id, larger than the broker accepts, a row its table's
+// columns could not map) go to a dead-letter
 // topic with headers naming the reason, table, LSN and id, and count as
 // acknowledged once the dead-letter record is.
 //
@@ -177,8 +178,11 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Router produces outbox events to Kafka. Send belongs to one goroutine;
-// everything else is safe for concurrent use.
+// Router produces outbox events to Kafka. Send, Start and the Kafka
+// transaction methods (InTxn, TxnEvents, CommitTxn, AbortTxn,
+// ReadCheckpoint) belong to one goroutine, the one that sends, or to one
+// goroutine it waits for; Flush, Inflight, Failed, Client, HeartbeatClient
+// and Close are safe for concurrent use.
 type Router struct {
 	cfg       Config
 	tmpl      Template
@@ -384,6 +388,8 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 // route finds the destination of ev, or why it has none.
 func (r *Router) route(ev *decoder.Event) (reason Reason, t *topic, detail string) {
 	switch {
+	case ev.Unmappable != nil:
+		return ReasonUnmappable, nil, ev.Unmappable.Error()
 	case len(ev.AggregateType) == 0 && !r.tmpl.fixed:
 		return ReasonNoAggregateType, nil, "aggregate type is NULL or empty"
 	case ev.AggregateID == nil:
@@ -552,6 +558,15 @@ func (r *Router) produce(o *outRecord) error {
 // replaced: franz-go keeps a transactional producer whose commit or abort
 // failed in an error state that only a new producer ID clears.
 func (r *Router) Failed() bool { return r.failed.Load() || r.txnBroken.Load() }
+
+// Err returns the error Kafka refused a record with for good (what made
+// Failed true), or nil.
+func (r *Router) Err() error {
+	if p := r.failErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // Flush waits until every record sent so far is acknowledged or failed, or
 // ctx ends.

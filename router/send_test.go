@@ -419,6 +419,10 @@ func invalidEvents() []deadLetterCase {
 			ev.Payload = bytes.Repeat([]byte("x"), 5000)
 			ev.Headers = []decoder.Header{{Key: "trace", Value: []byte("t-7")}}
 		}), reason: ReasonTooLarge, omitted: true},
+		{name: "unmappable row", ev: mk("d8", "order", "k8", func(ev *decoder.Event) {
+			ev.Payload = nil // the column was dropped
+			ev.Unmappable = fmt.Errorf(`outbox table public.outbox has no column "payload": %w`, decoder.ErrMissingColumn)
+		}), reason: ReasonUnmappable},
 	}
 }
 
@@ -502,6 +506,9 @@ func TestSendDeadLettersInvalidEvents(t *testing.T) {
 			}
 			if ev.AggregateType != nil {
 				want[HeaderAggregateType] = string(ev.AggregateType)
+			}
+			if ev.AggregateID != nil {
+				want[HeaderAggregateID] = string(ev.AggregateID)
 			}
 			if tc.topic != "" {
 				want[HeaderTopic] = tc.topic

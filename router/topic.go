@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -74,9 +75,13 @@ func ValidTopic(name string) error {
 	case len(name) > maxTopicLen:
 		return fmt.Errorf("topic name is %d characters long, Kafka allows %d", len(name), maxTopicLen)
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
+	// Range over runes so the error quotes the character the writer
+	// typed ('з'), not the first byte of its UTF-8 encoding.
+	for i, c := range name {
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			if c == utf8.RuneError {
+				return fmt.Errorf("topic name %q has byte 0x%02x, not UTF-8; Kafka allows [a-zA-Z0-9._-]", name, name[i])
+			}
 			return fmt.Errorf("topic name %q has character %q; Kafka allows [a-zA-Z0-9._-]", name, c)
 		}
 	}

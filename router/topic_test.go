@@ -61,8 +61,9 @@ func TestParseTemplate(t *testing.T) {
 
 // TestParseTemplateRejectsInvalidStaticParts proves that a template whose
 // fixed prefix or suffix can never form a valid topic name is refused at
-// start, as an invalid fixed template is (DESIGN.md: bad flags refuse to
-// start), instead of silently dead-lettering every event.
+// start, as an invalid fixed template is (bad flags refuse to start with a
+// one-line error rather than fail at run time), instead of silently
+// dead-lettering every event.
 func TestParseTemplateRejectsInvalidStaticParts(t *testing.T) {
 	for _, in := range []string{
 		"outbox event.{aggregate_type}",                        // space
@@ -169,6 +170,23 @@ func TestValidTopicEveryByte(t *testing.T) {
 		want := strings.IndexByte(allowed, byte(c)) >= 0
 		if got := ValidTopic(name) == nil; got != want {
 			t.Errorf("ValidTopic(%q) ok = %v; want %v", name, got, want)
+		}
+	}
+}
+
+// TestValidTopicQuotesTheCharacter checks that the error names the
+// offending character as the writer typed it, not its first UTF-8 byte.
+func TestValidTopicQuotesTheCharacter(t *testing.T) {
+	tests := []struct{ topic, want string }{
+		{"order.заказ", `character 'з'`},
+		{"café", `character 'é'`},
+		{"a b", `character ' '`},
+		{"bad\xffutf8", `byte 0xff`},
+	}
+	for _, tt := range tests {
+		err := ValidTopic(tt.topic)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ValidTopic(%q) = %v; want an error containing %s", tt.topic, err, tt.want)
 		}
 	}
 }

@@ -54,7 +54,8 @@ type Message struct {
 // message arrives. The stream stays usable.
 var ErrTimeout = errors.New("slot: no message before the deadline")
 
-// ErrInterrupted is returned by Receive after Interrupt.
+// ErrInterrupted is returned by Receive after Interrupt, also by a Receive
+// that starts after an Interrupt nobody has seen yet.
 var ErrInterrupted = errors.New("slot: receive interrupted")
 
 // Stream is a logical replication stream from one slot. It is owned by one
@@ -80,7 +81,7 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 	applyReadOptions(cfg, opts.Read)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("replication connection: %w", redactErr(err, url))
+		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
 	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn()}
 	if s.System, err = pglogrepl.IdentifySystem(ctx, conn); err != nil {
@@ -108,12 +109,33 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 	return s, nil
 }
 
-// ReplicationConfig derives the replication connection's configuration from
-// a normal connection URL or DSN.
-func ReplicationConfig(url string) (*pgconn.Config, error) {
-	cfg, err := pgconn.ParseConfig(url)
+// IdentifySystem runs IDENTIFY_SYSTEM on a replication connection of its
+// own: the cluster's system identifier, timeline and WAL flush position,
+// for callers that have no stream open.
+func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemResult, error) {
+	cfg, err := ReplicationConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), redactErr(err, url))
+		return pglogrepl.IdentifySystemResult{}, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return pglogrepl.IdentifySystemResult{}, fmt.Errorf("replication connection: %w", connectError(err, url))
+	}
+	defer conn.Close(context.Background())
+	res, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return res, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	return res, nil
+}
+
+// ReplicationConfig derives the replication connection's configuration from
+// a normal connection URL or DSN (DefaultSSLMode when it sets no sslmode).
+// A string that does not parse is a *SetupError that does not quote it.
+func ReplicationConfig(url string) (*pgconn.Config, error) {
+	cfg, err := parseConfig(url)
+	if err != nil {
+		return nil, err
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
@@ -133,6 +155,14 @@ func (s *Stream) Receive(deadline time.Time) (Message, error) {
 			return Message{}, fmt.Errorf("set read deadline: %w", err)
 		}
 		s.deadline = deadline
+	}
+	// An Interrupt that landed before the deadline above was armed had its
+	// own deadline overwritten: look at its flag now. Interrupt sets the
+	// flag before the deadline, so one that comes after this check still
+	// cuts the read short.
+	if s.interrupted.Swap(false) {
+		s.deadline = time.Time{}
+		return Message{}, ErrInterrupted
 	}
 	for {
 		msg, err := s.fe.Receive()

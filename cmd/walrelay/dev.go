@@ -69,13 +69,13 @@ func (c *devCmd) Run(ctx context.Context, lf *LogFlags) error {
 
 	cfg, err := relayConfig(url, []string{kafka.Addr()}, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags, log)
 	if err != nil {
-		return err
+		return usageError(err)
 	}
 	pr := &printer{w: out, ids: make(map[string]bool)}
 	cfg.Router.OnPublished = pr.print
 	r, err := relay.New(cfg, log, metrics.NewUnregistered())
 	if err != nil {
-		return err
+		return usageError(err)
 	}
 
 	fmt.Fprintf(out, "PostgreSQL: %s\n  psql %q\nKafka broker: %s\nOutbox table(s): %s\n\n",

@@ -13,12 +13,26 @@ import (
 // variables, from the same kong model the binary parses with.
 func runFlags(t *testing.T) map[string]string {
 	t.Helper()
+	flags := map[string]string{}
+	for _, f := range runFlagModels(t) {
+		env := ""
+		if len(f.Envs) > 0 {
+			env = f.Envs[0]
+		}
+		flags[f.Name] = env
+	}
+	return flags
+}
+
+// runFlagModels returns kong's model of each flag of `walrelay run`.
+func runFlagModels(t *testing.T) []*kong.Flag {
+	t.Helper()
 	var c cli
 	k, err := kong.New(&c, kong.DefaultEnvars("WALRELAY"), kong.Vars{"version": "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	flags := map[string]string{}
+	var flags []*kong.Flag
 	for _, n := range k.Model.Children {
 		if n.Name != "run" {
 			continue
@@ -28,11 +42,7 @@ func runFlags(t *testing.T) map[string]string {
 				if f.Name == "help" || f.Name == "version" {
 					continue
 				}
-				env := ""
-				if len(f.Envs) > 0 {
-					env = f.Envs[0]
-				}
-				flags[f.Name] = env
+				flags = append(flags, f)
 			}
 		}
 	}
@@ -51,6 +61,56 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 	for name := range runFlags(t) {
 		if !strings.Contains(string(readme), "`--"+name+"`") && !strings.Contains(string(readme), "`--[no-]"+name+"`") {
 			t.Errorf("README does not document --%s", name)
+		}
+	}
+}
+
+// readmeFlagRow matches a row of the README's flag table: the flag cell
+// (one or more `--name`) and the default cell.
+var readmeFlagRow = regexp.MustCompile("(?m)^\\| (`--[^|]+) \\| ([^|]+) \\|")
+
+// computedDefaults are flags whose README default describes a value derived
+// at run time (kong's default is empty).
+var computedDefaults = map[string]string{"transactional-id": "`walrelay-<slot>`"}
+
+// TestReadmeFlagDefaults keeps the default column of the README's flag table
+// equal to the defaults the binary applies: `value` is kong's default
+// verbatim, on/off a boolean, none or (required) no default.
+func TestReadmeFlagDefaults(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]string{}
+	for _, m := range readmeFlagRow.FindAllStringSubmatch(string(readme), -1) {
+		for _, name := range regexp.MustCompile("`--(?:\\[no-\\])?([a-z0-9-]+)`").FindAllStringSubmatch(m[1], -1) {
+			documented[name[1]] = strings.TrimSpace(m[2])
+		}
+	}
+	if len(documented) < 20 {
+		t.Fatalf("found only %d rows in the README's flag table", len(documented))
+	}
+	for _, f := range runFlagModels(t) {
+		cell, ok := documented[f.Name]
+		if !ok {
+			continue // TestReadmeListsEveryFlag reports it
+		}
+		want := "`" + f.Default + "`"
+		switch {
+		case computedDefaults[f.Name] != "":
+			want = computedDefaults[f.Name]
+		case f.IsBool():
+			want = "off"
+			if f.Default == "true" {
+				want = "on"
+			}
+		case f.Default == "" && f.Required:
+			want = "(required)"
+		case f.Default == "":
+			want = "none"
+		}
+		if cell != want {
+			t.Errorf("README gives --%s the default %s; the binary's default is %s", f.Name, cell, want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -46,11 +47,36 @@ func (f *LogFlags) logger() (*zap.Logger, error) {
 
 // SourceFlags say where the events come from.
 type SourceFlags struct {
-	Publication       string   `default:"walrelay_outbox" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert') when missing)."`
+	Publication       string   `default:"walrelay_outbox" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert', publish_via_partition_root = true) when missing)."`
 	Slot              string   `default:"walrelay" help:"Logical replication slot (pgoutput)."`
 	Table             []string `default:"public.outbox" help:"Outbox table, schema.table; repeat the flag (or separate with commas) for several."`
-	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing and add outbox tables it lacks."`
+	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing, and add outbox tables it lacks to a publication walrelay created."`
+	AlterPublication  bool     `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared: every subscriber of it then receives them)."`
+	AllowRowFilter    bool     `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published. Logged at WARN at startup."`
 	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
+	Snapshot          string   `default:"initial" enum:"initial,never" help:"initial: when walrelay creates the slot, first publish the rows already in the outbox tables (at the slot's consistent point), then stream; never: publish only rows committed after the slot exists."`
+	SnapshotWhere     string   `placeholder:"SQL" help:"SQL condition the rows of the initial snapshot must meet (e.g. 'sent_at IS NULL'); empty for every row."`
+	SnapshotOrder     string   `placeholder:"SQL" help:"SQL ORDER BY list of the initial snapshot (e.g. 'created_at, id'); empty for the table's primary key."`
+}
+
+// validateSource checks the flags every command that touches the database
+// shares. An empty URL is refused because pgx would dial a local Unix
+// socket as the OS user; a slot name outside [a-z0-9_] is refused because
+// it is spliced into replication commands (START_REPLICATION,
+// CREATE_REPLICATION_SLOT), where 'x TEMPORARY' would change the command.
+// Publication names are always quoted where they reach SQL or the
+// replication protocol, so only an empty one is refused.
+func validateSource(pgURL, slotName string, publication *string) error {
+	if strings.TrimSpace(pgURL) == "" {
+		return errors.New("--pg-url is empty: give the source database URL (postgres://user@host:5432/db?sslmode=verify-full) or set WALRELAY_PG_URL")
+	}
+	if err := slot.ValidSlotName(slotName); err != nil {
+		return fmt.Errorf("--slot: %w", err)
+	}
+	if publication != nil && *publication == "" {
+		return errors.New("--publication is empty: name the publication the slot streams")
+	}
+	return nil
 }
 
 // ColumnFlags map outbox columns to the record.
@@ -153,6 +179,11 @@ type DeliveryFlags struct {
 
 // relayConfig assembles the relay's configuration from the flag groups.
 func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, hf HealthFlags, df DeliveryFlags, log *zap.Logger) (relay.Config, error) {
+	// A URL that does not parse is refused before any connection attempt,
+	// without being quoted (a password may be anywhere in it).
+	if err := slot.CheckURL(pgURL); err != nil {
+		return relay.Config{}, err
+	}
 	tables, err := parseTables(src.Table)
 	if err != nil {
 		return relay.Config{}, err
@@ -182,6 +213,11 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		Mapping:           mapping,
 		CreatePublication: src.CreatePublication,
 		CreateSlot:        src.CreateSlot,
+		AlterPublication:  src.AlterPublication,
+		AllowRowFilter:    src.AllowRowFilter,
+		InitialSnapshot:   src.Snapshot != "never",
+		SnapshotWhere:     src.SnapshotWhere,
+		SnapshotOrder:     src.SnapshotOrder,
 		Binary:            tun.Binary,
 		Read: slot.ReadOptions{
 			BufferBytes:        tun.ReadBufferBytes,

@@ -28,15 +28,36 @@ var version = "dev"
 type cli struct {
 	LogFlags `embed:""`
 
-	Run    runCmd    `cmd:"" help:"Relay outbox inserts from PostgreSQL to Kafka (the daemon)."`
-	Dev    devCmd    `cmd:"" help:"Run the relay against a throwaway PostgreSQL cluster and an in-process Kafka-protocol broker."`
-	Status statusCmd `cmd:"" help:"Show the slot's state and lag; exit 1 when unhealthy (lag over --max-lag-bytes, or invalidated), 2 when it cannot be read."`
-	Setup  setupCmd  `cmd:"" help:"Print the outbox DDL, check the database and create the publication and slot."`
-	Drop   dropCmd   `cmd:"" help:"Drop the slot (and with --drop-publication the publication); PostgreSQL stops keeping WAL for it."`
-	Bench  benchCmd  `cmd:"" help:"Measure throughput against pg_recvlogical, latency, memory and idle CPU on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."`
+	Run      runCmd      `cmd:"" help:"Relay outbox inserts from PostgreSQL to Kafka (the daemon)."`
+	Dev      devCmd      `cmd:"" help:"Run the relay against a throwaway PostgreSQL cluster and an in-process Kafka-protocol broker."`
+	Status   statusCmd   `cmd:"" help:"Show the slot's state and lag; exit 1 when unhealthy (lag over --max-lag-bytes, invalidated, or not streamed with --require-active), 2 when it cannot be read."`
+	Setup    setupCmd    `cmd:"" help:"Print the outbox DDL, check the database and create the publication and slot."`
+	Drop     dropCmd     `cmd:"" help:"Drop the slot (and with --drop-publication the publication); PostgreSQL stops keeping WAL for it. Refuses, unless --force, while it holds unpublished outbox rows."`
+	Snapshot snapshotCmd `cmd:"" help:"Publish the current rows of outbox tables once (at-least-once: a row may also arrive through the stream), with the record and Kafka flags of run."`
+	Bench    benchCmd    `cmd:"" help:"Measure throughput against pg_recvlogical, latency, memory and idle CPU on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."`
 
 	Version kong.VersionFlag `env:"-" help:"Print the version and exit."`
 }
+
+// Exit codes. The README's "Exit codes" section states the same rule; keep
+// the two together.
+const (
+	// exitUnhealthy: status found the slot needing attention.
+	exitUnhealthy = 1
+	// exitFailed: the database or the broker refused or failed: a setup
+	// refusal, credentials, an unreachable server past --startup-timeout,
+	// an invalidated slot, drop refusing to discard pending rows.
+	exitFailed = 2
+	// exitFenced: another relay took the exactly-once transactional id;
+	// do not restart automatically.
+	exitFenced = 3
+	// exitUsage: a malformed flag, WALRELAY_* variable or configuration,
+	// found before anything is connected (kong's code for usage errors).
+	exitUsage = 80
+)
+
+// usageError marks err as a malformed flag or configuration.
+func usageError(err error) error { return &exitError{code: exitUsage, err: err} }
 
 // exitError carries a process exit code through kong.
 type exitError struct {
@@ -56,7 +77,12 @@ func main() {
 		kong.Vars{"version": version},
 	)
 	kctx, err := parser.Parse(os.Args[1:])
-	parser.FatalIfErrorf(err)
+	if err != nil {
+		// kong exits 1 for some of these (a bad value in a WALRELAY_*
+		// variable): every malformed flag or variable exits 80.
+		parser.Errorf("%s", err)
+		os.Exit(exitUsage)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

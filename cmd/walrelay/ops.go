@@ -19,11 +19,19 @@ import (
 // statusCmd is `walrelay status`: the slot at a glance, for people, cron
 // and probes.
 type statusCmd struct {
-	PGURL       string `name:"pg-url" required:"" help:"Source database URL."`
-	Slot        string `default:"walrelay" help:"Logical replication slot."`
-	JSON        bool   `name:"json" help:"Print JSON instead of text."`
-	MaxLagBytes int64  `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
+	PGURL         string `name:"pg-url" required:"" help:"Source database URL."`
+	Slot          string `default:"walrelay" help:"Logical replication slot."`
+	JSON          bool   `name:"json" help:"Print JSON instead of text."`
+	MaxLagBytes   int64  `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
+	RequireActive bool   `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
 }
+
+// Validate refuses malformed flags before anything is connected.
+func (c *statusCmd) Validate() error { return validateSource(c.PGURL, c.Slot, nil) }
+
+// notStreamed is status's warning (or, with --require-active, problem) for
+// a slot no client reads: it holds WAL and nothing is published.
+const notStreamed = "no relay is streaming from this slot: it keeps WAL and nothing is published until one does (start walrelay run, or remove the slot with walrelay drop)"
 
 // slotStatus is what status prints.
 type slotStatus struct {
@@ -41,23 +49,32 @@ type slotStatus struct {
 	SafeWALSize       *int64   `json:"safe_wal_size"`
 	Healthy           bool     `json:"healthy"`
 	Problems          []string `json:"problems"`
+	// Warnings need a look but do not make the slot unhealthy.
+	Warnings []string `json:"warnings"`
 }
 
 func (c *statusCmd) Run(ctx context.Context) error {
 	conn, err := slot.Connect(ctx, c.PGURL)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return &exitError{code: exitFailed, err: err}
 	}
 	defer conn.Close(context.Background())
 	info, err := slot.ReadInfo(ctx, conn, c.Slot)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return &exitError{code: exitFailed, err: err}
 	}
 	st := slotStatus{
 		Slot: info.Name, Plugin: info.Plugin, Database: info.Database, Active: info.Active, ActivePID: info.ActivePID,
 		RestartLSN: info.RestartLSN.String(), ConfirmedFlushLSN: info.ConfirmedLSN.String(), CurrentLSN: info.CurrentLSN.String(),
 		RetainedWALBytes: info.RetainedWALBytes, ConfirmedLagBytes: info.LagBytes, WALStatus: info.WALStatus,
-		SafeWALSize: info.SafeWALSize, Problems: []string{},
+		SafeWALSize: info.SafeWALSize, Problems: []string{}, Warnings: []string{},
+	}
+	if !info.Active {
+		if c.RequireActive {
+			st.Problems = append(st.Problems, notStreamed)
+		} else {
+			st.Warnings = append(st.Warnings, notStreamed)
+		}
 	}
 	if info.WALStatus == "lost" {
 		st.Problems = append(st.Problems, "slot is invalidated (wal_status = lost): events written while it lacked WAL are gone from it")
@@ -76,13 +93,13 @@ func (c *statusCmd) Run(ctx context.Context) error {
 		printStatus(os.Stdout, st)
 	}
 	if !st.Healthy {
-		return &exitError{code: 1, err: errors.New(strings.Join(st.Problems, "; "))}
+		return &exitError{code: exitUnhealthy, err: errors.New(strings.Join(st.Problems, "; "))}
 	}
 	return nil
 }
 
 func printStatus(w io.Writer, st slotStatus) {
-	active := "no"
+	active := "NO: no relay is streaming from this slot"
 	if st.Active {
 		active = "yes"
 		if st.ActivePID != nil {
@@ -101,6 +118,9 @@ func printStatus(w io.Writer, st slotStatus) {
 		restart = "none (its WAL was removed)"
 	}
 	health := "ok"
+	if len(st.Warnings) > 0 {
+		health = "ok, but WARNING: " + strings.Join(st.Warnings, "; ")
+	}
 	if !st.Healthy {
 		health = "UNHEALTHY: " + strings.Join(st.Problems, "; ")
 	}
@@ -137,6 +157,22 @@ type setupCmd struct {
 	Table       []string `default:"public.outbox" help:"Outbox table, schema.table; repeatable."`
 	CreateTable bool     `help:"Create missing outbox tables with the printed DDL."`
 	ColumnFlags `embed:""`
+
+	// What setup may accept of an existing publication, as for run.
+	AlterPublication bool `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared)."`
+	AllowRowFilter   bool `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published."`
+}
+
+// Validate refuses malformed flags before anything is connected.
+func (c *setupCmd) Validate() error {
+	if err := validateSource(c.PGURL, c.Slot, &c.Publication); err != nil {
+		return err
+	}
+	if _, err := parseTables(c.Table); err != nil {
+		return err
+	}
+	_, err := c.mapping()
+	return err
 }
 
 func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
@@ -146,11 +182,11 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	tabs, err := parseTables(c.Table)
 	if err != nil {
-		return err
+		return usageError(err)
 	}
 	m, err := c.mapping()
 	if err != nil {
-		return err
+		return usageError(err)
 	}
 	for _, t := range c.Table {
 		fmt.Printf("-- outbox table walrelay expects (write pattern: insert and delete in the business transaction)\n%s\n\n", outboxDDL(t))
@@ -158,13 +194,13 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 	if c.CreateTable {
 		conn, err := slot.Connect(ctx, c.PGURL)
 		if err != nil {
-			return err
+			return &exitError{code: exitFailed, err: err}
 		}
 		defer conn.Close(context.Background())
 		for _, t := range c.Table {
 			created, err := ensureOutboxTable(ctx, conn, t)
 			if err != nil {
-				return err
+				return &exitError{code: exitFailed, err: err}
 			}
 			if created {
 				fmt.Printf("created table %s\n", qualify(t))
@@ -180,25 +216,79 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	err = slot.Prepare(ctx, slot.SetupConfig{
 		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: cols,
-		CreatePublication: true, CreateSlot: true,
+		CreatePublication: true, CreateSlot: true, AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,
 	}, log)
 	if err != nil {
-		if slot.IsSetupError(err) {
-			return &exitError{code: 2, err: err}
-		}
-		return err
+		return &exitError{code: exitFailed, err: err}
 	}
-	fmt.Printf("ready: publication %q publishes inserts of %s; slot %q (pgoutput) exists\n", c.Publication, strings.Join(c.Table, ", "), c.Slot)
+	conn, err := slot.Connect(ctx, c.PGURL)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
+	defer conn.Close(context.Background())
+	pub, err := slot.ReadPublication(ctx, conn, c.Publication, tabs)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
+	var published []string
+	for _, line := range publicationSummary(pub) {
+		fmt.Println(line)
+	}
+	for _, t := range pub.Tables {
+		s := t.Table.String()
+		if t.Partitioned {
+			s += " (partitioned, via root)"
+		}
+		published = append(published, s)
+	}
+	fmt.Printf("ready: publication %q publishes inserts of %s; slot %q (pgoutput) exists\n", c.Publication, strings.Join(published, ", "), c.Slot)
 	return nil
+}
+
+// publicationSummary says what the publication publishes, one line for it
+// and one per outbox table: what `setup` checked, in words.
+func publicationSummary(p slot.Publication) []string {
+	owner := "not created by walrelay: walrelay adds tables to it only with --alter-publication"
+	if p.Owned {
+		owner = "created by walrelay"
+	}
+	if p.AllTables {
+		owner += "; FOR ALL TABLES: every table's inserts stream to walrelay"
+	}
+	lines := []string{fmt.Sprintf("publication %q: %s; publish_via_partition_root = %t", p.Name, owner, p.ViaRoot)}
+	for _, t := range p.Tables {
+		kind := "table"
+		if t.Partitioned {
+			kind = fmt.Sprintf("partitioned table (partitions now: %d), published via root as %s, partitions attached later included", t.Partitions, t.Table)
+		}
+		filter := "none"
+		if t.RowFilter != "" {
+			filter = "WHERE " + t.RowFilter + " (rows it filters out are never published)"
+		}
+		cols := "all"
+		if t.Columns != nil {
+			cols = strings.Join(t.Columns, ", ")
+		}
+		lines = append(lines, fmt.Sprintf("  %s: %s; row filter: %s; columns: %s", t.Table, kind, filter, cols))
+	}
+	return lines
 }
 
 // dropCmd is `walrelay drop`: remove the slot (and the publication).
 type dropCmd struct {
 	PGURL           string `name:"pg-url" required:"" help:"Source database URL."`
 	Slot            string `default:"walrelay" help:"Logical replication slot to drop."`
-	Publication     string `default:"walrelay_outbox" help:"Publication dropped with --drop-publication."`
+	Publication     string `default:"walrelay_outbox" help:"Publication the slot streams: its pending rows are counted, and it is dropped with --drop-publication."`
 	DropPublication bool   `help:"Also drop the publication."`
+	Force           bool   `help:"Drop the slot even when it holds committed outbox rows not yet published (they are lost to the relay), or when they cannot be counted."`
 }
+
+// Validate refuses malformed flags before anything is connected.
+func (c *dropCmd) Validate() error { return validateSource(c.PGURL, c.Slot, &c.Publication) }
+
+// maxPeekChanges bounds how much of the slot drop decodes to count pending
+// rows; past it drop says "at least".
+const maxPeekChanges = 1_000_000
 
 func (c *dropCmd) Run(ctx context.Context, lf *LogFlags) error {
 	log, err := lf.logger()
@@ -207,27 +297,87 @@ func (c *dropCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	conn, err := slot.Connect(ctx, c.PGURL)
 	if err != nil {
-		return err
+		return &exitError{code: exitFailed, err: err}
 	}
 	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", c.Slot)
-	var pgErr *pgconn.PgError
+	info, err := slot.ReadInfo(ctx, conn, c.Slot)
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "55006":
-		return fmt.Errorf("slot %q is in use (%s): stop the relay streaming from it first", c.Slot, pgErr.Message)
-	case errors.As(err, &pgErr) && pgErr.Code == "42704":
+	case errors.Is(err, slot.ErrNoSlot):
 		fmt.Printf("slot %q does not exist\n", c.Slot)
 	case err != nil:
-		return fmt.Errorf("drop slot %q: %w", c.Slot, err)
+		return &exitError{code: exitFailed, err: err}
+	case info.Active:
+		return &exitError{code: exitFailed, err: fmt.Errorf("slot %q is in use by pid %s: stop the relay streaming from it first", c.Slot, pidText(info.ActivePID))}
 	default:
-		fmt.Printf("dropped slot %q: PostgreSQL no longer keeps WAL for it; events written from now on are not captured until a new slot exists\n", c.Slot)
-		log.Info("dropped replication slot", zap.String("slot", c.Slot))
+		if err := c.dropSlot(ctx, conn, info, log); err != nil {
+			return err
+		}
 	}
 	if c.DropPublication {
 		if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{c.Publication}.Sanitize()); err != nil {
-			return fmt.Errorf("drop publication %q: %w", c.Publication, err)
+			return &exitError{code: exitFailed, err: fmt.Errorf("drop publication %q: %w", c.Publication, err)}
 		}
 		fmt.Printf("dropped publication %q\n", c.Publication)
 	}
 	return nil
+}
+
+// dropSlot drops the slot after counting what it discards: the committed
+// rows of the publication it has not confirmed, and the WAL past its
+// confirmed position. Without --force it refuses when rows are pending or
+// cannot be counted.
+func (c *dropCmd) dropSlot(ctx context.Context, conn *pgx.Conn, info slot.Info, log *zap.Logger) error {
+	rows, complete, perr := pendingRows(ctx, conn, c.Slot, c.Publication)
+	discards := fmt.Sprintf("%s of WAL past its confirmed position %s", bytesText(info.LagBytes), info.ConfirmedLSN)
+	switch {
+	case perr != nil:
+		discards = fmt.Sprintf("an unknown number of outbox rows (cannot count them: %v) and %s", perr, discards)
+	case complete:
+		discards = fmt.Sprintf("%d outbox rows not yet published and %s", rows, discards)
+	default:
+		discards = fmt.Sprintf("at least %d outbox rows not yet published and %s", rows, discards)
+	}
+	if (perr != nil || rows > 0) && !c.Force {
+		return &exitError{code: exitFailed, err: fmt.Errorf("slot %q still holds %s; dropping it loses them for the relay: run the relay until `walrelay status` shows no lag, or pass --force to drop anyway", c.Slot, discards)}
+	}
+	_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", c.Slot)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55006":
+		return &exitError{code: exitFailed, err: fmt.Errorf("slot %q is in use (%s): stop the relay streaming from it first", c.Slot, pgErr.Message)}
+	case errors.As(err, &pgErr) && pgErr.Code == "42704":
+		fmt.Printf("slot %q does not exist\n", c.Slot)
+		return nil
+	case err != nil:
+		return &exitError{code: exitFailed, err: fmt.Errorf("drop slot %q: %w", c.Slot, err)}
+	}
+	fmt.Printf("dropped slot %q, discarding %s: PostgreSQL no longer keeps WAL for it; events written from now on are not captured until a new slot exists\n", c.Slot, discards)
+	log.Info("dropped replication slot", zap.String("slot", c.Slot), zap.Int64("pending_rows", rows), zap.Bool("pending_rows_counted", perr == nil),
+		zap.Int64("confirmed_lag_bytes", info.LagBytes))
+	return nil
+}
+
+// pendingRows counts the inserts the slot would still send for publication:
+// committed after its confirmed position, in tables of the publication. It
+// decodes the slot's WAL without consuming it
+// (pg_logical_slot_peek_binary_changes with pgoutput's own options); complete
+// is false when it stopped at maxPeekChanges.
+func pendingRows(ctx context.Context, conn *pgx.Conn, slotName, publication string) (rows int64, complete bool, err error) {
+	var changes int64
+	// pgoutput's first byte of each message is its type; 'I' is an insert.
+	err = conn.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE get_byte(data, 0) = 73), count(*)
+		FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, 'proto_version', '1', 'publication_names', $3)`,
+		slotName, maxPeekChanges, pgx.Identifier{publication}.Sanitize()).Scan(&rows, &changes)
+	if err != nil {
+		return 0, false, err
+	}
+	return rows, changes < maxPeekChanges, nil
+}
+
+func pidText(pid *int32) string {
+	if pid == nil {
+		return "unknown"
+	}
+	return fmt.Sprint(*pid)
 }

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,27 +44,100 @@ type Postgres struct {
 	opts PostgresOptions
 }
 
-// BinDir finds the directory holding initdb and pg_ctl: PATH first, then
-// Debian's /usr/lib/postgresql/<version>/bin (newest version).
+// DefaultRoot is where Debian and Ubuntu's postgresql package puts the
+// server binaries, one <version>/bin per major version, off PATH.
+const DefaultRoot = "/usr/lib/postgresql"
+
+// RootEnv names the environment variable that replaces DefaultRoot (a list
+// like PATH), for servers installed elsewhere in the same layout and for
+// trying `walrelay dev` as if none were installed.
+const RootEnv = "WALRELAY_PG_ROOT"
+
+// BinDir finds the directory holding initdb and pg_ctl: the first PATH entry
+// holding both, else the newest <root>/<version>/bin holding both. Its error
+// is one line naming the command that installs them.
 func BinDir() (string, error) {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if _, err := exec.LookPath("pg_ctl"); err == nil {
-			return filepath.Dir(p), nil
-		}
+	roots := []string{DefaultRoot}
+	if r := os.Getenv(RootEnv); r != "" {
+		roots = filepath.SplitList(r)
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+	return findBinDir(os.Getenv("PATH"), roots)
+}
+
+// findBinDir is BinDir with PATH and the roots passed in, so tests can lay
+// out a machine of their own. Both binaries must be in one directory:
+// StartPostgres runs them from there.
+func findBinDir(pathList string, roots []string) (string, error) {
+	for _, d := range filepath.SplitList(pathList) {
+		if d != "" && hasServer(d) {
 			return d, nil
 		}
 	}
-	return "", errors.New("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin: install the postgresql package")
+	var dirs []string
+	for _, r := range roots {
+		ds, _ := filepath.Glob(filepath.Join(r, "*", "bin"))
+		for _, d := range ds {
+			if _, ok := majorMinor(d); ok {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	sort.Slice(dirs, func(i, j int) bool {
+		a, _ := majorMinor(dirs[i])
+		b, _ := majorMinor(dirs[j])
+		return a[0] > b[0] || a[0] == b[0] && a[1] > b[1]
+	})
+	for _, d := range dirs {
+		if hasServer(d) {
+			return d, nil
+		}
+	}
+	where := make([]string, len(roots))
+	for i, r := range roots {
+		where[i] = filepath.Join(r, "<version>", "bin")
+	}
+	return "", fmt.Errorf("PostgreSQL server not found (initdb and pg_ctl neither on PATH nor in %s): run `%s` (Debian, Ubuntu), or put the directory holding initdb and pg_ctl on PATH",
+		strings.Join(where, " or "), installCommand())
 }
 
-func versionOf(dir string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
-	return v
+// installCommand is the command that installs the server on Debian and
+// Ubuntu, for this user: root runs apt-get itself (minimal images have no
+// sudo), anyone else through sudo. The update comes first because fresh
+// images ship without package lists.
+func installCommand() string {
+	if os.Geteuid() == 0 {
+		return "apt-get update && apt-get install -y postgresql"
+	}
+	return "sudo apt-get update && sudo apt-get install -y postgresql"
+}
+
+// hasServer reports whether dir holds executable initdb and pg_ctl.
+func hasServer(dir string) bool {
+	for _, n := range []string{"initdb", "pg_ctl"} {
+		fi, err := os.Stat(filepath.Join(dir, n))
+		if err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// majorMinor parses the version directory of <root>/<version>/bin: "16"
+// and "9.6" (releases before 10 had two-part major versions).
+func majorMinor(binDir string) ([2]int, bool) {
+	var v [2]int
+	parts := strings.Split(filepath.Base(filepath.Dir(binDir)), ".")
+	if len(parts) > 2 {
+		return v, false
+	}
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 {
+			return v, false
+		}
+		v[i] = n
+	}
+	return v, true
 }
 
 // StartPostgres initialises and starts a cluster in a new temporary
