@@ -142,6 +142,12 @@ func (c *capReader) rewriteMore() error {
 		if err != nil {
 			return err
 		}
+		if len(w.body) > c.max {
+			// Only the fixed parts and one 5-byte marker per column are
+			// kept unconditionally: a real row (at most 1664 columns)
+			// fits in any sane cap; a message that does not is broken.
+			return fmt.Errorf("replication stream: message of %d bytes cannot be shortened under --max-message-bytes %d (%d columns); raise it", len(w.body)+w.left, c.max, w.cols)
+		}
 	}
 	body := w.body
 	if w.need > 0 && len(w.field) > 0 {

@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -157,4 +159,32 @@ func TestCapReaderRewritesOversizeInsert(t *testing.T) {
 			t.Fatalf("seed %d: logical message: %v %v lsn %v", seed, k, err, dec.MessageLSN())
 		}
 	}
+}
+
+// FuzzCapReader feeds arbitrary bytes through the reader: it never panics
+// or loops, and pgproto3 never receives a CopyData message over the cap
+// (plus the header it keeps), whatever the framing claims.
+func FuzzCapReader(f *testing.F) {
+	id := []byte("0b3c8f6e")
+	f.Add(copyData(xlog(1, insert(1, id, bytes.Repeat([]byte("x"), 300)))))
+	f.Add(copyData(xlog(1, append([]byte{'U'}, make([]byte, 200)...))))
+	f.Add(copyData(xlog(1, append([]byte("M\x01\x00\x00\x00\x00\x00\x00\x00\x01p\x00\x00\x00\x01\x00"), make([]byte, 256)...))))
+	f.Add(append(copyData([]byte("k")), copyData(xlog(2, []byte("I\x00\x00\x00\x01N\x00\x02b\x00\x00\x01\x00")))...))
+	const limit = 128
+	f.Fuzz(func(t *testing.T, in []byte) {
+		tm := time.AfterFunc(30*time.Second, func() { panic(fmt.Sprintf("hang on %q", in)) })
+		defer tm.Stop()
+		fe := pgproto3.NewFrontend(&capReader{src: bufio.NewReaderSize(bytes.NewReader(in), 16), max: limit}, io.Discard)
+		fe.SetMaxBodyLen(limit + maxMessageSlack)
+		for range len(in) + 1 {
+			m, err := fe.Receive()
+			if err != nil {
+				return
+			}
+			if cd, ok := m.(*pgproto3.CopyData); ok && len(cd.Data) > limit {
+				t.Fatalf("CopyData of %d bytes passed a cap of %d", len(cd.Data), limit)
+			}
+		}
+		t.Fatalf("more messages than input bytes")
+	})
 }
