@@ -13,9 +13,10 @@
 // handler when Kafka refused it for good (the caller then restarts from the
 // last confirmed position: duplicates, never loss).
 //
-// Invalid events (no aggregate type, a topic name Kafka rejects, no
-// aggregate id, no id, larger than the broker accepts, a row its table's
-// columns could not map) go to a dead-letter
+// Invalid events (no aggregate type, a topic name Kafka rejects, a topic
+// outside the allowlist or past the topic limit, a topic Kafka will not let
+// the relay create or write, no aggregate id, no id, larger than the broker
+// accepts, a row its table's columns could not map) go to a dead-letter
 // topic with headers naming the reason, table, LSN and id, and count as
 // acknowledged once the dead-letter record is.
 //
