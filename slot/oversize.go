@@ -85,43 +85,65 @@ const (
 const maxPrefix = 64 << 10
 
 func (c *capReader) Read(p []byte) (int, error) {
-	for {
-		if len(c.out) > 0 {
-			n := copy(p, c.out)
-			c.out = c.out[n:]
+	// Fill p with as many messages as are at hand, as a plain buffered
+	// read would (pgproto3 then parses many messages per read), but never
+	// block once some bytes are in hand.
+	n := 0
+	for n < len(p) {
+		switch {
+		case len(c.out) > 0:
+			k := copy(p[n:], c.out)
+			c.out = c.out[k:]
 			if len(c.out) == 0 {
 				c.out = nil // let a large rewritten message be collected
 			}
-			return n, nil
-		}
-		if c.pass > 0 {
-			n, err := c.src.Read(p[:min(len(p), c.pass)])
-			c.pass -= n
-			return n, err
-		}
-		if c.rw != nil {
+			n += k
+		case c.pass > 0:
+			want := min(len(p)-n, c.pass)
+			if n > 0 {
+				if want = min(want, c.src.Buffered()); want == 0 {
+					return n, nil
+				}
+			}
+			k, err := c.src.Read(p[n : n+want])
+			c.pass -= k
+			n += k
+			if err != nil {
+				return n, err
+			}
+		case c.rw != nil:
+			if n > 0 {
+				return n, nil
+			}
 			if err := c.rewriteMore(); err != nil {
 				return 0, err
 			}
-			continue
-		}
-		hdr, err := c.src.Peek(5)
-		if err != nil {
-			// A deadline (or EOF) inside a header: the bytes stay
-			// buffered and the next read starts on the same header.
-			return 0, err
-		}
-		length := int(int32(binary.BigEndian.Uint32(hdr[1:])))
-		if hdr[0] != 'd' || length-4 <= c.max {
-			c.pass = 1 + length
-			if length < 4 {
-				c.pass = 5 // pgproto3 reports the bad length
+		default:
+			if n > 0 && c.src.Buffered() < 5 {
+				return n, nil
 			}
-			continue
+			hdr, err := c.src.Peek(5)
+			if err != nil {
+				// A deadline (or EOF) inside a header: the bytes stay
+				// buffered and the next read starts on the same header.
+				return n, err
+			}
+			length := int(int32(binary.BigEndian.Uint32(hdr[1:])))
+			if hdr[0] != 'd' || length-4 <= c.max {
+				c.pass = 1 + length
+				if length < 4 {
+					c.pass = 5 // pgproto3 reports the bad length
+				}
+				continue
+			}
+			if n > 0 {
+				return n, nil // rewriting may block: hand over what is in hand first
+			}
+			c.src.Discard(5)
+			c.rw = &rewrite{left: length - 4, need: 25}
 		}
-		c.src.Discard(5)
-		c.rw = &rewrite{left: length - 4, need: 25}
 	}
+	return n, nil
 }
 
 // rewriteMore consumes what the source has buffered (waiting for at least
