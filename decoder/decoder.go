@@ -123,6 +123,14 @@ type Config struct {
 	// binary value when Binary is false means the server and the relay
 	// disagree about the stream and is reported as ErrMalformed.
 	Binary bool
+
+	// MaxValueBytes, when positive, is the largest mapped value copied
+	// into an event: a larger one could never be produced (the relay sets
+	// it to the record limit), so it is left nil and counted in
+	// Event.Omitted instead of costing memory a second time. A value the
+	// stream reader already left out (column kind 'o', see Event.Omitted)
+	// is treated the same way whatever this is.
+	MaxValueBytes int
 }
 
 // Kind says what a decoded message was.
@@ -219,6 +227,13 @@ type Event struct {
 	Payload       []byte   // json/jsonb/text as is, bytea as raw bytes
 	Headers       []Header // one per Mapping.Headers entry, in that order
 
+	// Omitted is the size of the mapped values that were not copied
+	// because each was over Config.MaxValueBytes, or was left out of the
+	// message by the stream reader (column kind 'o': its size in the
+	// stream); those fields are nil. 0 when nothing was left out. Such an
+	// event cannot be produced: it is dead-lettered as too large.
+	Omitted int
+
 	// CommitTime and Xid come from the enclosing Begin: the default Kafka
 	// record timestamp is the commit time, shared by the whole transaction.
 	CommitTime time.Time
@@ -246,6 +261,7 @@ type field struct {
 type Decoder struct {
 	tables []Table // copy of Config.Tables; Event.Table points into it
 	binary bool
+	limit  int // Config.MaxValueBytes
 	fields []field
 
 	relations map[uint32]*relation
@@ -287,6 +303,7 @@ func New(cfg Config) (*Decoder, error) {
 	d := &Decoder{
 		tables:    tables,
 		binary:    cfg.Binary,
+		limit:     cfg.MaxValueBytes,
 		relations: make(map[uint32]*relation),
 	}
 	d.event.Headers = make([]Header, len(m.Headers))

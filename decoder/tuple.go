@@ -4,7 +4,9 @@ package decoder
 //
 // An Insert is the relation OID, the tag 'N' and a TupleData: a column count
 // and per column a kind byte ('n' NULL, 'u' unchanged TOAST, 't' text, 'b'
-// binary) followed, for 't' and 'b', by an int32 length and the bytes.
+// binary) followed, for 't' and 'b', by an int32 length and the bytes. The
+// relay's stream reader adds the kind 'o' (omitted): an int32 length and no
+// bytes, for a value too large to read into memory.
 //
 // Decoding runs in three passes so that an outbox row costs exactly one
 // allocation: walk the tuple once recording where each column's bytes are,
@@ -18,7 +20,7 @@ import "fmt"
 // Offsets rather than slices, so that the decoder keeps no reference to the
 // caller's buffer after Decode returns.
 type colSpan struct {
-	kind byte // 'n', 't' or 'b'
+	kind byte // 'n', 't', 'b' or 'o' (n is then the omitted value's size)
 	off  int
 	n    int
 }
@@ -57,8 +59,9 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	}
 
 	// Size every mapped value first, so the one buffer is allocated once and
-	// exactly; a NULL has size -1 and stays nil.
-	total := 0
+	// exactly; a NULL has size -1 and stays nil, and so does a value over
+	// the limit or left out by the reader (size -2, counted in Omitted).
+	total, omitted := 0, 0
 	for f := range d.fields {
 		c := rel.fieldCols[f]
 		if c < 0 { // a column the table lacks (rel.err says which): nil
@@ -66,9 +69,17 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 			continue
 		}
 		sp := cols[c]
+		if sp.kind == 'o' {
+			d.sizes[f] = -2
+			omitted += sp.n
+			continue
+		}
 		n, err := valueLen(sp.kind, rel.columns[c].typ, r.buf[sp.off:sp.off+sp.n])
 		if err != nil {
 			return KindIgnored, d.valueError(rel, c, sp, err)
+		}
+		if d.limit > 0 && n > d.limit {
+			n, omitted = -2, omitted+n
 		}
 		d.sizes[f] = n
 		total += max(n, 0)
@@ -93,6 +104,7 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 		off += n
 	}
 	d.event.Table = rel.table
+	d.event.Omitted = omitted
 	d.event.Unmappable = rel.err
 	d.event.CommitTime = d.begin.CommitTime
 	d.event.Xid = d.begin.Xid
@@ -126,6 +138,13 @@ func (d *Decoder) walkTuple(r *reader, rel *relation) ([]colSpan, error) {
 				return nil, d.columnError(rel, i, "column length", at, fmt.Sprintf("negative length %d", size))
 			}
 			cols[i] = colSpan{kind: kind, off: r.skip(int(size), "column value"), n: int(size)}
+		case 'o':
+			at = r.off
+			size := int32(r.u32("omitted length"))
+			if !r.failed && size < 0 {
+				return nil, d.columnError(rel, i, "omitted length", at, fmt.Sprintf("negative length %d", size))
+			}
+			cols[i] = colSpan{kind: kind, n: int(size)}
 		case 'u':
 			return nil, d.columnError(rel, i, "column kind", at, "unchanged TOAST value in an insert")
 		default:

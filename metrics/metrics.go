@@ -43,7 +43,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		EventsPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_published_total",
-			Help: "Outbox events acknowledged by Kafka, by topic. Flat while walrelay_inflight_events is high means the broker is not accepting writes.",
+			Help: "Outbox events acknowledged by Kafka, by topic (topics past --max-topic-series under topic=\"other\"). Flat while walrelay_inflight_events is high means the broker is not accepting writes.",
 		}, []string{"topic"}),
 		EventsDeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_dead_lettered_total",

@@ -123,6 +123,12 @@ type Config struct {
 	StartupTimeout time.Duration
 }
 
+// DefaultMaxMessageBytes is the default cap on one replication message
+// (Read.MaxMessageBytes): far above the default record limit, so a row
+// whose record fits always arrives whole, and low enough that one row
+// cannot take a container's memory.
+const DefaultMaxMessageBytes = 64 << 20
+
 func (c *Config) setDefaults() {
 	if c.StatusInterval <= 0 {
 		c.StatusInterval = 10 * time.Second
@@ -151,6 +157,9 @@ func (c *Config) setDefaults() {
 	if !c.ExactlyOnce {
 		c.Router.TransactionalID = ""
 	}
+	if c.ExactlyOnce && c.Router.CheckpointTopic == "" {
+		c.Router.CheckpointTopic = "walrelay.checkpoints" // the router's default, named in errors
+	}
 	if c.TxnMaxEvents <= 0 {
 		c.TxnMaxEvents = 10_000
 	}
@@ -160,6 +169,12 @@ func (c *Config) setDefaults() {
 	if c.Router.TransactionTimeout <= 0 {
 		// The relay bounds commits by it: apply the router's default here too.
 		c.Router.TransactionTimeout = router.DefaultTransactionTimeout
+	}
+	if c.Router.MaxRecordBytes <= 0 {
+		c.Router.MaxRecordBytes = 1_000_012 // the router's default, which the decoder's limit follows
+	}
+	if c.Read.MaxMessageBytes == 0 {
+		c.Read.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if c.ReceiveTimeout <= 0 {
 		c.ReceiveTimeout = 60 * time.Second
@@ -212,11 +227,22 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if len(cfg.Tables) == 0 {
 		return nil, errors.New("no outbox table")
 	}
+	if m := cfg.Read.MaxMessageBytes; m > 0 && m <= cfg.Router.MaxRecordBytes {
+		return nil, fmt.Errorf("--max-message-bytes %d must exceed --max-record-bytes %d: a row carrying a record of the largest size must fit in one message", m, cfg.Router.MaxRecordBytes)
+	}
 	if _, err := decoder.New(decoder.Config{Tables: cfg.Tables, Mapping: cfg.Mapping, Binary: cfg.Binary}); err != nil {
 		return nil, err
 	}
 	if _, err := router.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
 		return nil, err
+	}
+	if _, err := router.ParseTopicAllow(cfg.Router.TopicAllow); err != nil {
+		return nil, err
+	}
+	if cfg.Router.Topics == nil {
+		// One set for every router of this relay: the topic bounds hold
+		// for the process, across producer replacements.
+		cfg.Router.Topics = router.NewTopicSet()
 	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
 		// A transaction is committed TxnMaxInterval after it began at the

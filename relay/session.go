@@ -126,7 +126,16 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return err
 	}
 	r.slotSeen = true
-	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping, Binary: r.cfg.Binary})
+	if eos != nil {
+		if err := r.verifyEOS(eos, stream.System); err != nil {
+			stream.Close(context.Background())
+			return err
+		}
+	}
+	// A mapped value over the record limit could never be produced: the
+	// decoder leaves it out instead of copying it (the event is then
+	// dead-lettered as too large).
+	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping, Binary: r.cfg.Binary, MaxValueBytes: r.cfg.Router.MaxRecordBytes})
 	if err != nil {
 		stream.Close(context.Background())
 		return &fatalError{err}

@@ -151,6 +151,7 @@ type snapshotSender struct {
 type snapshotEOS struct {
 	r        *Relay
 	txnStart time.Time
+	systemID string // for the checkpoints; read once, at the first commit
 }
 
 // produceFailed is the error of a router that Kafka refused a record of
@@ -206,7 +207,16 @@ func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
 // snapshot's last transaction committed, and the stream starts there.
 func (s *snapshotSender) commit(ctx context.Context) error {
 	r := s.eos.r
-	d := checkpoint.Durable{Slot: r.cfg.Slot, LSN: s.lsn, Time: time.Now()}
+	if s.eos.systemID == "" {
+		// The checkpoint names its cluster, as the stream's do, so the
+		// first start after the snapshot can verify it.
+		sys, err := slot.IdentifySystem(ctx, r.cfg.PGURL)
+		if err != nil {
+			return err
+		}
+		s.eos.systemID = sys.SystemID
+	}
+	d := checkpoint.Durable{Slot: r.cfg.Slot, SystemID: s.eos.systemID, LSN: s.lsn, Time: time.Now()}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Router.TransactionTimeout)
 	defer cancel()
 	if err := s.rt.CommitTxn(cctx, []byte(r.cfg.Slot), d.Marshal()); err != nil {

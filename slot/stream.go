@@ -109,6 +109,26 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 	return s, nil
 }
 
+// IdentifySystem runs IDENTIFY_SYSTEM on a replication connection of its
+// own: the cluster's system identifier, timeline and WAL flush position,
+// for callers that have no stream open.
+func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemResult, error) {
+	cfg, err := ReplicationConfig(url)
+	if err != nil {
+		return pglogrepl.IdentifySystemResult{}, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return pglogrepl.IdentifySystemResult{}, fmt.Errorf("replication connection: %w", connectError(err, url))
+	}
+	defer conn.Close(context.Background())
+	res, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return res, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	return res, nil
+}
+
 // ReplicationConfig derives the replication connection's configuration from
 // a normal connection URL or DSN (DefaultSSLMode when it sets no sslmode).
 // A string that does not parse is a *SetupError that does not quote it.

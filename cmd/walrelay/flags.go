@@ -124,6 +124,9 @@ func parseTables(names []string) ([]decoder.Table, error) {
 // RecordFlags say what the Kafka records look like.
 type RecordFlags struct {
 	TopicTemplate          string `default:"outbox.event.{aggregate_type}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
+	TopicAllow             string `help:"Regular expression (anchored at both ends) every event topic must match, e.g. 'outbox\\.event\\.(order|payment)'; events of other topics are dead-lettered (topic_not_allowed). Empty allows all."`
+	MaxTopics              int    `default:"1000" help:"Most distinct event topics produced to (and created); events of further topics are dead-lettered (too_many_topics). Negative: no limit."`
+	MaxTopicSeries         int    `default:"100" help:"Most topics with their own walrelay_events_published_total series; the rest count under topic=\"other\". Negative: no limit."`
 	CreateTopics           bool   `default:"true" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
 	TopicPartitions        int32  `default:"-1" help:"Partitions of created topics; -1 means the broker's default."`
 	TopicReplicationFactor int16  `default:"-1" help:"Replication factor of created topics; -1 means the broker's default."`
@@ -150,6 +153,7 @@ type TuningFlags struct {
 	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
 	ReadBufferBytes   int           `default:"1048576" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
 	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"524288" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning (better over high-latency links: 512 KiB carries about 50 MB/s at 10 ms round trip)."`
+	MaxMessageBytes   int           `default:"67108864" help:"Largest replication message read into memory; a larger one (a huge outbox row) is read as a stream, its values over this size left out, and the row dead-lettered as too large. Must exceed --max-record-bytes."`
 	ReadCoalesce      time.Duration `default:"200us" help:"After a small read, wait this long before the next so the stream arrives in larger pieces (less work for the walsender); adds at most this much latency."`
 }
 
@@ -219,9 +223,13 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 			BufferBytes:        tun.ReadBufferBytes,
 			SocketReceiveBytes: tun.SocketRecvBytes,
 			Coalesce:           tun.ReadCoalesce,
+			MaxMessageBytes:    tun.MaxMessageBytes,
 		},
 		Router: router.Config{
 			TopicTemplate:          rec.TopicTemplate,
+			TopicAllow:             rec.TopicAllow,
+			MaxTopics:              rec.MaxTopics,
+			MaxTopicSeries:         rec.MaxTopicSeries,
 			DeadLetterTopic:        rec.DeadLetterTopic,
 			OnInvalid:              router.OnInvalid(rec.OnInvalid),
 			CreateTopics:           rec.CreateTopics,
