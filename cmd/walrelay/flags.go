@@ -60,7 +60,8 @@ type SourceFlags struct {
 }
 
 // validateSource checks the flags every command that touches the database
-// shares. An empty URL is refused because pgx would dial a local Unix
+// shares. An empty URL or one that does not parse is refused (a malformed
+// flag, exit 80); an empty URL is refused because pgx would dial a local Unix
 // socket as the OS user; a slot name outside [a-z0-9_] is refused because
 // it is spliced into replication commands (START_REPLICATION,
 // CREATE_REPLICATION_SLOT), where 'x TEMPORARY' would change the command.
@@ -69,6 +70,11 @@ type SourceFlags struct {
 func validateSource(pgURL, slotName string, publication *string) error {
 	if strings.TrimSpace(pgURL) == "" {
 		return errors.New("--pg-url is empty: give the source database URL (postgres://user@host:5432/db?sslmode=verify-full) or set WALRELAY_PG_URL")
+	}
+	// A URL that does not parse is refused before any connection attempt,
+	// without being quoted (a password may be anywhere in it).
+	if err := slot.CheckURL(pgURL); err != nil {
+		return err
 	}
 	if err := slot.ValidSlotName(slotName); err != nil {
 		return fmt.Errorf("--slot: %w", err)
