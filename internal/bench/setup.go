@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walrelay/walrelay/slot"
 )
@@ -52,7 +53,21 @@ func (s *setup) close() {
 	if s.broker != nil {
 		s.broker.stop()
 	}
-	s.conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
+	// Slot names are the cluster's: the next measurement creates "relay"
+	// again. A walsender outlives its client by a moment, and an active
+	// slot cannot be dropped, so wait for it to go.
+	drop := "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()"
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		_, err := s.conn.Exec(context.Background(), drop)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" || time.Now().After(deadline) {
+			if err != nil {
+				s.b.logf("drop slots: %v", err)
+			}
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	s.conn.Close(context.Background())
 }
 
