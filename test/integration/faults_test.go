@@ -56,7 +56,20 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 	// acknowledged: the slot must never be confirmed up to its end.
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'probe', 'T', '{"seq": 0}', 0)`)
 	probeBound := e.currentLSN(conn) // at or after the probe's end LSN
-	time.Sleep(2 * time.Second)      // let acks that were on the wire be confirmed
+	// Acks that were on the wire when the broker stopped are confirmed by
+	// the status updates that follow: wait for two sent after the probe,
+	// the second carrying everything the first's acks left pending.
+	after := e.serverNow()
+	for i := range 2 {
+		e.waitFor(fmt.Sprintf("status update %d after the broker stopped", i+1), 30*time.Second, func() (bool, error) {
+			at, _, ok := e.replyTime()
+			if ok && at.After(after) {
+				after = at
+				return true, nil
+			}
+			return false, fmt.Errorf("last status update at %s (walsender serving: %v)", at.Format(time.RFC3339Nano), ok)
+		})
+	}
 	c0 := e.slotInfo().ConfirmedLSN
 	if c0 >= probeBound {
 		t.Errorf("confirmed_flush_lsn %s reached the probe transaction (ends at or before %s) committed after the broker stopped", c0, probeBound)

@@ -303,8 +303,13 @@ func TestKeepalivesWhileInFlightThenKill(t *testing.T) {
 
 	cmd.Process.Kill()
 	cmd.Wait()
+	hits := fault.Hits()
 	e.runBinary(e.args()...)
-	time.Sleep(2 * time.Second)
+	// The restarted relay resends the unacknowledged rows into the same
+	// refusal before the broker recovers.
+	e.waitFor("the restarted relay's produce requests refused", 60*time.Second, func() (bool, error) {
+		return fault.Hits() > hits, fmt.Errorf("%d refusals, %d before the restart", fault.Hits(), hits)
+	})
 	fault.Remove()
 	recs := c.waitIDs(21, 60*time.Second)
 	checkPerKeyOrder(t, recs)
