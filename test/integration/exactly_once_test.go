@@ -88,6 +88,8 @@ func TestExactlyOnceKills(t *testing.T) {
 			}
 			break
 		}
+		// Where the kill falls is the test's variable: a random moment
+		// into the writes, not a wait for anything.
 		time.Sleep(time.Duration(200+rng.IntN(300)) * time.Millisecond)
 		if exited(p) {
 			t.Fatalf("the relay exited by itself before kill %d (%v):\n%s", done+1, p.err, lastLines(p.out.String(), 3))
@@ -225,7 +227,7 @@ func TestExactlyOnceBrokerRestart(t *testing.T) {
 	state := e.waitTxnOngoing("walrelay-"+e.name, 30*time.Second)
 	b.stop()
 	rowsAtStop := wr.rows.Load()
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // the outage itself: a deliberately timed gap the writers keep writing through
 	if ok, err := rr.returned(); ok {
 		t.Fatalf("relay Run returned during the broker outage: %v", err)
 	}
@@ -454,6 +456,8 @@ func TestExactlyOnceTransactionTimeout(t *testing.T) {
 	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if p, ok := req.(*kmsg.ProduceRequest); ok && p.TransactionID != nil && held.CompareAndSwap(false, true) {
 			heldAt <- time.Now()
+			// The fault: hold the produce past the 2s transaction
+			// timeout, which runs on the broker's own clock.
 			e.kafka.SleepControl(func() { time.Sleep(5 * time.Second) })
 			e.kafka.DropControl()
 		}
@@ -618,6 +622,8 @@ func TestExactlyOnceCommitAfterBrokerTimeout(t *testing.T) {
 	released := make(chan struct{})
 	e.kafka.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if r, ok := req.(*kmsg.EndTxnRequest); ok && r.Commit && r.TransactionalID == txnID && held.CompareAndSwap(false, true) {
+			// The fault: hold the commit past the transaction timeout,
+			// which runs on the broker's own clock.
 			e.kafka.SleepControl(func() { time.Sleep(1500 * time.Millisecond) })
 			close(released)
 			e.kafka.DropControl()

@@ -371,7 +371,7 @@ func (e *env) writeNoiseFor(conn *pgx.Conn, d time.Duration) slot.LSN {
 			e.t.Fatal(err)
 		}
 		maxConfirmed = max(maxConfirmed, e.slotInfo().ConfirmedLSN)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // paces the load
 	}
 	return maxConfirmed
 }

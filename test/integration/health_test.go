@@ -50,7 +50,7 @@ func noise(ctx context.Context, t *testing.T, url string) *sync.WaitGroup {
 		for ctx.Err() == nil {
 			conn.Exec(ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 100)`)
 			conn.Exec(ctx, `DELETE FROM noise WHERE id < (SELECT max(id) - 1000 FROM noise)`)
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // paces the load
 		}
 	})
 	return &wg

@@ -554,7 +554,7 @@ func writeCounted(e *env, w, from, n int, pause time.Duration, rows *atomic.Int6
 		if rows != nil {
 			rows.Add(int64(size))
 		}
-		time.Sleep(pause)
+		time.Sleep(pause) // paces the writer
 	}
 	return nil
 }
