@@ -132,6 +132,12 @@ func (e *env) flush() {
 // endOffsets returns how many records each of the (existing) topics holds.
 func (e *env) endOffsets(topics ...string) map[string]int64 {
 	e.t.Helper()
+	return e.listOffsets((*kadm.Client).ListEndOffsets, topics...)
+}
+
+// listOffsets sums, per topic, the offsets list returns for its partitions.
+func (e *env) listOffsets(list func(*kadm.Client, context.Context, ...string) (kadm.ListedOffsets, error), topics ...string) map[string]int64 {
+	e.t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.seeds...))
 	if err != nil {
 		e.t.Fatal(err)
@@ -139,12 +145,12 @@ func (e *env) endOffsets(topics ...string) map[string]int64 {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	offs, err := kadm.NewClient(cl).ListEndOffsets(ctx, topics...)
+	offs, err := list(kadm.NewClient(cl), ctx, topics...)
 	if err != nil {
-		e.t.Fatalf("ListEndOffsets: %v", err)
+		e.t.Fatalf("list offsets: %v", err)
 	}
 	if err := offs.Error(); err != nil {
-		e.t.Fatalf("ListEndOffsets: %v", err)
+		e.t.Fatalf("list offsets: %v", err)
 	}
 	n := make(map[string]int64)
 	offs.Each(func(o kadm.ListedOffset) { n[o.Topic] += o.Offset })

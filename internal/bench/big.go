@@ -2,11 +2,8 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 func (b *bencher) bigAll(ctx context.Context) ([]Result, error) {
@@ -26,19 +23,12 @@ func (b *bencher) bigAll(ctx context.Context) ([]Result, error) {
 // big commits one transaction of rows outbox rows and measures the relay's
 // drain time and peak RSS: memory must not grow with transaction size.
 func (b *bencher) big(ctx context.Context, rows int) (Result, error) {
-	url, err := b.database(ctx)
+	su, err := b.newSetup(ctx, "relay")
 	if err != nil {
 		return Result{}, err
 	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return Result{}, err
-	}
-	defer conn.Close(context.Background())
-	if err := createSlot(ctx, conn, "relay"); err != nil {
-		return Result{}, err
-	}
-	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot('relay')")
+	defer su.close()
+	conn := su.conn
 	b.logf("big: one transaction of %d rows", rows)
 	if err := writeBacklog(ctx, conn, rows, rows, b.cfg.PayloadBytes); err != nil {
 		return Result{}, err
@@ -46,31 +36,19 @@ func (b *bencher) big(ctx context.Context, rows int) (Result, error) {
 	end, _ := currentLSN(ctx, conn)
 	conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'bench', 'end')")
 
-	k := &broker{name: "discard", addrs: b.cfg.KafkaBrokers}
-	if len(k.addrs) > 0 {
-		k.name = "external"
-	}
-	if err := k.start(); err != nil {
+	k := b.oneBroker("discard")
+	if err := su.startBroker(k); err != nil {
 		return Result{}, err
 	}
-	defer k.stop()
 	start := time.Now()
-	rl, err := b.startRelay(url, "relay", k.addrs, "")
-	if err != nil {
+	if _, err := su.startRelay(ctx, ""); err != nil {
 		return Result{}, err
 	}
-	defer rl.stop()
-	err = waitConfirmed(ctx, conn, "relay", end, 30*time.Minute, func() error {
-		if rl.cmd.ProcessState != nil {
-			return errors.New("relay exited: " + rl.out.String())
-		}
-		return nil
-	})
-	if err != nil {
+	if err := su.waitRelayConfirmed(ctx, end); err != nil {
 		return Result{}, err
 	}
 	elapsed := time.Since(start)
-	rss, err := peakRSS(rl.cmd.Process.Pid)
+	rss, err := peakRSS(su.relay.cmd.Process.Pid)
 	if err != nil {
 		return Result{}, err
 	}
@@ -89,35 +67,18 @@ func (b *bencher) big(ctx context.Context, rows int) (Result, error) {
 
 // idle runs the relay with nothing to do and measures its CPU use.
 func (b *bencher) idle(ctx context.Context) ([]Result, error) {
-	url, err := b.database(ctx)
+	su, err := b.newSetup(ctx, "relay")
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
+	defer su.close()
+	if err := su.startBroker(b.oneBroker("store")); err != nil {
 		return nil, err
 	}
-	defer conn.Close(context.Background())
-	if err := createSlot(ctx, conn, "relay"); err != nil {
+	if _, err := su.startRelay(ctx, ""); err != nil {
 		return nil, err
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot('relay')")
-	k := &broker{name: "store", addrs: b.cfg.KafkaBrokers}
-	if len(k.addrs) > 0 {
-		k.name = "external"
-	}
-	if err := k.start(); err != nil {
-		return nil, err
-	}
-	defer k.stop()
-	rl, err := b.startRelay(url, "relay", k.addrs, "")
-	if err != nil {
-		return nil, err
-	}
-	defer rl.stop()
-	if _, err := walsenderPID(ctx, conn, "relay", 60*time.Second); err != nil {
-		return nil, fmt.Errorf("%w\n%s", err, rl.out)
-	}
+	rl := su.relay
 	time.Sleep(time.Second) // past startup
 	before, err := cpuTime(rl.cmd.Process.Pid)
 	if err != nil {

@@ -2,13 +2,11 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
@@ -103,21 +101,12 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 // drain writes a backlog while two slots wait, drains one with
 // pg_recvlogical and the other with the relay, and compares.
 func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery string) (Result, error) {
-	url, err := b.database(ctx)
+	su, err := b.newSetup(ctx, "recv", "relay")
 	if err != nil {
 		return Result{}, err
 	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return Result{}, err
-	}
-	defer conn.Close(context.Background())
-	for _, s := range []string{"recv", "relay"} {
-		if err := createSlot(ctx, conn, s); err != nil {
-			return Result{}, err
-		}
-	}
-	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
+	defer su.close()
+	url, conn := su.url, su.conn
 	start, _ := currentLSN(ctx, conn)
 	b.logf("drain: writing %d events in transactions of %d rows (%d-byte payloads)", b.cfg.Events, txnSize, b.cfg.PayloadBytes)
 	if err := writeBacklog(ctx, conn, b.cfg.Events, txnSize, b.cfg.PayloadBytes); err != nil {
@@ -155,34 +144,24 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	recvWSCPU := recvCPU.Stop()
 
 	// The relay.
-	if err := k.start(); err != nil {
+	if err := su.startBroker(k); err != nil {
 		return Result{}, err
 	}
-	defer k.stop()
 	// The bench process's own CPU while the relay drains: with an
 	// in-process broker, that is the broker's cost.
 	selfStart := selfCPU()
 	relayStart := time.Now()
-	rl, err := b.startRelay(url, "relay", k.addrs, delivery)
+	relayWS, err := su.startRelay(ctx, delivery)
 	if err != nil {
 		return Result{}, err
 	}
-	defer rl.stop()
-	relayWS, err := walsenderPID(ctx, conn, "relay", 60*time.Second)
-	if err != nil {
-		return Result{}, fmt.Errorf("%w\n%s", err, rl.out)
-	}
 	relayWSCPU := sampleCPU(relayWS, 10*time.Millisecond)
-	err = waitConfirmed(ctx, conn, "relay", end, 30*time.Minute, func() error {
-		if rl.cmd.ProcessState != nil {
-			return errors.New("relay exited: " + rl.out.String())
-		}
-		return nil
-	})
+	err = su.waitRelayConfirmed(ctx, end)
 	relayTime := time.Since(relayStart)
 	if err != nil {
 		return Result{}, err
 	}
+	rl := su.relay
 	relayCPU, _ := cpuTime(rl.cmd.Process.Pid)
 	benchCPU := selfCPU() - selfStart
 	wsCPU := relayWSCPU.Stop()

@@ -32,36 +32,19 @@ func (b *bencher) latencyAll(ctx context.Context) ([]Result, error) {
 // configured duration and measures, per record, the time from the
 // transaction's commit (the record's timestamp) to a consumer reading it.
 func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Result, error) {
-	url, err := b.database(ctx)
+	su, err := b.newSetup(ctx, "relay")
 	if err != nil {
 		return Result{}, err
 	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
+	defer su.close()
+	url, k := su.url, b.oneBroker("store")
+	if err := su.startBroker(k); err != nil {
 		return Result{}, err
 	}
-	defer conn.Close(context.Background())
-	if err := createSlot(ctx, conn, "relay"); err != nil {
+	if _, err := su.startRelay(ctx, delivery); err != nil {
 		return Result{}, err
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot('relay')")
-
-	k := &broker{name: "store", addrs: b.cfg.KafkaBrokers}
-	if len(k.addrs) > 0 {
-		k.name = "external"
-	}
-	if err := k.start(); err != nil {
-		return Result{}, err
-	}
-	defer k.stop()
-	rl, err := b.startRelay(url, "relay", k.addrs, delivery)
-	if err != nil {
-		return Result{}, err
-	}
-	defer rl.stop()
-	if _, err := walsenderPID(ctx, conn, "relay", 60*time.Second); err != nil {
-		return Result{}, fmt.Errorf("%w\n%s", err, rl.out)
-	}
+	rl := su.relay
 
 	// The consumer records commit-to-read latencies of records committed
 	// after the warm-up.

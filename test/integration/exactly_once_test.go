@@ -88,6 +88,8 @@ func TestExactlyOnceKills(t *testing.T) {
 			}
 			break
 		}
+		// Where the kill falls is the test's variable: a random moment
+		// into the writes, not a wait for anything.
 		time.Sleep(time.Duration(200+rng.IntN(300)) * time.Millisecond)
 		if exited(p) {
 			t.Fatalf("the relay exited by itself before kill %d (%v):\n%s", done+1, p.err, lastLines(p.out.String(), 3))
@@ -154,7 +156,10 @@ func TestExactlyOnceBigTransaction(t *testing.T) {
 	}
 	kill9(p)
 	killedAfter := time.Since(committedAt)
-	time.Sleep(time.Second) // let the checkpoint consumer read what was committed before the kill
+	// Abort the Kafka transaction the killed relay left open, as the next
+	// relay would, and wait until the checkpoint consumer has read
+	// everything committed before the kill.
+	e.fence(e.transactionalID(), ckc)
 	d, _ := newest()
 	if d.Partial == nil || d.Partial.Events >= rows {
 		t.Fatalf("at the kill the newest checkpoint was %+v (partial %+v): the relay had the whole transaction in Kafka, the restart cannot resume inside it", d, d.Partial)
@@ -174,7 +179,7 @@ func TestExactlyOnceBigTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	e.fence("", rc) // an event committed past the checkpoint would be read by now
 	if got := rc.distinct(); got != atKill {
 		t.Errorf("the newest checkpoint counts %d events of the transaction in Kafka; read_committed reads %d", atKill, got)
 	}
@@ -222,7 +227,7 @@ func TestExactlyOnceBrokerRestart(t *testing.T) {
 	state := e.waitTxnOngoing("walrelay-"+e.name, 30*time.Second)
 	b.stop()
 	rowsAtStop := wr.rows.Load()
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // the outage itself: a deliberately timed gap the writers keep writing through
 	if ok, err := rr.returned(); ok {
 		t.Fatalf("relay Run returned during the broker outage: %v", err)
 	}
@@ -272,12 +277,13 @@ func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
 	want1, n1 := committedRows(t, e, conn)
 	phase1End := e.currentLSN(conn)
 	rc.waitAll(want1, 2*time.Minute)
-	time.Sleep(time.Second) // the checkpoint of the last Kafka transaction, read alongside
 	if exited(p) {
 		t.Fatalf("the relay exited (%v):\n%s", p.err, lastLines(p.out.String(), 3))
 	}
 	kill9(p)
-	time.Sleep(500 * time.Millisecond)
+	// The checkpoint of the last Kafka transaction is committed with its
+	// events; abort whatever the killed relay left open and read up to here.
+	e.fence(e.transactionalID(), rc)
 	ds := rc.durables(t, e.name)
 	if len(ds) == 0 {
 		t.Fatal("no checkpoint record read after phase 1 was delivered")
@@ -450,6 +456,8 @@ func TestExactlyOnceTransactionTimeout(t *testing.T) {
 	e.kafka.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if p, ok := req.(*kmsg.ProduceRequest); ok && p.TransactionID != nil && held.CompareAndSwap(false, true) {
 			heldAt <- time.Now()
+			// The fault: hold the produce past the 2s transaction
+			// timeout, which runs on the broker's own clock.
 			e.kafka.SleepControl(func() { time.Sleep(5 * time.Second) })
 			e.kafka.DropControl()
 		}
@@ -614,6 +622,8 @@ func TestExactlyOnceCommitAfterBrokerTimeout(t *testing.T) {
 	released := make(chan struct{})
 	e.kafka.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if r, ok := req.(*kmsg.EndTxnRequest); ok && r.Commit && r.TransactionalID == txnID && held.CompareAndSwap(false, true) {
+			// The fault: hold the commit past the transaction timeout,
+			// which runs on the broker's own clock.
 			e.kafka.SleepControl(func() { time.Sleep(1500 * time.Millisecond) })
 			close(released)
 			e.kafka.DropControl()
@@ -635,7 +645,7 @@ func TestExactlyOnceCommitAfterBrokerTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatalf("after a commit the broker had timed out: %v; relay warnings:\n%s", err, grepLines(p.out.String(), `"level":"warn"`, 3))
 	}
-	e.settle(e.currentLSN(conn))
+	e.settle(e.currentLSN(conn), rc)
 	e.checkExactlyOnce(rc.records(), want)
 	checkRunning(t, p, "the relay")
 	failed := grepLines(p.out.String(), "commit Kafka transaction", 1)
@@ -695,27 +705,54 @@ func TestExactlyOnceSigtermUnderBackpressure(t *testing.T) {
 	e := newEnv(t)
 	e.needKfake()
 	args := e.eosArgs("--max-inflight-events", "5", "--txn-max-interval", "1s")
-	p := startProc(t, nil, args...)
+	port, err := devcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", port)
+	p := startProc(t, nil, withFlag(args, "--metrics-addr", metricsAddr)...)
 	rc := e.consumeIsolated(true)
 	ckc := e.newEOSConsumer(true, "^"+regexp.QuoteMeta(e.checkpointTopic())+"$")
 	e.waitSlotStreamed(60 * time.Second)
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', '{"seq": 0}', 0)`)
 	e.waitFor("the warm-up event", 30*time.Second, func() (bool, error) { return rc.distinct() == 1, nil })
 
-	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
+	// The fault notes a refused produce request that carries the
+	// checkpoint topic (by name or, in newer requests, by id): the relay is
+	// committing its Kafka transaction.
+	ckTopic := e.checkpointTopic()
+	ckID := e.topicID(ckTopic)
+	var committing atomic.Bool
+	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1,
+		When: func(req kmsg.Request) bool {
+			for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+				if tp.Topic == ckTopic || tp.TopicID == ckID {
+					committing.Store(true)
+				}
+			}
+			return true
+		}})
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
 		SELECT 'w', 'k', 'T', jsonb_build_object('seq', g), g FROM generate_series(1, 20) g`)
 	e.waitFor("produce requests refused", 30*time.Second, func() (bool, error) { return fault.Hits() > 0, nil })
-	time.Sleep(time.Second) // the relay has sent 5 events and waits for room for the 6th
+	e.waitFor("5 events in flight, the 6th waiting for room", 30*time.Second, func() (bool, error) {
+		n, err := scrapeMetric(metricsAddr, "walrelay_inflight_events")
+		return n == 5, fmt.Errorf("walrelay_inflight_events %v (%v)", n, err)
+	})
+	if committing.Load() {
+		t.Fatal("the relay sent its checkpoint before the stop: it was not waiting for room in its transaction")
+	}
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	e.waitFor("the relay committing its Kafka transaction after SIGTERM", 30*time.Second, func() (bool, error) {
+		return committing.Load(), nil
+	})
 	fault.Remove()
 	if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
 		t.Fatalf("after SIGTERM the relay exited with code %d (in time: %v), want 0:\n%s", code, ok, lastLines(p.out.String(), 3))
 	}
-	time.Sleep(500 * time.Millisecond)
+	e.fence("", ckc, rc) // the partial checkpoint and its events are read by now
 	var ck string
 	if ds := ckc.durables(t, e.name); len(ds) > 0 && ds[len(ds)-1].Partial != nil {
 		ck = fmt.Sprintf("partial checkpoint at the stop: %d events of the transaction; read_committed read %d of them", ds[len(ds)-1].Partial.Events, rc.distinct()-1)
@@ -724,7 +761,7 @@ func TestExactlyOnceSigtermUnderBackpressure(t *testing.T) {
 	conn := e.conn()
 	want, _ := committedRows(t, e, conn)
 	end := e.currentLSN(conn)
-	err := devcluster.WaitFor(30*time.Second, 100*time.Millisecond, func() (bool, error) {
+	err = devcluster.WaitFor(30*time.Second, 100*time.Millisecond, func() (bool, error) {
 		missing := []string{}
 		got := map[string]bool{}
 		for _, r := range rc.records() {
@@ -751,7 +788,7 @@ func TestExactlyOnceSigtermUnderBackpressure(t *testing.T) {
 	if err != nil {
 		t.Fatalf("after a SIGTERM under backpressure and a restart (%s): %v", ck, err)
 	}
-	e.settle(end)
+	e.settle(end, rc)
 	e.checkExactlyOnce(rc.records(), want)
 	checkRunning(t, p, "the restarted relay")
 	t.Log(ck)
@@ -780,15 +817,20 @@ func (e *env) waitSlotStreamed(timeout time.Duration) {
 
 // settle waits until the slot is confirmed at or past end (with
 // exactly-once delivery that means every transaction before it is in a
-// committed Kafka transaction), then gives the consumers a moment to read
-// whatever a late duplicate might be.
-func (e *env) settle(end slot.LSN) {
+// committed Kafka transaction), then until the consumers have read
+// everything written so far (a fence): a late duplicate would be read by
+// then.
+func (e *env) settle(end slot.LSN, cs ...*eosConsumer) {
 	e.t.Helper()
 	e.waitFor("slot confirmed past the end of the writes", 90*time.Second, func() (bool, error) {
 		got := e.slotInfo().ConfirmedLSN
 		return got >= end, fmt.Errorf("confirmed %s, want >= %s", got, end)
 	})
-	time.Sleep(2 * time.Second)
+	fenced := make([]interface{ fences() *fenceSeen }, len(cs))
+	for i, c := range cs {
+		fenced[i] = c
+	}
+	e.fence("", fenced...)
 }
 
 // deliveredExactlyOnce waits until rc has read every outbox row committed
@@ -801,7 +843,7 @@ func (e *env) deliveredExactlyOnce(rc *eosConsumer, timeout time.Duration) ([]*k
 	want, n := committedRows(e.t, e, conn)
 	end := e.currentLSN(conn)
 	rc.waitAll(want, timeout)
-	e.settle(end)
+	e.settle(end, rc)
 	recs := rc.records()
 	e.checkExactlyOnce(recs, want)
 	return recs, n
@@ -834,11 +876,12 @@ func (e *env) checkExactlyOnce(recs []*kgo.Record, want map[string][]string) {
 // isolation level, keeping the checkpoint topic (checkpoints and probes)
 // apart from the event records, and counting copies per id as it goes.
 type eosConsumer struct {
-	e     *env
-	mu    sync.Mutex
-	recs  []*kgo.Record // event topics (and the dead-letter topic)
-	ckpts []*kgo.Record // the checkpoint topic
-	count map[string]int
+	e      *env
+	mu     sync.Mutex
+	recs   []*kgo.Record // event topics (and the dead-letter topic)
+	ckpts  []*kgo.Record // the checkpoint topic
+	count  map[string]int
+	fenced *fenceSeen
 }
 
 // consumeIsolated starts a read_committed (committed true) or
@@ -855,12 +898,15 @@ func (e *env) newEOSConsumer(committed bool, topicRegex string) *eosConsumer {
 	if committed {
 		level = kgo.ReadCommitted()
 	}
-	c := &eosConsumer{e: e, count: map[string]int{}}
+	c := &eosConsumer{e: e, count: map[string]int{}, fenced: newFenceSeen(topicRegex)}
 	ckTopic := e.checkpointTopic()
 	e.poll(func(fs kgo.Fetches) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		fs.EachRecord(func(r *kgo.Record) {
+			if c.fenced.take(r) {
+				return
+			}
 			if r.Topic == ckTopic {
 				c.ckpts = append(c.ckpts, r)
 				return

@@ -56,7 +56,20 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 	// acknowledged: the slot must never be confirmed up to its end.
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'probe', 'T', '{"seq": 0}', 0)`)
 	probeBound := e.currentLSN(conn) // at or after the probe's end LSN
-	time.Sleep(2 * time.Second)      // let acks that were on the wire be confirmed
+	// Acks that were on the wire when the broker stopped are confirmed by
+	// the status updates that follow: wait for two sent after the probe,
+	// the second carrying everything the first's acks left pending.
+	after := e.serverNow()
+	for i := range 2 {
+		e.waitFor(fmt.Sprintf("status update %d after the broker stopped", i+1), 30*time.Second, func() (bool, error) {
+			at, _, ok := e.replyTime()
+			if ok && at.After(after) {
+				after = at
+				return true, nil
+			}
+			return false, fmt.Errorf("last status update at %s (walsender serving: %v)", at.Format(time.RFC3339Nano), ok)
+		})
+	}
 	c0 := e.slotInfo().ConfirmedLSN
 	if c0 >= probeBound {
 		t.Errorf("confirmed_flush_lsn %s reached the probe transaction (ends at or before %s) committed after the broker stopped", c0, probeBound)
@@ -71,7 +84,7 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 		if ok, err := rr.returned(); ok {
 			t.Fatalf("relay Run returned during the broker outage: %v", err)
 		}
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond) // the sampling rate over the timed outage
 	}
 	rowsAtEnd := countRows(t, e, conn)
 	readDuring := len(distinctIDs(c.records())) - readAtStop
@@ -347,7 +360,7 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	if err := e.conn().QueryRow(e.ctx, `SELECT backend_type FROM pg_stat_activity WHERE pid = $1`, activePID).Scan(&backend); err != nil || backend != "walsender" {
 		t.Fatalf("the slot's active_pid %d is a %q backend (%v), want a walsender", activePID, backend, err)
 	}
-	for range 20 {
+	for range 20 { // the roles must hold over a 2s window: an observation, not a wait
 		time.Sleep(100 * time.Millisecond)
 		if i, err := roles(); i != active {
 			t.Fatalf("roles changed: active was relay %d, now %d (%v)", active, i, err)
@@ -447,7 +460,7 @@ func TestSoakKillsAndBrokerRestarts(t *testing.T) {
 		if brokerUpAt.IsZero() && len(bounceAt) > 0 && bounceAt[0].Before(next) {
 			next = bounceAt[0]
 		}
-		time.Sleep(time.Until(next))
+		time.Sleep(time.Until(next)) // the schedule's next fault: chaos, not a wait
 		now := time.Now()
 		if !now.Before(deadline) {
 			break
@@ -767,7 +780,7 @@ func writeRetrying(e *env, w int, pause time.Duration, stop <-chan struct{}, com
 				c, err := pgx.Connect(e.ctx, e.url)
 				if err != nil {
 					last = err
-					time.Sleep(100 * time.Millisecond)
+					time.Sleep(100 * time.Millisecond) // retry backoff
 					continue
 				}
 				conn = c
@@ -795,12 +808,12 @@ func writeRetrying(e *env, w int, pause time.Duration, stop <-chan struct{}, com
 			last = err
 			conn.Close(context.Background())
 			conn = nil
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // retry backoff
 		}
 		seq += size
 		st.rows += size
 		committed.Add(1)
-		time.Sleep(pause)
+		time.Sleep(pause) // paces the writer
 	}
 }
 
@@ -881,7 +894,7 @@ func (sw *soakWriter) run(e *env, w int, stop <-chan struct{}) {
 		sw.deleted += deleted
 		sw.txns++
 		seq += size
-		time.Sleep(time.Duration(20+rng.IntN(40)) * time.Millisecond)
+		time.Sleep(time.Duration(20+rng.IntN(40)) * time.Millisecond) // paces the writer
 	}
 }
 

@@ -371,7 +371,7 @@ func (e *env) writeNoiseFor(conn *pgx.Conn, d time.Duration) slot.LSN {
 			e.t.Fatal(err)
 		}
 		maxConfirmed = max(maxConfirmed, e.slotInfo().ConfirmedLSN)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // paces the load
 	}
 	return maxConfirmed
 }
@@ -382,6 +382,7 @@ type consumer struct {
 	client *kgo.Client
 	mu     sync.Mutex
 	recs   []*kgo.Record
+	fenced *fenceSeen
 }
 
 // consume reads every topic of the test from the start.
@@ -390,12 +391,17 @@ func (e *env) consume() *consumer { return e.consumeWith() }
 // consumeWith is consume with extra client options (SASL, isolation).
 func (e *env) consumeWith(extra ...kgo.Opt) *consumer {
 	e.t.Helper()
-	c := &consumer{e: e}
+	topics := "^" + regexp.QuoteMeta(e.topicPrefix()) + ".*"
+	c := &consumer{e: e, fenced: newFenceSeen(topics)}
 	c.client = e.poll(func(fs kgo.Fetches) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		fs.EachRecord(func(r *kgo.Record) { c.recs = append(c.recs, r) })
-	}, append([]kgo.Opt{kgo.ConsumeTopics("^" + regexp.QuoteMeta(e.topicPrefix()) + ".*")}, extra...)...)
+		fs.EachRecord(func(r *kgo.Record) {
+			if !c.fenced.take(r) {
+				c.recs = append(c.recs, r)
+			}
+		})
+	}, append([]kgo.Opt{kgo.ConsumeTopics(topics)}, extra...)...)
 	return c
 }
 

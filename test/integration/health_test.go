@@ -50,32 +50,58 @@ func noise(ctx context.Context, t *testing.T, url string) *sync.WaitGroup {
 		for ctx.Err() == nil {
 			conn.Exec(ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 100)`)
 			conn.Exec(ctx, `DELETE FROM noise WHERE id < (SELECT max(id) - 1000 FROM noise)`)
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // paces the load
 		}
 	})
 	return &wg
 }
 
 // slotTrace samples a slot's confirmed_flush_lsn while ctx lasts and
-// returns the times it moved.
+// records the times it moved.
 type slotTrace struct {
-	mu    sync.Mutex
-	moves []time.Time
-	last  slot.LSN
+	mu      sync.Mutex
+	moves   []time.Time
+	last    slot.LSN
+	samples int
+
+	stopOnce sync.Once
+	cancel   context.CancelFunc
+	done     chan struct{}
+	stopped  func() // checks, once the sampler has returned
 }
 
+// traceSlot starts sampling the test's slot every 200ms until ctx ends or
+// stop is called; the test's cleanup stops it too and waits for it. A
+// trace that cannot connect, or never reads the slot, fails the test: its
+// "no moves" would otherwise pass for a standing slot.
 func (e *env) traceSlot(ctx context.Context) *slotTrace {
-	tr := &slotTrace{}
+	t := e.t
+	ctx, cancel := context.WithCancel(ctx)
+	tr := &slotTrace{cancel: cancel, done: make(chan struct{})}
+	t.Cleanup(tr.stop)
 	go func() {
-		conn, err := pgx.Connect(context.Background(), e.url)
+		defer close(tr.done)
+		conn, err := pgx.Connect(ctx, e.url)
 		if err != nil {
+			if ctx.Err() == nil {
+				t.Errorf("slot trace: connect: %v", err)
+			}
 			return
 		}
 		defer conn.Close(context.Background())
+		tick := time.NewTicker(200 * time.Millisecond) // the sampling rate, not a wait for anything
+		defer tick.Stop()
 		first := true
-		for ctx.Err() == nil {
-			if i, err := slot.ReadInfo(context.Background(), conn, e.name); err == nil {
+		for {
+			i, err := slot.ReadInfo(ctx, conn, e.name)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				t.Logf("slot trace: read slot: %v", err)
+			default:
 				tr.mu.Lock()
+				tr.samples++
 				if first {
 					tr.last, first = i.ConfirmedLSN, false
 				} else if i.ConfirmedLSN > tr.last {
@@ -84,10 +110,31 @@ func (e *env) traceSlot(ctx context.Context) *slotTrace {
 				}
 				tr.mu.Unlock()
 			}
-			time.Sleep(200 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
 		}
 	}()
+	tr.stopped = func() {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		if tr.samples < 2 {
+			t.Errorf("slot trace read the slot %d times: nothing it says about moves holds", tr.samples)
+		}
+	}
 	return tr
+}
+
+// stop ends the sampling and waits for the sampler to return. Call it
+// before reading the trace; it is safe to call more than once.
+func (tr *slotTrace) stop() {
+	tr.stopOnce.Do(func() {
+		tr.cancel()
+		<-tr.done
+		tr.stopped()
+	})
 }
 
 // maxGap is the longest time between moves (or from start/to end).
@@ -134,6 +181,7 @@ func TestQuietOutboxBusyDatabase(t *testing.T) {
 			start := time.Now()
 			trace := e.traceSlot(ctx)
 			noise(ctx, t, e.url).Wait()
+			trace.stop()
 			end := time.Now()
 			endLSN := e.currentLSN(conn)
 			written := int64(endLSN - startLSN)
@@ -203,6 +251,7 @@ func TestIdleDatabaseBusyOtherDatabase(t *testing.T) {
 			start := time.Now()
 			trace := e.traceSlot(ctx)
 			noise(ctx, t, otherURL).Wait()
+			trace.stop()
 			_, moves := trace.maxGap(start, time.Now())
 			after := e.slotInfo().ConfirmedLSN
 			t.Logf("confirmed_flush_lsn %s → %s, %d moves", before, after, moves)
@@ -244,6 +293,7 @@ func TestKeepalivesWhileInFlightThenKill(t *testing.T) {
 	trace := e.traceSlot(ctx)
 	noise(ctx, t, e.url).Wait()
 	cancel()
+	trace.stop()
 	trace.mu.Lock()
 	last := trace.last
 	trace.mu.Unlock()
@@ -253,8 +303,13 @@ func TestKeepalivesWhileInFlightThenKill(t *testing.T) {
 
 	cmd.Process.Kill()
 	cmd.Wait()
+	hits := fault.Hits()
 	e.runBinary(e.args()...)
-	time.Sleep(2 * time.Second)
+	// The restarted relay resends the unacknowledged rows into the same
+	// refusal before the broker recovers.
+	e.waitFor("the restarted relay's produce requests refused", 60*time.Second, func() (bool, error) {
+		return fault.Hits() > hits, fmt.Errorf("%d refusals, %d before the restart", fault.Hits(), hits)
+	})
 	fault.Remove()
 	recs := c.waitIDs(21, 60*time.Second)
 	checkPerKeyOrder(t, recs)

@@ -165,9 +165,9 @@ func TestCommitOrderNotInsertOrder(t *testing.T) {
 	insert(tx, "C")
 	tx.Commit(e.ctx)
 
-	recs := c.waitIDs(3, 30*time.Second)
-	time.Sleep(500 * time.Millisecond) // let a wrongly published record show up
-	recs = c.records()
+	c.waitIDs(3, 30*time.Second)
+	e.fence("", c) // a wrongly published record would be read by now
+	recs := c.records()
 	var got []string
 	for _, r := range recs {
 		got = append(got, string(r.Value))
@@ -211,7 +211,7 @@ func TestOnlyOutboxInserts(t *testing.T) {
 		VALUES ('00000000-0000-0000-0000-000000000003', 'o', 'k', 'T', '{"v": 3}')`)
 
 	c.waitIDs(3, 30*time.Second)
-	time.Sleep(500 * time.Millisecond)
+	e.fence("", c) // an update, delete or truncate published by mistake would be read by now
 	recs := c.records()
 	var got []string
 	for _, r := range recs {
@@ -333,7 +333,22 @@ func TestBackpressureKeepsTheConnection(t *testing.T) {
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
 		SELECT 'o', 'k', 'T', jsonb_build_object('n', g), g FROM generate_series(1, 200) g`)
 	refused := e.currentLSN(conn)
-	time.Sleep(14 * time.Second)
+	e.waitFor("produce requests refused", 30*time.Second, func() (bool, error) { return fault.Hits() > 0, nil })
+	// Wait for a status update received more than wal_sender_timeout after
+	// the relay blocked: the walsender would have dropped a silent client
+	// by then. Its pid must not change meanwhile.
+	var timeoutMS int64
+	if err := conn.QueryRow(e.ctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&timeoutMS); err != nil {
+		t.Fatal(err)
+	}
+	past := e.serverNow().Add(time.Duration(timeoutMS)*time.Millisecond + time.Second)
+	e.waitFor("a status update past wal_sender_timeout while blocked", time.Duration(timeoutMS)*time.Millisecond+30*time.Second, func() (bool, error) {
+		at, wpid, ok := e.replyTime()
+		if !ok || pid == nil || wpid != *pid {
+			t.Fatalf("walsender pid changed from %v to %v (serving: %v) while Kafka refused writes: the relay was disconnected", deref(pid), wpid, ok)
+		}
+		return at.After(past), fmt.Errorf("last status update at %s, want after %s", at.Format(time.RFC3339Nano), past.Format(time.RFC3339Nano))
+	})
 	info := e.slotInfo()
 	if info.ActivePID == nil || pid == nil || *info.ActivePID != *pid {
 		t.Fatalf("walsender pid changed from %v to %v while Kafka refused writes: the relay was disconnected", deref(pid), deref(info.ActivePID))
@@ -460,9 +475,9 @@ func TestSigtermConfirmsEverything(t *testing.T) {
 
 	e.runBinary(e.args()...)
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('o', 'k', 'T', '{}', 100)`)
-	recs := c.waitIDs(101, 30*time.Second)
-	time.Sleep(time.Second)
-	recs = c.records()
+	c.waitIDs(101, 30*time.Second)
+	e.fence("", c) // a resent event would be read by now
+	recs := c.records()
 	for id, n := range distinctIDs(recs) {
 		if n != 1 {
 			t.Errorf("id %s delivered %d times after a graceful stop, want once", id, n)
@@ -539,7 +554,7 @@ func writeCounted(e *env, w, from, n int, pause time.Duration, rows *atomic.Int6
 		if rows != nil {
 			rows.Add(int64(size))
 		}
-		time.Sleep(pause)
+		time.Sleep(pause) // paces the writer
 	}
 	return nil
 }

@@ -1,0 +1,117 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walrelay/walrelay/slot"
+)
+
+// setup is one measurement's infrastructure: a fresh database with an
+// outbox and a publication, its slots, a broker and the relay. Every
+// scenario builds it the same way, so that the numbers of one scenario
+// compare with another's.
+type setup struct {
+	b      *bencher
+	url    string
+	conn   *pgx.Conn
+	broker *broker
+	relay  *relay
+}
+
+// newSetup creates a fresh database and a pgoutput slot per name, and
+// connects to it. close undoes it all.
+func (b *bencher) newSetup(ctx context.Context, slots ...string) (*setup, error) {
+	url, err := b.database(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	s := &setup{b: b, url: url, conn: conn}
+	for _, name := range slots {
+		if err := createSlot(ctx, conn, name); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// close stops the relay and the broker, drops the slots and disconnects.
+func (s *setup) close() {
+	if s.relay != nil {
+		s.relay.stop()
+	}
+	if s.broker != nil {
+		s.broker.stop()
+	}
+	// Slot names are the cluster's: the next measurement creates "relay"
+	// again. A walsender outlives its client by a moment, and an active
+	// slot cannot be dropped, so wait for it to go.
+	drop := "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()"
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		_, err := s.conn.Exec(context.Background(), drop)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" || time.Now().After(deadline) {
+			if err != nil {
+				s.b.logf("drop slots: %v", err)
+			}
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.conn.Close(context.Background())
+}
+
+// oneBroker is the broker of a scenario that runs on one: the in-process
+// kfake in mode (discard or store), or the external brokers if named.
+func (b *bencher) oneBroker(mode string) *broker {
+	if len(b.cfg.KafkaBrokers) > 0 {
+		return &broker{name: "external", addrs: b.cfg.KafkaBrokers}
+	}
+	return &broker{name: mode}
+}
+
+// startBroker starts k (a no-op for external brokers); close stops it.
+func (s *setup) startBroker(k *broker) error {
+	if err := k.start(); err != nil {
+		return err
+	}
+	s.broker = k
+	return nil
+}
+
+// startRelay starts walrelay run on the slot named "relay" against the
+// setup's broker and waits until a walsender streams the slot; it returns
+// that walsender's pid. close stops the relay.
+func (s *setup) startRelay(ctx context.Context, delivery string) (int, error) {
+	rl, err := s.b.startRelay(s.url, "relay", s.broker.addrs, delivery)
+	if err != nil {
+		return 0, err
+	}
+	s.relay = rl
+	pid, err := walsenderPID(ctx, s.conn, "relay", 60*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("%w\n%s", err, rl.out)
+	}
+	return pid, nil
+}
+
+// waitRelayConfirmed waits until the relay's slot is confirmed at end, or
+// the relay exits.
+func (s *setup) waitRelayConfirmed(ctx context.Context, end slot.LSN) error {
+	return waitConfirmed(ctx, s.conn, "relay", end, 30*time.Minute, func() error {
+		if s.relay.cmd.ProcessState != nil {
+			return errors.New("relay exited: " + s.relay.out.String())
+		}
+		return nil
+	})
+}
