@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -98,6 +99,7 @@ func write(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("write", flag.ExitOnError)
 	url := fs.String("pg-url", "", "PostgreSQL URL (required)")
 	n := fs.Int("orders", 0, "orders to write (0: until stopped)")
+	pause := fs.Duration("pause", 0, "pause between orders")
 	fs.Parse(args)
 	if *url == "" {
 		return errors.New("write: -pg-url is required")
@@ -107,11 +109,18 @@ func write(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	return writeOrders(ctx, shop.NewService(db), *n)
+	return writeOrders(ctx, shop.NewService(db), *n, *pause)
 }
 
-func writeOrders(ctx context.Context, s *shop.Service, n int) error {
+func writeOrders(ctx context.Context, s *shop.Service, n int, pause time.Duration) error {
 	for i := 0; n == 0 || i < n; i++ {
+		if pause > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(pause):
+			}
+		}
 		id, err := s.Place(ctx, fmt.Sprintf("customer-%d", i%7), int64(1000+i))
 		if err == nil {
 			_, err = s.Advance(ctx, id)
@@ -132,6 +141,7 @@ func writeOrders(ctx context.Context, s *shop.Service, n int) error {
 type consumerFlags struct {
 	url, brokers, topic, group, dlq *string
 	maxAttempts                     *int
+	sessionTimeout, handlerDelay    *time.Duration
 }
 
 func consume(ctx context.Context, args []string) error {
@@ -143,6 +153,9 @@ func consume(ctx context.Context, args []string) error {
 		group:       fs.String("group", "ledger", "consumer group (and inbox consumer name)"),
 		dlq:         fs.String("dead-letter-topic", "ledger.dlq", "dead-letter topic"),
 		maxAttempts: fs.Int("max-attempts", 5, "handler failures before a record is dead-lettered"),
+		sessionTimeout: fs.Duration("session-timeout", 45*time.Second,
+			"how long the group waits for a member that stopped heartbeating (a killed process), or for a member to rejoin a rebalance, before moving its partitions"),
+		handlerDelay: fs.Duration("handler-delay", 0, "pause in every handler call, to watch a crash in the middle of a batch"),
 	}
 	fs.Parse(args)
 	if *f.url == "" || *f.brokers == "" {
@@ -164,17 +177,32 @@ func consume(ctx context.Context, args []string) error {
 }
 
 func newConsumer(f consumerFlags, db *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*inbox.Consumer, error) {
+	handle := shop.ApplyToLedger
+	if f.handlerDelay != nil && *f.handlerDelay > 0 {
+		handle = func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(*f.handlerDelay):
+			}
+			return shop.ApplyToLedger(ctx, tx, m)
+		}
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(*f.brokers, ",")...), kgo.FetchMaxWait(100 * time.Millisecond)}
+	if f.sessionTimeout != nil {
+		opts = append(opts, kgo.SessionTimeout(*f.sessionTimeout), kgo.RebalanceTimeout(*f.sessionTimeout))
+	}
 	return inbox.New(inbox.Config{
 		Group:           *f.group,
 		Topics:          []string{*f.topic},
-		KafkaOptions:    []kgo.Opt{kgo.SeedBrokers(strings.Split(*f.brokers, ",")...), kgo.FetchMaxWait(100 * time.Millisecond)},
+		KafkaOptions:    opts,
 		DB:              db,
 		Table:           shop.InboxTable,
 		MaxAttempts:     *f.maxAttempts,
 		DeadLetterTopic: *f.dlq,
 		Logger:          log,
 		Registerer:      reg,
-	}, shop.ApplyToLedger)
+	}, handle)
 }
 
 // createTopics creates topics that do not exist yet.
@@ -258,7 +286,7 @@ func demo(ctx context.Context, args []string) error {
 	go func() { consumerDone <- c.Run(cctx) }()
 	defer func() { stopConsumer(); <-consumerDone }()
 
-	if err := writeOrders(ctx, shop.NewService(db), *n); err != nil {
+	if err := writeOrders(ctx, shop.NewService(db), *n, 0); err != nil {
 		return err
 	}
 	fmt.Printf("wrote %d orders, %d events; waiting for the ledger\n", *n, 3**n)

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,7 +45,7 @@ CREATE TABLE IF NOT EXISTS ledger (
     amount_cents bigint NOT NULL,
     event_id    text   NOT NULL
 );
-` + Outbox.DDL() + "\n" + inbox.DDL(InboxTable)
+` + strings.Replace(Outbox.DDL(), "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1) + "\n" + inbox.DDL(InboxTable)
 }
 
 // Event is the payload of every order event.
