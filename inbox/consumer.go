@@ -207,11 +207,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 				c.m.lag.WithLabelValues(c.cfg.Name, r.Topic, strconv.Itoa(int(r.Partition))).Set(float64(max(0, p.HighWatermark-r.Offset-1)))
 			}
 		})
+		if ctx.Err() != nil {
+			break // commit below, with a context that still works
+		}
 		c.commit(ctx, cl, nil)
 		cl.AllowRebalance()
-		if ctx.Err() != nil {
-			break
-		}
 	}
 	// Offsets of what committed in the database; the transaction in
 	// flight, if any, was rolled back by the cancelled context.
