@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -91,7 +93,8 @@ type Config struct {
 	// PruneInterval is the time between prunes in Run (default 1h).
 	PruneInterval time.Duration
 	// MaxPollRecords bounds the records handled between two offset
-	// commits (default 500).
+	// commits (default 500). A rebalance waits for them, so their handling
+	// time must stay under the group's rebalance timeout.
 	MaxPollRecords int
 	// Logger (default none).
 	Logger *zap.Logger
@@ -410,6 +413,9 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 	}
 	m := &Message{ID: id, Record: r, Attempt: prior + 1, consumer: c.cfg.Name}
 	if err := c.call(ctx, tx, m); err != nil {
+		if transient(tx, err) {
+			return outcome{kind: dbError}, err
+		}
 		return outcome{kind: failed}, err
 	}
 	if prior > 0 {
@@ -423,6 +429,22 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 		return outcome{kind: dbError}, err
 	}
 	return outcome{kind: handled}, nil
+}
+
+// transient reports whether a handler error is the database's rather than
+// the record's: a lost connection, a serialization failure or deadlock
+// (class 40), an operator intervention such as a shutdown (class 57).
+// Those are retried without counting an attempt, so that an outage does
+// not dead-letter good records.
+func transient(tx pgx.Tx, err error) bool {
+	if tx.Conn().IsClosed() {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "40") || strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57")
+	}
+	return pgconn.Timeout(err)
 }
 
 // call runs the handler, turning a panic into an error so that one bad

@@ -24,7 +24,8 @@
 // (inbox.reason, inbox.error, inbox.attempts and where it came from), its
 // id is recorded as dead-lettered, and the partition moves on. Database
 // and broker errors are not the record's fault: they are retried without
-// counting, for as long as they last.
+// counting, for as long as they last; so are handler errors that are the
+// database's (a lost connection, a serialization failure or deadlock).
 //
 // # Shutdown and rebalances
 //

@@ -787,3 +787,37 @@ func TestChainConsumerSIGTERM(t *testing.T) {
 	}
 	t.Logf("SIGTERM with %d effects, %d offsets committed; ledger %d rows", effects, committed, rows)
 }
+
+// TestChainSerializationFailuresAreNotPoison: a handler that hits
+// serialization failures (SQLSTATE 40001) more often than MaxAttempts is
+// retried without counting attempts, not dead-lettered: the database's
+// trouble is not the record's fault.
+func TestChainSerializationFailuresAreNotPoison(t *testing.T) {
+	ch := newChain(t)
+	ch.createTopics()
+	ch.e.startRelay(ch.e.config())
+	cfg := ch.consumerConfig(prometheus.NewRegistry())
+	cfg.MaxAttempts = 2
+	var mu sync.Mutex
+	conflicts := 5
+	lc := ch.startConsumer(cfg, func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		mu.Lock()
+		fail := conflicts > 0
+		conflicts--
+		mu.Unlock()
+		if fail {
+			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$`)
+			return err
+		}
+		return shop.ApplyToLedger(ctx, tx, m)
+	})
+	ch.writeOrders(1)
+	rows := ch.waitLedger(time.Minute)
+	if d, f := lc.metric("inbox_dead_lettered_total"), lc.metric("inbox_handler_failures_total"); d != 0 || f != 0 {
+		t.Errorf("dead-lettered %.0f, handler failures %.0f: serialization failures must not count", d, f)
+	}
+	if n := lc.metric("inbox_database_errors_total"); n != 5 {
+		t.Errorf("inbox_database_errors_total %.0f, want the 5 conflicts", n)
+	}
+	t.Logf("5 serialization failures retried without counting; ledger %d rows", rows)
+}
