@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 
@@ -70,6 +71,52 @@ func ExampleWriter_Write() {
 		return err
 	})
 	if err != nil {
+		panic(err)
+	}
+}
+
+// The W3C trace context travels as a header column, taken from the
+// context by a function the caller supplies (here a context value; with
+// OpenTelemetry, format trace.SpanContextFromContext(ctx)). walrelay maps
+// the column with --header-column traceparent=traceparent.
+func ExampleOptions_headerFuncs() {
+	type traceKey struct{}
+	table := outbox.Table{HeaderColumns: []string{"traceparent"}}
+	w, err := outbox.NewWriter(table, outbox.Options{HeaderFuncs: map[string]outbox.HeaderFunc{
+		"traceparent": func(ctx context.Context) (string, bool) {
+			tp, ok := ctx.Value(traceKey{}).(string)
+			return tp, ok
+		},
+	}})
+	if err != nil {
+		panic(err)
+	}
+	// Every w.Write(ctx, tx, ev) now stores ctx's traceparent, e.g. in a
+	// request handler whose ctx came from
+	// context.WithValue(ctx, traceKey{}, r.Header.Get("traceparent")).
+	_ = w
+}
+
+// With database/sql (here pgx's stdlib driver), in a *sql.Tx.
+func ExampleWriter_WriteSQL() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", "postgres://app@localhost/shop")
+	if err != nil {
+		panic(err)
+	}
+	w, _ := outbox.NewWriter(outbox.Table{}, outbox.Options{})
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	if _, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'shipped' WHERE id = $1", 42); err != nil {
+		panic(err)
+	}
+	if _, err := w.WriteSQL(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "42", Type: "OrderShipped", Payload: []byte(`{"order": 42}`)}); err != nil {
+		panic(err)
+	}
+	if err := tx.Commit(); err != nil {
 		panic(err)
 	}
 }
