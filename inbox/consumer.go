@@ -198,6 +198,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 		fs.EachError(func(t string, p int32, err error) {
 			c.log.Warn("fetch error (the client retries)", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
 		})
+		if fs.NumRecords() == 0 && len(fs.Errors()) > 0 {
+			// Errors that come back at once (authorization, an unknown
+			// group) must not spin the loop.
+			cl.AllowRebalance()
+			select {
+			case <-ctx.Done():
+			case <-time.After(c.cfg.MaxRetryBackoff):
+			}
+			continue
+		}
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
 			for _, r := range p.Records {
 				if ctx.Err() != nil {
@@ -497,7 +507,7 @@ func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record
 				zap.Int64("offset", r.Offset), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic))
 			return true
 		}
-		c.log.Warn("dead-lettering failed; retrying", zap.String("id", id), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic), zap.Error(err))
+		c.log.Warn("dead-lettering failed; retrying (if the topic is missing, create it or let the brokers create topics)", zap.String("id", id), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic), zap.Error(err))
 		select {
 		case <-ctx.Done():
 			return false
