@@ -24,19 +24,23 @@ const DurableVersion = 1
 //
 // Record format (JSON, key = slot name, on a compacted topic):
 //
-//	{"version":1,"slot":"walrelay","lsn":"0/16B3748",
-//	 "partial":{"commit_lsn":"0/16B3800","events":5000},
+//	{"version":1,"slot":"walrelay","system_id":"7713984148484868534",
+//	 "lsn":"0/16B3748","partial":{"commit_lsn":"0/16B3800","events":5000},
 //	 "time":"2026-11-29T17:00:00Z"}
 //
 // "partial" is omitted when the checkpoint falls between transactions.
-// LSNs are PostgreSQL's text form. "time" is when it was written, for
+// "system_id" is the PostgreSQL system identifier (IDENTIFY_SYSTEM) of the
+// cluster the LSNs belong to, as a decimal string; records written before
+// it existed lack it and still read (same version: older readers ignore
+// it). LSNs are PostgreSQL's text form. "time" is when it was written, for
 // people.
 type Durable struct {
-	Version int       `json:"version"`
-	Slot    string    `json:"slot"`
-	LSN     LSN       `json:"-"`
-	Partial *Partial  `json:"-"`
-	Time    time.Time `json:"time"`
+	Version  int       `json:"version"`
+	Slot     string    `json:"slot"`
+	SystemID string    `json:"-"` // "" in records written before it was stored
+	LSN      LSN       `json:"-"`
+	Partial  *Partial  `json:"-"`
+	Time     time.Time `json:"time"`
 }
 
 // Partial is the part of one PostgreSQL transaction already in Kafka.
@@ -48,6 +52,7 @@ type Partial struct {
 type durableJSON struct {
 	Version int          `json:"version"`
 	Slot    string       `json:"slot"`
+	System  string       `json:"system_id,omitempty"`
 	LSN     string       `json:"lsn"`
 	Partial *partialJSON `json:"partial,omitempty"`
 	Time    time.Time    `json:"time"`
@@ -60,7 +65,7 @@ type partialJSON struct {
 
 // Marshal encodes d as the checkpoint record value.
 func (d Durable) Marshal() []byte {
-	j := durableJSON{Version: DurableVersion, Slot: d.Slot, LSN: d.LSN.String(), Time: d.Time.UTC()}
+	j := durableJSON{Version: DurableVersion, Slot: d.Slot, System: d.SystemID, LSN: d.LSN.String(), Time: d.Time.UTC()}
 	if d.Partial != nil {
 		j.Partial = &partialJSON{CommitLSN: d.Partial.CommitLSN.String(), Events: d.Partial.Events}
 	}
@@ -77,7 +82,7 @@ func UnmarshalDurable(b []byte) (Durable, error) {
 	if j.Version < 1 || j.Version > DurableVersion {
 		return Durable{}, fmt.Errorf("checkpoint record version %d: this walrelay reads version %d; upgrade it", j.Version, DurableVersion)
 	}
-	d := Durable{Version: j.Version, Slot: j.Slot, Time: j.Time}
+	d := Durable{Version: j.Version, Slot: j.Slot, SystemID: j.System, Time: j.Time}
 	var err error
 	if d.LSN, err = pglogrepl.ParseLSN(j.LSN); err != nil {
 		return Durable{}, fmt.Errorf("checkpoint record lsn %q: %w", j.LSN, err)
@@ -93,6 +98,28 @@ func UnmarshalDurable(b []byte) (Durable, error) {
 		d.Partial = p
 	}
 	return d, nil
+}
+
+// Verify checks that d can be the checkpoint of slot on the PostgreSQL
+// system systemID whose WAL has reached serverWAL (IDENTIFY_SYSTEM's
+// position). A checkpoint is trusted to skip events, so anyone able to
+// write the checkpoint topic could otherwise make the relay skip events;
+// a record of another slot or cluster, or ahead of the server, is refused
+// with an error naming the fix. legacy reports a record without a system
+// identifier (written by an older walrelay): accepted, the caller warns.
+func (d Durable) Verify(slot, systemID string, serverWAL LSN) (legacy bool, err error) {
+	const fix = "the relay refuses to skip events on its word: restrict WRITE on the checkpoint topic to the relay's principal, and if this checkpoint is not this slot's, start with a new --checkpoint-topic"
+	switch {
+	case d.Slot != slot:
+		return false, fmt.Errorf("checkpoint record under key %q names slot %q: %s", slot, d.Slot, fix)
+	case d.SystemID != "" && d.SystemID != systemID:
+		return false, fmt.Errorf("checkpoint of slot %q was written for PostgreSQL system %s, this server is system %s (another cluster, or a forged record): %s", slot, d.SystemID, systemID, fix)
+	case d.LSN > serverWAL:
+		return false, fmt.Errorf("checkpoint of slot %q is at %s, beyond the server's WAL position %s (another cluster, a restored backup, or a forged record): %s", slot, d.LSN, serverWAL, fix)
+	case d.Partial != nil && d.Partial.CommitLSN > serverWAL:
+		return false, fmt.Errorf("checkpoint of slot %q names a transaction at %s, beyond the server's WAL position %s (another cluster, a restored backup, or a forged record): %s", slot, d.Partial.CommitLSN, serverWAL, fix)
+	}
+	return d.SystemID == "", nil
 }
 
 // Skip decides, from the checkpoint a relay found at start, which events

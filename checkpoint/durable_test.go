@@ -85,3 +85,56 @@ func TestSkip(t *testing.T) {
 		t.Error("transaction committing at the checkpoint's end LSN was skipped")
 	}
 }
+
+// The PostgreSQL system identifier rides in the record; a record written
+// before it existed still reads, without one.
+func TestDurableSystemID(t *testing.T) {
+	ts := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
+	d := Durable{Slot: "walrelay", SystemID: "7713984148484868534", LSN: 0x16B3748, Time: ts}
+	want := `{"version":1,"slot":"walrelay","system_id":"7713984148484868534","lsn":"0/16B3748","time":"2026-11-29T17:00:00Z"}`
+	if got := string(d.Marshal()); got != want {
+		t.Fatalf("Marshal = %s\nwant     %s", got, want)
+	}
+	if got, err := UnmarshalDurable([]byte(want)); err != nil || got.SystemID != d.SystemID {
+		t.Fatalf("UnmarshalDurable = %+v, %v", got, err)
+	}
+	old, err := UnmarshalDurable([]byte(`{"version":1,"slot":"walrelay","lsn":"0/16B3748","time":"2026-11-29T17:00:00Z"}`))
+	if err != nil || old.SystemID != "" || old.LSN != 0x16B3748 {
+		t.Fatalf("record without system_id = %+v, %v", old, err)
+	}
+}
+
+// Verify refuses a checkpoint that cannot be this slot's on this server:
+// another slot, another system, a position the server has not reached.
+func TestDurableVerify(t *testing.T) {
+	const sys = "7713984148484868534"
+	ok := Durable{Slot: "s", SystemID: sys, LSN: 0x100, Partial: &Partial{CommitLSN: 0x180, Events: 2}}
+	if legacy, err := ok.Verify("s", sys, 0x200); err != nil || legacy {
+		t.Fatalf("Verify(valid) = %v, %v", legacy, err)
+	}
+	if legacy, err := ok.Verify("s", sys, 0x180); err != nil || legacy {
+		t.Fatalf("Verify(at the server's position) = %v, %v", legacy, err)
+	}
+	old := ok
+	old.SystemID = ""
+	if legacy, err := old.Verify("s", sys, 0x200); err != nil || !legacy {
+		t.Fatalf("Verify(no system id) = %v, %v; want accepted as legacy", legacy, err)
+	}
+	for _, tc := range []struct {
+		name   string
+		d      Durable
+		server LSN
+		want   string
+	}{
+		{"other slot", Durable{Slot: "t", SystemID: sys, LSN: 0x100}, 0x200, `slot "t"`},
+		{"other system", Durable{Slot: "s", SystemID: "42", LSN: 0x100}, 0x200, "system 42"},
+		{"lsn ahead", Durable{Slot: "s", SystemID: sys, LSN: 0x300}, 0x200, "0/300"},
+		{"partial ahead", Durable{Slot: "s", SystemID: sys, LSN: 0x100, Partial: &Partial{CommitLSN: 0x300, Events: 1}}, 0x200, "0/300"},
+		{"legacy lsn ahead", Durable{Slot: "s", LSN: 0x300}, 0x200, "0/300"},
+	} {
+		_, err := tc.d.Verify("s", sys, tc.server)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "--checkpoint-topic") {
+			t.Errorf("%s: Verify = %v, want a refusal mentioning %q and the fix", tc.name, err, tc.want)
+		}
+	}
+}

@@ -35,7 +35,7 @@ func TestAllocs(t *testing.T) {
 		{"outbox insert", benchInsert(), 1},
 		// A row of a table whose payload column was dropped: one event too.
 		{"unmappable insert", insertMsg(outboxOID+1, text(uuidText), text("order"), text("98231"), text("OrderCreated")), 1},
-		{"ignored insert", insertMsg(otherOID, text("1"), text("9.99")), 0},
+		{"unmapped insert", insertMsg(otherOID, text("1"), text("9.99")), 0},
 		{"update", updateMsg(outboxOID, text(uuidText), text(uuidText), text("a"), text("1"), null(), text("{}")), 0},
 		{"delete", deleteMsg(outboxOID, text(uuidText)), 0},
 		{"origin", originMsg(1, "node"), 0},
@@ -58,6 +58,17 @@ func TestAllocs(t *testing.T) {
 		decode(t, d, binRow, KindInsert)
 		if got := testing.AllocsPerRun(1000, func() { d.Decode(binRow) }); got != 1 {
 			t.Fatalf("%v allocs per Decode, want 1", got)
+		}
+	})
+	t.Run("naming an unmapped insert", func(t *testing.T) {
+		d := ready(t)
+		data := insertMsg(otherOID, text("1"), text("9.99"))
+		var tab Table
+		if got := testing.AllocsPerRun(1000, func() { d.Decode(data); tab, _ = d.Unmapped() }); got != 0 {
+			t.Fatalf("%v allocs per Decode and Unmapped, want 0", got)
+		}
+		if tab.String() != "public.orders" {
+			t.Fatalf("Unmapped() = %v", tab)
 		}
 	})
 	t.Run("begin and commit", func(t *testing.T) {

@@ -71,6 +71,9 @@ func toast() val          { return val{kind: 'u'} }
 func text(s string) val   { return val{kind: 't', data: []byte(s)} }
 func binval(b []byte) val { return val{kind: 'b', data: b} }
 
+// omitted is a value the stream reader left out: kind 'o' and its length.
+func omitted(n int) val { return val{kind: 'o', data: make([]byte, n)} }
+
 // tuple appends a TupleData to m.
 func tuple(m msg, vals ...val) msg {
 	m = m.u16(uint16(len(vals)))
@@ -78,6 +81,9 @@ func tuple(m msg, vals ...val) msg {
 		m = m.u8(v.kind)
 		if v.kind == 't' || v.kind == 'b' {
 			m = m.u32(uint32(len(v.data))).raw(v.data)
+		}
+		if v.kind == 'o' {
+			m = m.u32(uint32(len(v.data)))
 		}
 	}
 	return m

@@ -5,17 +5,19 @@
 // package receives to Decoder.Decode. The decoder keeps the relation cache that pgoutput expects its client to keep,
 // tracks the enclosing transaction, and reports one of a few kinds per message:
 // Begin and Commit delimit a transaction, Insert carries one outbox row
-// (Decoder.Event), Relation says the cache changed, and everything that carries
-// nothing for the relay is Ignored.
+// (Decoder.Event), Relation says the cache changed, Unmapped is an insert into
+// a table the publication sends but no outbox table maps (Decoder.Unmapped
+// names it), and everything else that carries nothing for the relay is
+// Ignored.
 //
 // It speaks pgoutput protocol version 1 without streaming. It is pure (no I/O),
 // never panics on any input, and allocates exactly one buffer per outbox row:
 // the hot path of the relay decodes every outbox INSERT of the database, and
-// the rows of other tables cost a map lookup and nothing else. pglogrepl's own
-// tuple decoder is not used: it allocates per column (16 allocations for a
-// five-column outbox row, against one here: BenchmarkPglogreplInsert) and
-// indexes the message without checking lengths, so a truncated message
-// panics instead of returning an error.
+// the rows of other tables cost a map lookup and a column count check, and
+// allocate nothing. pglogrepl's own tuple decoder is not used: it allocates
+// per column (16 allocations for a five-column outbox row, against one here:
+// BenchmarkPglogreplInsert) and indexes the message without checking
+// lengths, so a truncated message panics instead of returning an error.
 //
 // A Decoder is not safe for concurrent use. Use one per replication
 // connection: pgoutput announces every relation again on a new connection, so
@@ -109,7 +111,8 @@ func DefaultMapping() Mapping {
 // Config configures a Decoder.
 type Config struct {
 	// Tables are the outbox tables. Relations of other tables are cached only
-	// so that their rows can be told apart and ignored.
+	// so that their rows can be told apart, named (KindUnmapped) and not
+	// decoded.
 	Tables []Table
 
 	// Mapping names the outbox columns; it applies to every table.
@@ -120,6 +123,14 @@ type Config struct {
 	// binary value when Binary is false means the server and the relay
 	// disagree about the stream and is reported as ErrMalformed.
 	Binary bool
+
+	// MaxValueBytes, when positive, is the largest mapped value copied
+	// into an event: a larger one could never be produced (the relay sets
+	// it to the record limit), so it is left nil and counted in
+	// Event.Omitted instead of costing memory a second time. A value the
+	// stream reader already left out (column kind 'o', see Event.Omitted)
+	// is treated the same way whatever this is.
+	MaxValueBytes int
 }
 
 // Kind says what a decoded message was.
@@ -128,9 +139,8 @@ type Kind uint8
 // Kinds of decoded messages.
 const (
 	// KindIgnored is a message that carries nothing for the relay: Update,
-	// Delete, Truncate, Origin, Type, a logical decoding message ('M'), or an
-	// insert into a table that is not an outbox table. Decode also returns it
-	// with every error.
+	// Delete, Truncate, Origin, Type or a transactional logical decoding
+	// message ('M'). Decode also returns it with every error.
 	KindIgnored Kind = iota
 	// KindBegin starts a transaction: Decoder.Begin is valid.
 	KindBegin
@@ -147,6 +157,12 @@ const (
 	// stream has been received, so it is a marker like a keepalive's.
 	// Transactional messages are KindIgnored.
 	KindMessage
+	// KindUnmapped is an insert into a relation that is not a configured
+	// outbox table: the publication sends rows nothing maps, such as
+	// another table of a shared publication or a partition published
+	// under its own name. Decoder.Unmapped names the relation; the row is
+	// not decoded.
+	KindUnmapped
 )
 
 // String returns the kind's name for logs.
@@ -164,6 +180,8 @@ func (k Kind) String() string {
 		return "Relation"
 	case KindMessage:
 		return "Message"
+	case KindUnmapped:
+		return "Unmapped"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -209,6 +227,13 @@ type Event struct {
 	Payload       []byte   // json/jsonb/text as is, bytea as raw bytes
 	Headers       []Header // one per Mapping.Headers entry, in that order
 
+	// Omitted is the size of the mapped values that were not copied
+	// because each was over Config.MaxValueBytes, or was left out of the
+	// message by the stream reader (column kind 'o': its size in the
+	// stream); those fields are nil. 0 when nothing was left out. Such an
+	// event cannot be produced: it is dead-lettered as too large.
+	Omitted int
+
 	// CommitTime and Xid come from the enclosing Begin: the default Kafka
 	// record timestamp is the commit time, shared by the whole transaction.
 	CommitTime time.Time
@@ -236,6 +261,7 @@ type field struct {
 type Decoder struct {
 	tables []Table // copy of Config.Tables; Event.Table points into it
 	binary bool
+	limit  int // Config.MaxValueBytes
 	fields []field
 
 	relations map[uint32]*relation
@@ -252,6 +278,7 @@ type Decoder struct {
 	event  Event
 
 	messageLSN LSN
+	unmapped   *relation // the relation of the last KindUnmapped
 }
 
 // New validates cfg and returns a Decoder for it.
@@ -276,6 +303,7 @@ func New(cfg Config) (*Decoder, error) {
 	d := &Decoder{
 		tables:    tables,
 		binary:    cfg.Binary,
+		limit:     cfg.MaxValueBytes,
 		relations: make(map[uint32]*relation),
 	}
 	d.event.Headers = make([]Header, len(m.Headers))
@@ -323,6 +351,16 @@ func (d *Decoder) Event() *Event { return &d.event }
 
 // MessageLSN is the position of the last KindMessage.
 func (d *Decoder) MessageLSN() LSN { return d.messageLSN }
+
+// Unmapped names the relation of the last KindUnmapped as its Relation
+// message did (schema and name, not quoted), and returns its relation OID.
+// It allocates nothing: the strings were made when the relation was cached.
+func (d *Decoder) Unmapped() (Table, uint32) {
+	if d.unmapped == nil {
+		return Table{}, 0
+	}
+	return Table{Schema: d.unmapped.namespace, Name: d.unmapped.name}, d.unmapped.oid
+}
 
 // Decode decodes one pgoutput message. data is only read during the call (the
 // caller reuses its buffer). It never panics on any input; malformed input

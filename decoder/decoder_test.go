@@ -152,7 +152,6 @@ func TestIgnoredMessages(t *testing.T) {
 		{"Origin", originMsg(0x1000, "node_a")},
 		{"Type", typeMsg(16400, "public", "mood")},
 		{"transactional M", logicalMsg(true, 0x1000, "walrelay", []byte("nudge"))},
-		{"insert into other table", insertMsg(otherOID, text("1"), text("9.99"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := ready(t)
@@ -189,6 +188,30 @@ func TestUnsupported(t *testing.T) {
 	}
 }
 
+// TestUnmappedInsert: an insert into another table of the publication is
+// reported as KindUnmapped with the relation's name and OID, without
+// decoding the row, and the transaction goes on.
+func TestUnmappedInsert(t *testing.T) {
+	d := ready(t)
+	if tab, oid := d.Unmapped(); tab != (Table{}) || oid != 0 {
+		t.Fatalf("Unmapped() before any unmapped insert = %v, %d", tab, oid)
+	}
+	decode(t, d, insertMsg(otherOID, text("1"), text("9.99")), KindUnmapped)
+	if tab, oid := d.Unmapped(); tab != (Table{"public", "orders"}) || oid != otherOID {
+		t.Fatalf("Unmapped() = %v, %d, want public.orders, %d", tab, oid, otherOID)
+	}
+	// A wrong column count is still an error: a Relation message was missed.
+	decodeErr(t, d, insertMsg(otherOID, text("1")), ErrMalformed)
+	decode(t, d, insertMsg(outboxOID, text(uuidText), text("a"), text("1"), null(), text("{}")), KindInsert)
+	// A partition published under its own name is a relation of its own.
+	decode(t, d, relationMsg(otherOID+1, "public", "outbox_2026", outboxCols()...), KindRelation)
+	decode(t, d, insertMsg(otherOID+1, text(uuidText), text("a"), text("1"), null(), text("{}")), KindUnmapped)
+	if tab, _ := d.Unmapped(); tab.String() != "public.outbox_2026" {
+		t.Fatalf("Unmapped() = %v, want public.outbox_2026", tab)
+	}
+	decode(t, d, commitMsg(0, 0x16B3748, 0x16B3778, 1_000_000), KindCommit)
+}
+
 func TestOtherTablesIgnored(t *testing.T) {
 	d := newDecoder(t, func(c *Config) {
 		c.Tables = append(c.Tables, Table{"billing", "outbox"})
@@ -209,7 +232,7 @@ func TestOtherTablesIgnored(t *testing.T) {
 		t.Fatalf("tables %v, %v", first, second)
 	}
 	for oid := uint32(3); oid <= 5; oid++ {
-		decode(t, d, insertMsg(oid, row...), KindIgnored)
+		decode(t, d, insertMsg(oid, row...), KindUnmapped)
 	}
 	// The Table pointer is stable across events.
 	decode(t, d, insertMsg(1, row...), KindInsert)
@@ -367,7 +390,10 @@ func TestRelationResent(t *testing.T) {
 
 	// The table is renamed away: its rows are no longer outbox rows.
 	decode(t, d, relationMsg(outboxOID, "public", "outbox_old", retyped...), KindRelation)
-	decode(t, d, insertMsg(outboxOID, text(uuidText), text("7"), text("T2"), text(`\x4869`), text("invoice")), KindIgnored)
+	decode(t, d, insertMsg(outboxOID, text(uuidText), text("7"), text("T2"), text(`\x4869`), text("invoice")), KindUnmapped)
+	if tab, _ := d.Unmapped(); tab.String() != "public.outbox_old" {
+		t.Fatalf("after rename Unmapped() = %v, want public.outbox_old", tab)
+	}
 }
 
 // TestWideRelation checks that the scratch space follows the widest outbox
@@ -449,7 +475,7 @@ func TestNewCopiesTables(t *testing.T) {
 }
 
 func TestKindString(t *testing.T) {
-	for k, want := range map[Kind]string{KindIgnored: "Ignored", KindBegin: "Begin", KindInsert: "Insert", KindCommit: "Commit", KindRelation: "Relation", 9: "Kind(9)"} {
+	for k, want := range map[Kind]string{KindIgnored: "Ignored", KindBegin: "Begin", KindInsert: "Insert", KindCommit: "Commit", KindRelation: "Relation", KindMessage: "Message", KindUnmapped: "Unmapped", 9: "Kind(9)"} {
 		if got := k.String(); got != want {
 			t.Errorf("Kind(%d).String() = %q, want %q", k, got, want)
 		}

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -59,8 +60,13 @@ func fuzzConfig(binary bool) Config {
 		Tables:  []Table{{"public", "outbox"}, {"billing", "outbox"}},
 		Mapping: m,
 		Binary:  binary,
+		// One variant also leaves out values over a small limit.
+		MaxValueBytes: map[bool]int{false: fuzzValueLimit}[binary],
 	}
 }
+
+// fuzzValueLimit is MaxValueBytes of the text-format fuzz decoder.
+const fuzzValueLimit = 40
 
 // fuzzSeeds are realistic message sequences, by seed file name.
 func fuzzSeeds() map[string][]byte {
@@ -101,6 +107,8 @@ func fuzzSeeds() map[string][]byte {
 		"seed-two-tables": frames(rel, relationMsg(outboxOID+1, "billing", "outbox", cols...), begin,
 			row(text("{}")), insertMsg(outboxOID+1, text(uuidText), text("invoice"), text("1"), null(), text(`"s"`), null()), commit,
 			beginMsg(0x16B3800, 794_000_000_000_001, 732), row(text("{}")), commitMsg(0, 0x16B3800, 0x16B3830, 794_000_000_000_001)),
+		"seed-omitted": frames(rel, begin, row(omitted(150_000_000)),
+			insertMsg(outboxOID, text(uuidText), text("order"), text(strings.Repeat("k", 40)), omitted(3), text("{}"), omitted(1<<20)), commit),
 		// ALTER TABLE outbox DROP COLUMN payload, a row, ADD COLUMN payload.
 		"seed-missing-column": frames(
 			relationMsg(outboxOID, "public", "outbox", slices.DeleteFunc(slices.Clone(cols), func(c relCol) bool { return c.name == "payload" })...),
@@ -210,6 +218,12 @@ func checkEvent(t *testing.T, d *Decoder, m []byte) {
 	}
 	total := 0
 	for _, v := range [][]byte{e.ID, e.AggregateType, e.AggregateID, e.Type, e.Payload, e.Headers[0].Value} {
+		if !d.binary && len(v) > fuzzValueLimit {
+			t.Fatalf("value of %d bytes copied over the limit %d", len(v), fuzzValueLimit)
+		}
+		if e.Omitted < 0 {
+			t.Fatalf("omitted %d", e.Omitted)
+		}
 		if len(v) != cap(v) {
 			t.Fatalf("value %q has spare capacity %d", v, cap(v)-len(v))
 		}

@@ -32,7 +32,7 @@ type relation struct {
 	columns         []column
 
 	// table is the configured outbox table, nil for other tables (whose
-	// rows are ignored).
+	// rows are KindUnmapped).
 	table *Table
 	// fieldCols holds, per Decoder.fields entry, the position of its column.
 	fieldCols []int

@@ -4,13 +4,15 @@ package decoder
 //
 // An Insert is the relation OID, the tag 'N' and a TupleData: a column count
 // and per column a kind byte ('n' NULL, 'u' unchanged TOAST, 't' text, 'b'
-// binary) followed, for 't' and 'b', by an int32 length and the bytes.
+// binary) followed, for 't' and 'b', by an int32 length and the bytes. The
+// relay's stream reader adds the kind 'o' (omitted): an int32 length and no
+// bytes, for a value too large to read into memory.
 //
 // Decoding runs in three passes so that an outbox row costs exactly one
 // allocation: walk the tuple once recording where each column's bytes are,
 // compute the decoded size of every mapped value, then allocate one buffer
 // and decode the values into it. Rows of other tables stop after the map
-// lookup and a column count check.
+// lookup and a column count check (KindUnmapped).
 
 import "fmt"
 
@@ -18,7 +20,7 @@ import "fmt"
 // Offsets rather than slices, so that the decoder keeps no reference to the
 // caller's buffer after Decode returns.
 type colSpan struct {
-	kind byte // 'n', 't' or 'b'
+	kind byte // 'n', 't', 'b' or 'o' (n is then the omitted value's size)
 	off  int
 	n    int
 }
@@ -44,7 +46,11 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 		// Rows of other tables are not parsed; only the column count is
 		// checked, because a mismatch means a Relation message was missed
 		// and the stream is out of step.
-		return KindIgnored, d.checkColumnCount(r, rel)
+		if err := d.checkColumnCount(r, rel); err != nil {
+			return KindIgnored, err
+		}
+		d.unmapped = rel
+		return KindUnmapped, nil
 	}
 
 	cols, err := d.walkTuple(r, rel)
@@ -53,8 +59,9 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	}
 
 	// Size every mapped value first, so the one buffer is allocated once and
-	// exactly; a NULL has size -1 and stays nil.
-	total := 0
+	// exactly; a NULL has size -1 and stays nil, and so does a value over
+	// the limit or left out by the reader (size -2, counted in Omitted).
+	total, omitted := 0, 0
 	for f := range d.fields {
 		c := rel.fieldCols[f]
 		if c < 0 { // a column the table lacks (rel.err says which): nil
@@ -62,9 +69,17 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 			continue
 		}
 		sp := cols[c]
+		if sp.kind == 'o' {
+			d.sizes[f] = -2
+			omitted += sp.n
+			continue
+		}
 		n, err := valueLen(sp.kind, rel.columns[c].typ, r.buf[sp.off:sp.off+sp.n])
 		if err != nil {
 			return KindIgnored, d.valueError(rel, c, sp, err)
+		}
+		if d.limit > 0 && n > d.limit {
+			n, omitted = -2, omitted+n
 		}
 		d.sizes[f] = n
 		total += max(n, 0)
@@ -89,6 +104,7 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 		off += n
 	}
 	d.event.Table = rel.table
+	d.event.Omitted = omitted
 	d.event.Unmappable = rel.err
 	d.event.CommitTime = d.begin.CommitTime
 	d.event.Xid = d.begin.Xid
@@ -122,6 +138,13 @@ func (d *Decoder) walkTuple(r *reader, rel *relation) ([]colSpan, error) {
 				return nil, d.columnError(rel, i, "column length", at, fmt.Sprintf("negative length %d", size))
 			}
 			cols[i] = colSpan{kind: kind, off: r.skip(int(size), "column value"), n: int(size)}
+		case 'o':
+			at = r.off
+			size := int32(r.u32("omitted length"))
+			if !r.failed && size < 0 {
+				return nil, d.columnError(rel, i, "omitted length", at, fmt.Sprintf("negative length %d", size))
+			}
+			cols[i] = colSpan{kind: kind, n: int(size)}
 		case 'u':
 			return nil, d.columnError(rel, i, "column kind", at, "unchanged TOAST value in an insert")
 		default:

@@ -9,3 +9,13 @@ CREATE TABLE "public"."outbox" (
     payload        jsonb,
     created_at     timestamptz NOT NULL DEFAULT now()
 );
+
+-- Advice: refuse rows whose payload Kafka could never take, at the source,
+-- where the writer sees the error. walrelay dead-letters such rows (without
+-- their payload) anyway, but a CHECK keeps them out of the WAL. Keep the
+-- bound under walrelay's --max-record-bytes (default 1000012) less the
+-- headers. octet_length counts bytes: for jsonb measure its text form
+-- (what walrelay sends), for json or text the value itself, for bytea the
+-- raw bytes (octet_length(payload)).
+ALTER TABLE "public"."outbox"
+    ADD CONSTRAINT outbox_payload_size CHECK (octet_length(payload::text) <= 1000000);

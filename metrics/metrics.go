@@ -33,6 +33,9 @@ type Metrics struct {
 	SlotWALStatus      *prometheus.GaugeVec
 	Ready              prometheus.Gauge
 	KafkaTransactions  prometheus.Counter
+	UnmappedInserts    *prometheus.CounterVec
+	SnapshotRows       prometheus.Counter
+	SnapshotRunning    prometheus.Gauge
 }
 
 // New creates the metrics and registers them on reg.
@@ -40,7 +43,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		EventsPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_published_total",
-			Help: "Outbox events acknowledged by Kafka, by topic. Flat while walrelay_inflight_events is high means the broker is not accepting writes.",
+			Help: "Outbox events acknowledged by Kafka, by topic (topics past --max-topic-series under topic=\"other\"). Flat while walrelay_inflight_events is high means the broker is not accepting writes.",
 		}, []string{"topic"}),
 		EventsDeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_dead_lettered_total",
@@ -123,6 +126,18 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_kafka_transactions_total",
 			Help: "Kafka transactions committed (exactly-once delivery only), each with a checkpoint record.",
 		}),
+		UnmappedInserts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "walrelay_unmapped_inserts_total",
+			Help: "Inserts the publication streamed for a table that is not a configured outbox table (--table), by table; they are not published. Add the table with --table if it is an outbox, or remove it from the publication.",
+		}, []string{"table"}),
+		SnapshotRows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_snapshot_rows_total",
+			Help: "Rows read by snapshots (the initial snapshot when walrelay creates the slot, or walrelay snapshot) and handed to Kafka. Rows of a snapshot interrupted by a crash are counted again when it is redone.",
+		}),
+		SnapshotRunning: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_snapshot_running",
+			Help: "1 while a snapshot is read and published; the stream starts after it. Stuck at 1 with walrelay_inflight_events at its limit means Kafka is the bottleneck.",
+		}),
 	}
 	reg.MustRegister(
 		m.EventsPublished, m.EventsDeadLettered, m.Transactions, m.ProduceErrors,
@@ -130,6 +145,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.SlotLag, m.ReplicationLag, m.CommitToAck, m.InflightEvents,
 		m.Heartbeats, m.StandbyStatusSent, m.StreamRestarts, m.Streaming,
 		m.ReceivedBytes, m.SlotSafeWALSize, m.SlotWALStatus, m.Ready, m.KafkaTransactions,
+		m.UnmappedInserts,
+		m.SnapshotRows, m.SnapshotRunning,
 	)
 	return m
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
@@ -24,6 +25,10 @@ type eosState struct {
 	curEvents int              // its outbox events so far, sent or skipped
 	inPG      bool             // between a Begin and its Commit
 	txnStart  time.Time        // when the open Kafka transaction began
+
+	found    bool               // a checkpoint was found at start
+	ckpt     checkpoint.Durable // the checkpoint found at start
+	systemID string             // the PostgreSQL system identifier, written in every checkpoint
 }
 
 // startEOS reads the newest committed checkpoint of the slot; PostgreSQL
@@ -51,7 +56,28 @@ func (r *Relay) startEOS(ctx context.Context, rt *router.Router) (*eosState, err
 		fields = append(fields, zap.Stringer("partial_commit_lsn", d.Partial.CommitLSN), zap.Int("partial_events", d.Partial.Events))
 	}
 	r.log.Info("exactly-once: resuming after the newest committed checkpoint", fields...)
-	return &eosState{key: key, skip: checkpoint.NewSkip(d, found), lastFull: d.LSN}, nil
+	return &eosState{key: key, skip: checkpoint.NewSkip(d, found), lastFull: d.LSN, found: found, ckpt: d}, nil
+}
+
+// verifyEOS checks the checkpoint found at start against the stream's
+// IDENTIFY_SYSTEM result before anything is skipped on its word: a
+// checkpoint of another slot or cluster, or ahead of the server's WAL, is
+// refused (fatal); one written before walrelay stored the system
+// identifier is accepted with a warning.
+func (r *Relay) verifyEOS(e *eosState, sys pglogrepl.IdentifySystemResult) error {
+	e.systemID = sys.SystemID
+	if !e.found {
+		return nil
+	}
+	legacy, err := e.ckpt.Verify(r.cfg.Slot, sys.SystemID, sys.XLogPos)
+	if err != nil {
+		return &fatalError{fmt.Errorf("exactly-once: checkpoint topic %q: %w", r.cfg.Router.CheckpointTopic, err)}
+	}
+	if legacy {
+		r.log.Warn("exactly-once: the checkpoint does not name its PostgreSQL system (written by an older walrelay); trusting it once, the next checkpoint will",
+			zap.String("slot", r.cfg.Slot), zap.Stringer("checkpoint_lsn", e.ckpt.LSN), zap.String("system_id", sys.SystemID))
+	}
+	return nil
 }
 
 // txnError is a failed Kafka transaction (begin, commit, abort, checkpoint
@@ -93,7 +119,7 @@ func (s *session) commitDue(now time.Time) bool {
 // (see kafkaCtx).
 func (s *session) commitKafka() error {
 	e := s.eos
-	d := checkpoint.Durable{Slot: s.r.cfg.Slot, LSN: e.lastFull, Time: time.Now()}
+	d := checkpoint.Durable{Slot: s.r.cfg.Slot, SystemID: e.systemID, LSN: e.lastFull, Time: time.Now()}
 	if e.inPG && e.curEvents > 0 {
 		d.Partial = &checkpoint.Partial{CommitLSN: e.curCommit, Events: e.curEvents}
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -47,6 +48,18 @@ type Config struct {
 	Mapping     decoder.Mapping
 	// CreatePublication and CreateSlot create what is missing at start.
 	CreatePublication, CreateSlot bool
+	// AlterPublication adds missing outbox tables to a publication walrelay
+	// did not create; AllowRowFilter accepts a row filter on an outbox
+	// table (see slot.SetupConfig).
+	AlterPublication, AllowRowFilter bool
+	// InitialSnapshot publishes the rows already in the outbox tables when
+	// the relay creates the slot (--snapshot initial), before streaming;
+	// false (--snapshot never) publishes only what is committed later.
+	InitialSnapshot bool
+	// SnapshotWhere is an SQL condition the rows of a snapshot must meet
+	// (empty: every row); SnapshotOrder an SQL ORDER BY list (empty: the
+	// primary key).
+	SnapshotWhere, SnapshotOrder string
 	// Binary asks pgoutput for binary values (PostgreSQL 14+).
 	Binary bool
 	// Read tunes how the replication socket is read.
@@ -110,6 +123,12 @@ type Config struct {
 	StartupTimeout time.Duration
 }
 
+// DefaultMaxMessageBytes is the default cap on one replication message
+// (Read.MaxMessageBytes): far above the default record limit, so a row
+// whose record fits always arrives whole, and low enough that one row
+// cannot take a container's memory.
+const DefaultMaxMessageBytes = 64 << 20
+
 func (c *Config) setDefaults() {
 	if c.StatusInterval <= 0 {
 		c.StatusInterval = 10 * time.Second
@@ -138,6 +157,9 @@ func (c *Config) setDefaults() {
 	if !c.ExactlyOnce {
 		c.Router.TransactionalID = ""
 	}
+	if c.ExactlyOnce && c.Router.CheckpointTopic == "" {
+		c.Router.CheckpointTopic = "walrelay.checkpoints" // the router's default, named in errors
+	}
 	if c.TxnMaxEvents <= 0 {
 		c.TxnMaxEvents = 10_000
 	}
@@ -147,6 +169,12 @@ func (c *Config) setDefaults() {
 	if c.Router.TransactionTimeout <= 0 {
 		// The relay bounds commits by it: apply the router's default here too.
 		c.Router.TransactionTimeout = router.DefaultTransactionTimeout
+	}
+	if c.Router.MaxRecordBytes <= 0 {
+		c.Router.MaxRecordBytes = 1_000_012 // the router's default, which the decoder's limit follows
+	}
+	if c.Read.MaxMessageBytes == 0 {
+		c.Read.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if c.ReceiveTimeout <= 0 {
 		c.ReceiveTimeout = 60 * time.Second
@@ -180,6 +208,11 @@ type Relay struct {
 	// ctx ended first); unit tests replace them to check the waits.
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) bool
+
+	// unmapped holds the counter of each table whose inserts the
+	// publication sends but no outbox maps; a table is logged when it is
+	// added. Only the session goroutine (one at a time) touches it.
+	unmapped map[decoder.Table]prometheus.Counter
 }
 
 // New checks cfg and returns a Relay.
@@ -194,11 +227,22 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if len(cfg.Tables) == 0 {
 		return nil, errors.New("no outbox table")
 	}
+	if m := cfg.Read.MaxMessageBytes; m > 0 && m <= cfg.Router.MaxRecordBytes {
+		return nil, fmt.Errorf("--max-message-bytes %d must exceed --max-record-bytes %d: a row carrying a record of the largest size must fit in one message", m, cfg.Router.MaxRecordBytes)
+	}
 	if _, err := decoder.New(decoder.Config{Tables: cfg.Tables, Mapping: cfg.Mapping, Binary: cfg.Binary}); err != nil {
 		return nil, err
 	}
 	if _, err := router.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
 		return nil, err
+	}
+	if _, err := router.ParseTopicAllow(cfg.Router.TopicAllow); err != nil {
+		return nil, err
+	}
+	if cfg.Router.Topics == nil {
+		// One set for every router of this relay: the topic bounds hold
+		// for the process, across producer replacements.
+		cfg.Router.Topics = router.NewTopicSet()
 	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
 		// A transaction is committed TxnMaxInterval after it began at the
@@ -284,12 +328,14 @@ func (r *Relay) updateReady() {
 // (such as a row written while its table lacked a mapped column).
 func (r *Relay) Run(parent context.Context) error {
 	r.begin = r.now()
-	if err := r.prepare(parent); err != nil {
+	rt, err := r.prepare(parent)
+	if err != nil {
 		if parent.Err() != nil {
 			return nil
 		}
 		return err
 	}
+	r.router.Store(rt)
 	// Background work that may stop the relay (an invalidated slot)
 	// cancels ctx with a cause; the parent's cancellation is a clean stop.
 	ctx, stop := context.WithCancelCause(parent)
@@ -310,7 +356,6 @@ func (r *Relay) Run(parent context.Context) error {
 		return nil
 	}
 
-	var rt *router.Router
 	defer func() {
 		if rt != nil {
 			r.router.Store(nil)
@@ -354,8 +399,11 @@ func (r *Relay) Run(parent context.Context) error {
 	}
 }
 
-// prepare runs the setup checks, retrying what may be transient.
-func (r *Relay) prepare(ctx context.Context) error {
+// prepare connects to Kafka, then runs the setup checks and creates what
+// is missing (with the initial snapshot, published through the router it
+// returns), retrying what may be transient. Kafka comes first: a slot
+// created by a start that then fails on Kafka would hold WAL for nothing.
+func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 	cols := []string{r.cfg.Mapping.ID, r.cfg.Mapping.AggregateType, r.cfg.Mapping.AggregateID, r.cfg.Mapping.Payload}
 	if r.cfg.Mapping.Type != "" {
 		cols = append(cols, r.cfg.Mapping.Type)
@@ -363,29 +411,71 @@ func (r *Relay) prepare(ctx context.Context) error {
 	for _, h := range r.cfg.Mapping.Headers {
 		cols = append(cols, h.Column)
 	}
+	var rt *router.Router
+	fail := func(err error) (*router.Router, error) {
+		if rt != nil {
+			rt.Close()
+		}
+		return nil, err
+	}
 	for {
-		err := slot.Prepare(ctx, slot.SetupConfig{
+		if rt == nil {
+			var err error
+			if rt, err = r.newRouter(ctx); err != nil {
+				rt = nil
+				if ctx.Err() != nil || isFatal(err) {
+					return fail(err)
+				}
+				if !r.retry(ctx, "kafka", err) {
+					return fail(r.stopErr(ctx))
+				}
+				continue
+			}
+		}
+		setup := slot.SetupConfig{
 			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
 			Columns: cols, CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
-		}, r.log)
-		if err == nil || slot.IsSetupError(err) || ctx.Err() != nil {
+			AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
+		}
+		if r.cfg.InitialSnapshot {
+			setup.Snapshot = r.initialSnapshot(rt)
+		}
+		err := slot.Prepare(ctx, setup, r.log)
+		if err == nil {
 			r.backoff.Reset()
-			return err
+			return rt, nil
+		}
+		cause := "setup"
+		if rt.Failed() {
+			// Kafka refused a snapshot record: a new producer for the
+			// next attempt.
+			cause = "kafka"
+			rt.Close()
+			rt = nil
+		}
+		if slot.IsSetupError(err) || isFatal(err) || ctx.Err() != nil {
+			return fail(err)
 		}
 		if certificateError(err) {
 			// Retrying cannot make an untrusted certificate trusted.
-			return &fatalError{fmt.Errorf("postgresql: %w", err)}
+			return fail(&fatalError{fmt.Errorf("postgresql: %w", err)})
 		}
 		if pgAuthError(err) {
-			return &fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)}
+			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
 		}
-		if !r.retry(ctx, "setup", err) {
-			if r.giveUp != nil {
-				return r.giveUp
-			}
-			return ctx.Err()
+		if !r.retry(ctx, cause, err) {
+			return fail(r.stopErr(ctx))
 		}
 	}
+}
+
+// stopErr is why retry said to stop: the startup timeout ran out, or ctx
+// ended.
+func (r *Relay) stopErr(ctx context.Context) error {
+	if r.giveUp != nil {
+		return r.giveUp
+	}
+	return ctx.Err()
 }
 
 func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {

@@ -49,6 +49,14 @@ func TestNewValidates(t *testing.T) {
 		{"bad slot name", func(c *Config) { c.Slot = "Bad-Slot" }, "slot"},
 		{"no publication", func(c *Config) { c.Publication = "" }, "publication"},
 		{"no table", func(c *Config) { c.Tables = nil }, "table"},
+		{"message cap not above the record limit", func(c *Config) {
+			c.Read.MaxMessageBytes, c.Router.MaxRecordBytes = 1<<20, 1<<20
+		}, "--max-message-bytes"},
+		{"message cap above a raised record limit", func(c *Config) {
+			c.Read.MaxMessageBytes, c.Router.MaxRecordBytes = 8<<20, 4<<20
+		}, ""},
+		{"record limit above the default message cap", func(c *Config) { c.Router.MaxRecordBytes = 100 << 20 }, "--max-message-bytes"},
+		{"bad topic allowlist", func(c *Config) { c.Router.TopicAllow = "(" }, "allowlist"},
 		{"status interval under the confirm delay", func(c *Config) {
 			c.StatusInterval, c.ConfirmDelay = time.Second, 2*time.Second
 		}, "confirm delay"},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
@@ -125,7 +126,16 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return err
 	}
 	r.slotSeen = true
-	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping, Binary: r.cfg.Binary})
+	if eos != nil {
+		if err := r.verifyEOS(eos, stream.System); err != nil {
+			stream.Close(context.Background())
+			return err
+		}
+	}
+	// A mapped value over the record limit could never be produced: the
+	// decoder leaves it out instead of copying it (the event is then
+	// dead-lettered as too large).
+	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping, Binary: r.cfg.Binary, MaxValueBytes: r.cfg.Router.MaxRecordBytes})
 	if err != nil {
 		stream.Close(context.Background())
 		return &fatalError{err}
@@ -376,8 +386,28 @@ func (s *session) handle(data []byte) error {
 		// A heartbeat (or any non-transactional message): everything
 		// before it was received, so it is a marker like a keepalive.
 		s.tr.Marker(s.dec.MessageLSN())
+	case decoder.KindUnmapped:
+		s.r.unmappedInsert(s.dec.Unmapped())
 	}
 	return nil
+}
+
+// unmappedInsert counts an insert the publication sent for a table no
+// outbox maps, and says so once per table for the life of the process: the
+// row is not published, and without a word a misconfigured --table or a
+// partition published under its own name would look like a quiet outbox.
+func (r *Relay) unmappedInsert(t decoder.Table, oid uint32) {
+	c, ok := r.unmapped[t]
+	if !ok {
+		if r.unmapped == nil {
+			r.unmapped = make(map[decoder.Table]prometheus.Counter)
+		}
+		c = r.metrics.UnmappedInserts.WithLabelValues(t.String())
+		r.unmapped[t] = c
+		r.log.Warn("the publication streams inserts of a table that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); add it with --table if it is an outbox, else remove it from the publication",
+			zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", r.cfg.Publication))
+	}
+	c.Inc()
 }
 
 // eosErrorOr maps a fenced producer to the fatal error, and passes other

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -39,7 +40,20 @@ func (r *Router) startPrepare(ctx context.Context, t *topic) {
 		defer cancel()
 		if r.cfg.CreateTopics {
 			_, err := r.admin.CreateTopic(ctx, r.cfg.TopicPartitions, r.cfg.TopicReplicationFactor, nil, t.name)
-			if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) && !notAllowed(err) {
+			if notAllowed(err) {
+				// Not allowed to create: fine if an administrator did;
+				// if the topic is missing (or hidden from us), its events
+				// can never be produced.
+				if exists, lerr := r.topicExists(ctx, t.name); lerr != nil {
+					res.err = lerr
+					return
+				} else if !exists {
+					res.err = fmt.Errorf("topic does not exist and creating it was refused: %w", err)
+					return
+				}
+				err = nil
+			}
+			if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 				res.err = err
 				return
 			}
@@ -71,9 +85,27 @@ func (r *Router) topicLimit(ctx context.Context, name string) int {
 	return 0
 }
 
-// rejects reports whether err means Kafka will never accept the topic's
-// name, so its events belong on the dead-letter topic.
-func rejects(err error) bool { return errors.Is(err, kerr.InvalidTopicException) }
+// rejects reports whether err means Kafka will never accept the topic
+// from this relay (an invalid name, a creation policy, no authorization to
+// create or use it), so its events belong on the dead-letter topic.
+func rejects(err error) bool {
+	return errors.Is(err, kerr.InvalidTopicException) || refusedForGood(err) || notAllowed(err)
+}
+
+// topicExists reports whether the broker lists topic name to this relay.
+// A topic it may not describe is listed with an authorization error and
+// counts as missing: the relay could not produce to it either.
+func (r *Router) topicExists(ctx context.Context, name string) (bool, error) {
+	details, err := r.admin.ListTopics(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	d, ok := details[name]
+	if ok && d.Err != nil && !errors.Is(d.Err, kerr.UnknownTopicOrPartition) && !notAllowed(d.Err) {
+		return false, d.Err
+	}
+	return ok && d.Err == nil, nil
+}
 
 // notAllowed reports an authorization failure: the topic may exist
 // already (created by an administrator), and producing will tell.

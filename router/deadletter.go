@@ -23,11 +23,14 @@ const (
 	// ReasonUnmappable is a row of an outbox table that lacked a mapped
 	// column when the row was written (decoder.Event.Unmappable): a column
 	// dropped or renamed while the relay ran.
-	ReasonUnmappable Reason = "unmappable"
+	ReasonUnmappable      Reason = "unmappable"
+	ReasonTopicNotAllowed Reason = "topic_not_allowed" // not matched by Config.TopicAllow
+	ReasonTooManyTopics   Reason = "too_many_topics"   // past Config.MaxTopics
 )
 
 // Reasons lists every Reason.
-var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge, ReasonUnmappable}
+var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge, ReasonUnmappable,
+	ReasonTopicNotAllowed, ReasonTooManyTopics}
 
 // Dead-letter header names. The event's own id and type headers keep their
 // configured names.
@@ -96,13 +99,16 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason Rea
 		// Also the key, but a header survives tools that show headers only.
 		h = append(h, kgo.RecordHeader{Key: HeaderAggregateID, Value: truncate(ev.AggregateID, 1024)})
 	}
-	if reason == ReasonInvalidTopic || reason == ReasonTopicRejected {
+	if reason == ReasonInvalidTopic || reason == ReasonTopicRejected || reason == ReasonTopicNotAllowed || reason == ReasonTooManyTopics {
 		h = append(h, kgo.RecordHeader{Key: HeaderTopic, Value: truncate([]byte(r.tmpl.Topic(ev.AggregateType)), 1024)})
 	}
 	for _, x := range ev.Headers {
 		if x.Value != nil {
 			h = append(h, kgo.RecordHeader{Key: x.Key, Value: x.Value})
 		}
+	}
+	if ev.Omitted > 0 {
+		h = append(h, kgo.RecordHeader{Key: HeaderPayloadOmit, Value: []byte(fmt.Sprint(ev.Omitted))})
 	}
 	o.rec.Headers = h
 	// The payload rides along when it fits the dead-letter topic (its own

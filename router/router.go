@@ -13,9 +13,10 @@
 // handler when Kafka refused it for good (the caller then restarts from the
 // last confirmed position: duplicates, never loss).
 //
-// Invalid events (no aggregate type, a topic name Kafka rejects, no
-// aggregate id, no id, larger than the broker accepts, a row its table's
-// columns could not map) go to a dead-letter
+// Invalid events (no aggregate type, a topic name Kafka rejects, a topic
+// outside the allowlist or past the topic limit, a topic Kafka will not let
+// the relay create or write, no aggregate id, no id, larger than the broker
+// accepts, a row its table's columns could not map) go to a dead-letter
 // topic with headers naming the reason, table, LSN and id, and count as
 // acknowledged once the dead-letter record is.
 //
@@ -26,7 +27,9 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +77,22 @@ type Config struct {
 	// CreateTopics creates missing topics (and the dead-letter topic)
 	// before the first record goes to them.
 	CreateTopics bool
+	// TopicAllow, when set, is a regular expression (anchored at both
+	// ends) every event topic must match; events of other topics are
+	// dead-lettered (topic_not_allowed).
+	TopicAllow string
+	// MaxTopics bounds the distinct event topics the relay produces to
+	// (and creates); events of further topics are dead-lettered
+	// (too_many_topics). Default DefaultMaxTopics; negative: no limit.
+	MaxTopics int
+	// MaxTopicSeries bounds the topics with their own series of
+	// walrelay_events_published_total; the others count under "other".
+	// Default DefaultMaxTopicSeries; negative: no limit.
+	MaxTopicSeries int
+	// Topics keeps what the bounds above have counted, and the topics
+	// Kafka refused, across routers; pass the same set to every router of
+	// a relay. Default: a set of this router's own.
+	Topics *TopicSet
 	// TopicPartitions and TopicReplicationFactor for created topics; -1
 	// (the default when zero) means the broker's default.
 	TopicPartitions        int32
@@ -122,6 +141,15 @@ func (c *Config) setDefaults() {
 	if c.OnInvalid == "" {
 		c.OnInvalid = InvalidDeadLetter
 	}
+	if c.MaxTopics == 0 {
+		c.MaxTopics = DefaultMaxTopics
+	}
+	if c.MaxTopicSeries == 0 {
+		c.MaxTopicSeries = DefaultMaxTopicSeries
+	}
+	if c.Topics == nil {
+		c.Topics = NewTopicSet()
+	}
 	if c.TopicPartitions == 0 {
 		c.TopicPartitions = -1
 	}
@@ -168,6 +196,8 @@ type Router struct {
 	promise   func(*kgo.Record, error)
 	byAggType map[string]*topic // key: aggregate_type value
 	byName    map[string]*topic
+	allow     *regexp.Regexp // Config.TopicAllow, anchored; nil allows all
+	topics    *TopicSet
 	dlq       *topic
 	failed    atomic.Bool
 	failErr   atomic.Pointer[error]
@@ -209,9 +239,15 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 	default:
 		return nil, fmt.Errorf("on-invalid %q: want dlq, fail or skip", cfg.OnInvalid)
 	}
+	allow, err := ParseTopicAllow(cfg.TopicAllow)
+	if err != nil {
+		return nil, err
+	}
 	r := &Router{
 		cfg:       cfg,
 		tmpl:      tmpl,
+		allow:     allow,
+		topics:    cfg.Topics,
 		log:       log,
 		metrics:   m,
 		fatal:     fatal,
@@ -305,7 +341,16 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	if wait := r.gate.wait(); wait != nil {
 		return wait, nil
 	}
+	if ev.Omitted > 0 {
+		// A value was too large to be read into memory: the event could
+		// never be produced, and it may lack its other fields.
+		return nil, r.invalid(ev, lsn, a, ReasonTooLarge, fmt.Sprintf("a value of %d bytes exceeds the record limit %d and was not read into memory", ev.Omitted, r.cfg.MaxRecordBytes))
+	}
 	reason, t, detail := r.route(ev)
+	if t != nil && t.state != topicRejected && t.refused.Load() {
+		// Kafka refused a record of this topic for good (see redirect).
+		t.state, t.rejectErr = topicRejected, errors.New(r.topics.refusal(t.name))
+	}
 	if t != nil {
 		switch t.state {
 		case topicUnknown:
@@ -328,6 +373,7 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	}
 	if reason == "" {
 		o := r.newRecord(ev, t, a)
+		o.table, o.lsn = ev.Table, lsn
 		if o.size > t.maxBytes {
 			reason, detail = ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d, the limit of topic %s", o.size, t.maxBytes, t.name)
 		} else {
@@ -352,15 +398,26 @@ func (r *Router) route(ev *decoder.Event) (reason Reason, t *topic, detail strin
 	case ev.ID == nil:
 		return ReasonNoID, nil, "id is NULL"
 	}
-	if t = r.byAggType[string(ev.AggregateType)]; t != nil {
+	// With a fixed template every aggregate type shares one entry: the
+	// cache must not grow with the values writers choose.
+	aggType := ev.AggregateType
+	if r.tmpl.fixed {
+		aggType = nil
+	}
+	if t = r.byAggType[string(aggType)]; t != nil {
 		return "", t, ""
 	}
-	name := r.tmpl.Topic(ev.AggregateType)
+	name := r.tmpl.Topic(aggType)
 	if err := ValidTopic(name); err != nil {
 		return ReasonInvalidTopic, nil, err.Error()
 	}
+	// Refused topics are not cached: the cache stays bounded by the
+	// topics allowed.
+	if reason, detail := r.checkNewTopic(name); reason != "" {
+		return reason, nil, detail
+	}
 	t = r.topicNamed(name)
-	r.byAggType[string(ev.AggregateType)] = t
+	r.byAggType[string(aggType)] = t
 	return "", t, ""
 }
 
@@ -368,7 +425,11 @@ func (r *Router) topicNamed(name string) *topic {
 	if t := r.byName[name]; t != nil {
 		return t
 	}
-	t := &topic{name: name, published: r.metrics.EventsPublished.WithLabelValues(name), maxBytes: r.cfg.MaxRecordBytes}
+	label := r.topics.label(name, r.cfg.MaxTopicSeries)
+	t := &topic{name: name, published: r.metrics.EventsPublished.WithLabelValues(label), maxBytes: r.cfg.MaxRecordBytes}
+	if why := r.topics.refusal(name); why != "" {
+		t.state, t.rejectErr = topicRejected, errors.New(why) // refused under an earlier router
+	}
 	r.byName[name] = t
 	return t
 }
@@ -382,6 +443,8 @@ type outRecord struct {
 	topic *topic
 	ack   Acker
 	size  int
+	table *decoder.Table // for a dead letter, should Kafka refuse the topic
+	lsn   decoder.LSN
 }
 
 func recordOf(r *kgo.Record) *outRecord { return (*outRecord)(unsafe.Pointer(r)) }
@@ -449,6 +512,10 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	o := recordOf(rec)
 	r.gate.release(o.size)
 	if err != nil {
+		if refusedForGood(err) && o.topic != r.dlq && o.table != nil {
+			r.redirect(o, err)
+			return
+		}
 		r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
 		return
 	}
@@ -492,6 +559,15 @@ func (r *Router) produce(o *outRecord) error {
 // replaced: franz-go keeps a transactional producer whose commit or abort
 // failed in an error state that only a new producer ID clears.
 func (r *Router) Failed() bool { return r.failed.Load() || r.txnBroken.Load() }
+
+// Err returns the error Kafka refused a record with for good (what made
+// Failed true), or nil.
+func (r *Router) Err() error {
+	if p := r.failErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // Flush waits until every record sent so far is acknowledged or failed, or
 // ctx ends.

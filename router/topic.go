@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -109,6 +110,7 @@ type topic struct {
 	result    *prepared     // preparation outcome, written before ready closes
 	maxBytes  int           // the largest record the topic accepts
 	published prometheus.Counter
+	refused   atomic.Bool // Kafka refused a record of it for good (set on the promise goroutine)
 }
 
 // retryWait is a channel that delivers when the next attempt may start.

@@ -2,6 +2,8 @@ package slot
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -24,16 +26,37 @@ type SetupConfig struct {
 	// Columns are the mapped columns every outbox table must have.
 	Columns []string
 	// CreatePublication creates the publication when it is missing and
-	// adds outbox tables it lacks.
+	// adds outbox tables it lacks when walrelay created it.
 	CreatePublication bool
+	// AlterPublication adds outbox tables to an existing publication that
+	// walrelay did not create (it may be shared with other subscribers).
+	AlterPublication bool
+	// AllowRowFilter accepts a publication row filter on an outbox table:
+	// rows it filters out are never published.
+	AllowRowFilter bool
 	// CreateSlot creates the slot (pgoutput) when it is missing.
 	CreateSlot bool
+	// Snapshot, when set, publishes the rows present when the slot is
+	// created. It is called only when Prepare creates the slot, with the
+	// name of a snapshot exported at the slot's consistent point (import
+	// it with SET TRANSACTION SNAPSHOT) and that point; it must return
+	// only once every row it published is safely in Kafka. The slot is
+	// made permanent only after it returned nil: until then it exists as
+	// a temporary slot that vanishes with the connection, so a crash
+	// during the snapshot leaves no slot behind and the next start
+	// snapshots again.
+	Snapshot func(ctx context.Context, snapshotName string, consistentPoint LSN) error
 }
 
 // Connect opens a normal (non-replication) connection for checks and
-// queries, with the password kept out of any error.
+// queries, with the password kept out of any error. A string that does not
+// parse is a *SetupError, before any connection attempt; without sslmode
+// the connection uses DefaultSSLMode.
 func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(url)
+	if _, err := parseConfig(url); err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(withDefaultSSLMode(url))
 	if err != nil {
 		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), redactErr(err, url))
 	}
@@ -42,6 +65,9 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		if err := connectError(err, url); IsSetupError(err) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", Redact(url), redactErr(err, url))
 	}
 	return conn, nil
@@ -116,88 +142,14 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 	return nil
 }
 
-func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
-	var pubInsert, allTables bool
-	err := conn.QueryRow(ctx, "SELECT pubinsert, puballtables FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert, &allTables)
-	if errors.Is(err, pgx.ErrNoRows) {
-		if !cfg.CreatePublication {
-			return setupErrorf("publication %q does not exist: create it with CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'), or allow --create-publication", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), tableList(cfg.Tables))
-		}
-		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", pgx.Identifier{cfg.Publication}.Sanitize(), tableList(cfg.Tables))
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") {
-				// Another walrelay created it at the same moment: check
-				// what it created.
-				return ensurePublication(ctx, conn, cfg, log)
-			}
-			return publicationError(cfg, "create", err)
-		}
-		log.Info("created publication", zap.String("publication", cfg.Publication), zap.String("sql", sql))
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("look up publication %q: %w", cfg.Publication, err)
-	}
-	if !pubInsert {
-		return setupErrorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize())
-	}
-	if allTables {
-		return nil
-	}
-	rows, err := conn.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1", cfg.Publication)
-	if err != nil {
-		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
-	}
-	have, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (decoder.Table, error) {
-		var t decoder.Table
-		err := r.Scan(&t.Schema, &t.Name)
-		return t, err
-	})
-	if err != nil {
-		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
-	}
-	var missing []decoder.Table
-	for _, t := range cfg.Tables {
-		if !slices.Contains(have, t) {
-			missing = append(missing, t)
-		}
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	sql := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{cfg.Publication}.Sanitize(), tableList(missing))
-	if !cfg.CreatePublication {
-		return setupErrorf("publication %q lacks outbox tables: run %s, or allow --create-publication", cfg.Publication, sql)
-	}
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		return publicationError(cfg, "alter", err)
-	}
-	log.Info("added tables to publication", zap.String("publication", cfg.Publication), zap.String("sql", sql))
-	return nil
-}
-
-func publicationError(cfg SetupConfig, verb string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return setupErrorf("cannot %s publication %q: %s; create it as the tables' owner or a superuser, then restart walrelay", verb, cfg.Publication, pgErr.Message)
-	}
-	return fmt.Errorf("%s publication %q: %w", verb, cfg.Publication, err)
-}
-
-func tableList(ts []decoder.Table) string {
-	parts := make([]string, len(ts))
-	for i, t := range ts {
-		parts[i] = pgx.Identifier{t.Schema, t.Name}.Sanitize()
-	}
-	return strings.Join(parts, ", ")
-}
-
 func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
 	info, err := ReadInfo(ctx, conn, cfg.Slot)
 	if errors.Is(err, ErrNoSlot) {
 		if !cfg.CreateSlot {
 			return setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or allow --create-slot", cfg.Slot, cfg.Slot)
+		}
+		if cfg.Snapshot != nil {
+			return createSlotWithSnapshot(ctx, conn, cfg, log)
 		}
 		return createSlot(ctx, cfg, log)
 	}
@@ -228,7 +180,7 @@ func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 	}
 	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
-		return fmt.Errorf("replication connection: %w", redactErr(err, cfg.URL))
+		return fmt.Errorf("replication connection: %w", connectError(err, cfg.URL))
 	}
 	defer rconn.Close(context.Background())
 	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
@@ -246,5 +198,68 @@ func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 		return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
 	}
 	log.Info("created replication slot", zap.String("slot", cfg.Slot), zap.String("consistent_point", res.ConsistentPoint))
+	return nil
+}
+
+// createSlotWithSnapshot creates the slot at a consistent point whose rows
+// cfg.Snapshot publishes first: a temporary slot exporting its snapshot on
+// a replication connection, the snapshot read at it, then a permanent copy
+// of the temporary slot (pg_copy_logical_replication_slot keeps the
+// consistent point), then the temporary slot goes with the connection.
+// Rows committed before the consistent point are in the snapshot, later
+// ones come through the slot: none both ways, none lost.
+func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
+	rcfg, err := ReplicationConfig(cfg.URL)
+	if err != nil {
+		return err
+	}
+	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return fmt.Errorf("replication connection: %w", redactErr(err, cfg.URL))
+	}
+	// Closing the connection drops the temporary slot, whatever happened.
+	defer rconn.Close(context.Background())
+	suffix := make([]byte, 6)
+	rand.Read(suffix)
+	tmp := "walrelay_snapshot_" + hex.EncodeToString(suffix)
+	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, tmp, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Mode:           pglogrepl.LogicalReplication,
+		Temporary:      true,
+		SnapshotAction: "EXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53400" {
+			return setupErrorf("cannot create replication slot %q: %s; raise max_replication_slots or drop unused slots", cfg.Slot, pgErr.Message)
+		}
+		return fmt.Errorf("create temporary replication slot %q for the initial snapshot: %w", tmp, err)
+	}
+	at, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return fmt.Errorf("consistent point %q of slot %q: %w", res.ConsistentPoint, tmp, err)
+	}
+	log.Info("created a temporary replication slot for the initial snapshot", zap.String("temporary_slot", tmp),
+		zap.Stringer("consistent_point", at), zap.String("snapshot", res.SnapshotName))
+	// The exported snapshot lives until the replication connection runs
+	// another command: it stays idle until the copy is made.
+	if err := cfg.Snapshot(ctx, res.SnapshotName, at); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, cfg.Slot)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+			// Another walrelay created it meanwhile: it streams from its
+			// own consistent point, and the rows this one published are
+			// duplicates at worst.
+			log.Info("replication slot was created meanwhile by another walrelay; using it", zap.String("slot", cfg.Slot))
+			return nil
+		}
+		if errors.As(err, &pgErr) && pgErr.Code == "53400" {
+			return setupErrorf("cannot create replication slot %q: %s; raise max_replication_slots or drop unused slots", cfg.Slot, pgErr.Message)
+		}
+		return fmt.Errorf("create replication slot %q from the snapshot's temporary slot: %w", cfg.Slot, err)
+	}
+	log.Info("created replication slot at the snapshot's consistent point", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at))
 	return nil
 }

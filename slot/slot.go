@@ -12,12 +12,10 @@ package slot
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"regexp"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walrelay/walrelay/decoder"
 )
@@ -62,39 +60,6 @@ func setupErrorf(format string, args ...any) error {
 func IsSetupError(err error) bool {
 	var se *SetupError
 	return errors.As(err, &se)
-}
-
-var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// Redact hides the password in a PostgreSQL URL or key=value DSN, for logs
-// and errors.
-func Redact(conn string) string {
-	if u, err := url.Parse(conn); err == nil && u.Scheme != "" && u.Host != "" || err == nil && strings.Contains(conn, "://") {
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.Redacted()
-	}
-	return dsnPassword.ReplaceAllString(conn, "${1}xxxxx")
-}
-
-// redactErr removes any trace of the password of conn from err's text.
-func redactErr(err error, conn string) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	if cfg, perr := pgconn.ParseConfig(conn); perr == nil && cfg.Password != "" {
-		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
-	}
-	if u, perr := url.Parse(conn); perr == nil && u.User != nil {
-		if pw, ok := u.User.Password(); ok && pw != "" {
-			msg = strings.ReplaceAll(msg, pw, "xxxxx")
-		}
-	}
-	return &redactedError{msg: msg, err: err}
 }
 
 // redactedError is an error whose message had the password taken out. It

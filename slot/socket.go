@@ -32,7 +32,18 @@ type ReadOptions struct {
 	// returned less than a quarter of the buffer, letting data accumulate.
 	// 0 reads at once. It adds at most this much latency.
 	Coalesce time.Duration
+	// MaxMessageBytes caps the memory one protocol message may take: a
+	// CopyData message larger than this is rewritten while it streams
+	// through, without the column values that do not fit (see
+	// oversize.go). 0 means no cap (pgproto3's own limit of about 1 GiB).
+	MaxMessageBytes int
 }
+
+// maxMessageSlack is what a message may exceed MaxMessageBytes by in
+// pgproto3's own check: the rewritten CopyData messages stay under the cap,
+// other messages (errors, notices) are tiny; a larger one means a broken
+// stream and fails the read.
+const maxMessageSlack = 64 << 10
 
 // applyReadOptions installs the read path on a connection configuration.
 func applyReadOptions(cfg *pgconn.Config, o ReadOptions) {
@@ -45,7 +56,13 @@ func applyReadOptions(cfg *pgconn.Config, o ReadOptions) {
 		if o.Coalesce > 0 {
 			src = &pacedReader{r: r, pause: o.Coalesce, small: size / 4}
 		}
-		return pgproto3.NewFrontend(bufio.NewReaderSize(src, size), w)
+		br := bufio.NewReaderSize(src, size)
+		if o.MaxMessageBytes <= 0 {
+			return pgproto3.NewFrontend(br, w)
+		}
+		fe := pgproto3.NewFrontend(&capReader{src: br, max: o.MaxMessageBytes}, w)
+		fe.SetMaxBodyLen(o.MaxMessageBytes + maxMessageSlack)
+		return fe
 	}
 	if o.SocketReceiveBytes > 0 {
 		d := &net.Dialer{KeepAlive: 5 * time.Minute, Control: func(_, _ string, c syscall.RawConn) error {

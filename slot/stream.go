@@ -81,7 +81,7 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 	applyReadOptions(cfg, opts.Read)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("replication connection: %w", redactErr(err, url))
+		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
 	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn()}
 	if s.System, err = pglogrepl.IdentifySystem(ctx, conn); err != nil {
@@ -109,12 +109,33 @@ func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Str
 	return s, nil
 }
 
-// ReplicationConfig derives the replication connection's configuration from
-// a normal connection URL or DSN.
-func ReplicationConfig(url string) (*pgconn.Config, error) {
-	cfg, err := pgconn.ParseConfig(url)
+// IdentifySystem runs IDENTIFY_SYSTEM on a replication connection of its
+// own: the cluster's system identifier, timeline and WAL flush position,
+// for callers that have no stream open.
+func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemResult, error) {
+	cfg, err := ReplicationConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), redactErr(err, url))
+		return pglogrepl.IdentifySystemResult{}, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return pglogrepl.IdentifySystemResult{}, fmt.Errorf("replication connection: %w", connectError(err, url))
+	}
+	defer conn.Close(context.Background())
+	res, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return res, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	return res, nil
+}
+
+// ReplicationConfig derives the replication connection's configuration from
+// a normal connection URL or DSN (DefaultSSLMode when it sets no sslmode).
+// A string that does not parse is a *SetupError that does not quote it.
+func ReplicationConfig(url string) (*pgconn.Config, error) {
+	cfg, err := parseConfig(url)
+	if err != nil {
+		return nil, err
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {

@@ -47,15 +47,21 @@ func (f *LogFlags) logger() (*zap.Logger, error) {
 
 // SourceFlags say where the events come from.
 type SourceFlags struct {
-	Publication       string   `default:"walrelay_outbox" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert') when missing)."`
+	Publication       string   `default:"walrelay_outbox" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert', publish_via_partition_root = true) when missing)."`
 	Slot              string   `default:"walrelay" help:"Logical replication slot (pgoutput)."`
 	Table             []string `default:"public.outbox" help:"Outbox table, schema.table; repeat the flag (or separate with commas) for several."`
-	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing and add outbox tables it lacks."`
+	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing, and add outbox tables it lacks to a publication walrelay created."`
+	AlterPublication  bool     `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared: every subscriber of it then receives them)."`
+	AllowRowFilter    bool     `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published. Logged at WARN at startup."`
 	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
+	Snapshot          string   `default:"initial" enum:"initial,never" help:"initial: when walrelay creates the slot, first publish the rows already in the outbox tables (at the slot's consistent point), then stream; never: publish only rows committed after the slot exists."`
+	SnapshotWhere     string   `placeholder:"SQL" help:"SQL condition the rows of the initial snapshot must meet (e.g. 'sent_at IS NULL'); empty for every row."`
+	SnapshotOrder     string   `placeholder:"SQL" help:"SQL ORDER BY list of the initial snapshot (e.g. 'created_at, id'); empty for the table's primary key."`
 }
 
 // validateSource checks the flags every command that touches the database
-// shares. An empty URL is refused because pgx would dial a local Unix
+// shares. An empty URL or one that does not parse is refused (a malformed
+// flag, exit 80); an empty URL is refused because pgx would dial a local Unix
 // socket as the OS user; a slot name outside [a-z0-9_] is refused because
 // it is spliced into replication commands (START_REPLICATION,
 // CREATE_REPLICATION_SLOT), where 'x TEMPORARY' would change the command.
@@ -64,6 +70,11 @@ type SourceFlags struct {
 func validateSource(pgURL, slotName string, publication *string) error {
 	if strings.TrimSpace(pgURL) == "" {
 		return errors.New("--pg-url is empty: give the source database URL (postgres://user@host:5432/db?sslmode=verify-full) or set WALRELAY_PG_URL")
+	}
+	// A URL that does not parse is refused before any connection attempt,
+	// without being quoted (a password may be anywhere in it).
+	if err := slot.CheckURL(pgURL); err != nil {
+		return err
 	}
 	if err := slot.ValidSlotName(slotName); err != nil {
 		return fmt.Errorf("--slot: %w", err)
@@ -119,6 +130,9 @@ func parseTables(names []string) ([]decoder.Table, error) {
 // RecordFlags say what the Kafka records look like.
 type RecordFlags struct {
 	TopicTemplate          string `default:"outbox.event.{aggregate_type}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
+	TopicAllow             string `help:"Regular expression (anchored at both ends) every event topic must match, e.g. 'outbox\\.event\\.(order|payment)'; events of other topics are dead-lettered (topic_not_allowed). Empty allows all."`
+	MaxTopics              int    `default:"1000" help:"Most distinct event topics produced to (and created); events of further topics are dead-lettered (too_many_topics). Negative: no limit."`
+	MaxTopicSeries         int    `default:"100" help:"Most topics with their own walrelay_events_published_total series; the rest count under topic=\"other\". Negative: no limit."`
 	CreateTopics           bool   `default:"true" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
 	TopicPartitions        int32  `default:"-1" help:"Partitions of created topics; -1 means the broker's default."`
 	TopicReplicationFactor int16  `default:"-1" help:"Replication factor of created topics; -1 means the broker's default."`
@@ -145,6 +159,7 @@ type TuningFlags struct {
 	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
 	ReadBufferBytes   int           `default:"1048576" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
 	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"524288" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning (better over high-latency links: 512 KiB carries about 50 MB/s at 10 ms round trip)."`
+	MaxMessageBytes   int           `default:"67108864" help:"Largest replication message read into memory; a larger one (a huge outbox row) is read as a stream, its values over this size left out, and the row dead-lettered as too large. Must exceed --max-record-bytes."`
 	ReadCoalesce      time.Duration `default:"200us" help:"After a small read, wait this long before the next so the stream arrives in larger pieces (less work for the walsender); adds at most this much latency."`
 }
 
@@ -170,6 +185,11 @@ type DeliveryFlags struct {
 
 // relayConfig assembles the relay's configuration from the flag groups.
 func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, hf HealthFlags, df DeliveryFlags, log *zap.Logger) (relay.Config, error) {
+	// A URL that does not parse is refused before any connection attempt,
+	// without being quoted (a password may be anywhere in it).
+	if err := slot.CheckURL(pgURL); err != nil {
+		return relay.Config{}, err
+	}
 	tables, err := parseTables(src.Table)
 	if err != nil {
 		return relay.Config{}, err
@@ -199,14 +219,23 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		Mapping:           mapping,
 		CreatePublication: src.CreatePublication,
 		CreateSlot:        src.CreateSlot,
+		AlterPublication:  src.AlterPublication,
+		AllowRowFilter:    src.AllowRowFilter,
+		InitialSnapshot:   src.Snapshot != "never",
+		SnapshotWhere:     src.SnapshotWhere,
+		SnapshotOrder:     src.SnapshotOrder,
 		Binary:            tun.Binary,
 		Read: slot.ReadOptions{
 			BufferBytes:        tun.ReadBufferBytes,
 			SocketReceiveBytes: tun.SocketRecvBytes,
 			Coalesce:           tun.ReadCoalesce,
+			MaxMessageBytes:    tun.MaxMessageBytes,
 		},
 		Router: router.Config{
 			TopicTemplate:          rec.TopicTemplate,
+			TopicAllow:             rec.TopicAllow,
+			MaxTopics:              rec.MaxTopics,
+			MaxTopicSeries:         rec.MaxTopicSeries,
 			DeadLetterTopic:        rec.DeadLetterTopic,
 			OnInvalid:              router.OnInvalid(rec.OnInvalid),
 			CreateTopics:           rec.CreateTopics,

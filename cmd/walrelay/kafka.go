@@ -23,12 +23,31 @@ type KafkaFlags struct {
 	KafkaSASLMechanism         string `name:"kafka-sasl-mechanism" enum:",plain,scram-sha-256,scram-sha-512" default:"" help:"SASL mechanism: plain, scram-sha-256 or scram-sha-512; empty for none."`
 	KafkaSASLUser              string `name:"kafka-sasl-user" help:"SASL user name."`
 	KafkaSASLPassword          string `name:"kafka-sasl-password" help:"SASL password; prefer the WALRELAY_KAFKA_SASL_PASSWORD environment variable to keep it out of process listings. Never logged."`
+	KafkaSASLAllowPlaintext    bool   `name:"kafka-sasl-allow-plaintext" help:"Allow --kafka-sasl-mechanism plain without TLS, which sends the password readable to anyone on the network path; only for a trusted network."`
+}
+
+// tlsEnabled reports whether the connection to Kafka uses TLS: any
+// --kafka-tls* flag turns it on. options and the startup log use it alike.
+func (f KafkaFlags) tlsEnabled() bool {
+	return f.KafkaTLS || f.KafkaTLSCA != "" || f.KafkaTLSCert != "" || f.KafkaTLSKey != "" || f.KafkaTLSServerName != "" || f.KafkaTLSInsecureSkipVerify
+}
+
+// warnings are what the flags relax, for the startup log.
+func (f KafkaFlags) warnings() []string {
+	var w []string
+	if f.KafkaTLSInsecureSkipVerify {
+		w = append(w, "--kafka-tls-insecure-skip-verify: the brokers' certificates are not verified, so anyone on the network path can impersonate a broker and read or alter the records and the SASL credentials; use --kafka-tls-ca instead")
+	}
+	if f.KafkaSASLMechanism == "plain" && !f.tlsEnabled() {
+		w = append(w, "--kafka-sasl-allow-plaintext: SASL PLAIN without TLS sends the password and every record in plaintext; use --kafka-tls (or a SCRAM mechanism) outside a trusted network")
+	}
+	return w
 }
 
 // options turns the flags into franz-go client options.
 func (f KafkaFlags) options() ([]kgo.Opt, error) {
 	var opts []kgo.Opt
-	if f.KafkaTLS || f.KafkaTLSCA != "" || f.KafkaTLSCert != "" || f.KafkaTLSKey != "" || f.KafkaTLSServerName != "" || f.KafkaTLSInsecureSkipVerify {
+	if f.tlsEnabled() {
 		cfg := &tls.Config{
 			MinVersion:         tls.VersionTLS12,
 			ServerName:         f.KafkaTLSServerName,
@@ -62,6 +81,9 @@ func (f KafkaFlags) options() ([]kgo.Opt, error) {
 			return nil, fmt.Errorf("--kafka-sasl-user/--kafka-sasl-password need --kafka-sasl-mechanism")
 		}
 	case "plain":
+		if !f.tlsEnabled() && !f.KafkaSASLAllowPlaintext {
+			return nil, fmt.Errorf("--kafka-sasl-mechanism plain without TLS would send the SASL password in plaintext: add --kafka-tls (with --kafka-tls-ca for a private CA), use scram-sha-256/scram-sha-512, or on a trusted network only add --kafka-sasl-allow-plaintext")
+		}
 		opts = append(opts, kgo.SASL(plain.Auth{User: f.KafkaSASLUser, Pass: f.KafkaSASLPassword}.AsMechanism()))
 	case "scram-sha-256":
 		opts = append(opts, kgo.SASL(scram.Auth{User: f.KafkaSASLUser, Pass: f.KafkaSASLPassword}.AsSha256Mechanism()))

@@ -28,12 +28,13 @@ var version = "dev"
 type cli struct {
 	LogFlags `embed:""`
 
-	Run    runCmd    `cmd:"" help:"Relay outbox inserts from PostgreSQL to Kafka (the daemon)."`
-	Dev    devCmd    `cmd:"" help:"Run the relay against a throwaway PostgreSQL cluster and an in-process Kafka-protocol broker."`
-	Status statusCmd `cmd:"" help:"Show the slot's state and lag; exit 1 when unhealthy (lag over --max-lag-bytes, invalidated, or not streamed with --require-active), 2 when it cannot be read."`
-	Setup  setupCmd  `cmd:"" help:"Print the outbox DDL, check the database and create the publication and slot."`
-	Drop   dropCmd   `cmd:"" help:"Drop the slot (and with --drop-publication the publication); PostgreSQL stops keeping WAL for it. Refuses, unless --force, while it holds unpublished outbox rows."`
-	Bench  benchCmd  `cmd:"" help:"Measure throughput against pg_recvlogical, latency, memory and idle CPU on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."`
+	Run      runCmd      `cmd:"" help:"Relay outbox inserts from PostgreSQL to Kafka (the daemon)."`
+	Dev      devCmd      `cmd:"" help:"Run the relay against a throwaway PostgreSQL cluster and an in-process Kafka-protocol broker."`
+	Status   statusCmd   `cmd:"" help:"Show the slot's state and lag; exit 1 when unhealthy (lag over --max-lag-bytes, invalidated, or not streamed with --require-active), 2 when it cannot be read."`
+	Setup    setupCmd    `cmd:"" help:"Print the outbox DDL, check the database and create the publication and slot."`
+	Drop     dropCmd     `cmd:"" help:"Drop the slot (and with --drop-publication the publication); PostgreSQL stops keeping WAL for it. Refuses, unless --force, while it holds unpublished outbox rows."`
+	Snapshot snapshotCmd `cmd:"" help:"Publish the current rows of outbox tables once (at-least-once: a row may also arrive through the stream), with the record and Kafka flags of run."`
+	Bench    benchCmd    `cmd:"" help:"Measure throughput against pg_recvlogical, latency, memory and idle CPU on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."`
 
 	Version kong.VersionFlag `env:"-" help:"Print the version and exit."`
 }

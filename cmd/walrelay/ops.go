@@ -157,6 +157,10 @@ type setupCmd struct {
 	Table       []string `default:"public.outbox" help:"Outbox table, schema.table; repeatable."`
 	CreateTable bool     `help:"Create missing outbox tables with the printed DDL."`
 	ColumnFlags `embed:""`
+
+	// What setup may accept of an existing publication, as for run.
+	AlterPublication bool `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared)."`
+	AllowRowFilter   bool `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published."`
 }
 
 // Validate refuses malformed flags before anything is connected.
@@ -212,13 +216,62 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	err = slot.Prepare(ctx, slot.SetupConfig{
 		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: cols,
-		CreatePublication: true, CreateSlot: true,
+		CreatePublication: true, CreateSlot: true, AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,
 	}, log)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
-	fmt.Printf("ready: publication %q publishes inserts of %s; slot %q (pgoutput) exists\n", c.Publication, strings.Join(c.Table, ", "), c.Slot)
+	conn, err := slot.Connect(ctx, c.PGURL)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
+	defer conn.Close(context.Background())
+	pub, err := slot.ReadPublication(ctx, conn, c.Publication, tabs)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
+	var published []string
+	for _, line := range publicationSummary(pub) {
+		fmt.Println(line)
+	}
+	for _, t := range pub.Tables {
+		s := t.Table.String()
+		if t.Partitioned {
+			s += " (partitioned, via root)"
+		}
+		published = append(published, s)
+	}
+	fmt.Printf("ready: publication %q publishes inserts of %s; slot %q (pgoutput) exists\n", c.Publication, strings.Join(published, ", "), c.Slot)
 	return nil
+}
+
+// publicationSummary says what the publication publishes, one line for it
+// and one per outbox table: what `setup` checked, in words.
+func publicationSummary(p slot.Publication) []string {
+	owner := "not created by walrelay: walrelay adds tables to it only with --alter-publication"
+	if p.Owned {
+		owner = "created by walrelay"
+	}
+	if p.AllTables {
+		owner += "; FOR ALL TABLES: every table's inserts stream to walrelay"
+	}
+	lines := []string{fmt.Sprintf("publication %q: %s; publish_via_partition_root = %t", p.Name, owner, p.ViaRoot)}
+	for _, t := range p.Tables {
+		kind := "table"
+		if t.Partitioned {
+			kind = fmt.Sprintf("partitioned table (partitions now: %d), published via root as %s, partitions attached later included", t.Partitions, t.Table)
+		}
+		filter := "none"
+		if t.RowFilter != "" {
+			filter = "WHERE " + t.RowFilter + " (rows it filters out are never published)"
+		}
+		cols := "all"
+		if t.Columns != nil {
+			cols = strings.Join(t.Columns, ", ")
+		}
+		lines = append(lines, fmt.Sprintf("  %s: %s; row filter: %s; columns: %s", t.Table, kind, filter, cols))
+	}
+	return lines
 }
 
 // dropCmd is `walrelay drop`: remove the slot (and the publication).

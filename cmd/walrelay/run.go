@@ -20,10 +20,11 @@ import (
 
 // runCmd is `walrelay run`, the daemon.
 type runCmd struct {
-	PGURL       string   `name:"pg-url" required:"" help:"Source database URL (postgres://user:pass@host:5432/db?sslmode=…); the replication connection is derived from it."`
-	Brokers     []string `required:"" help:"Kafka bootstrap brokers, host:port, comma-separated."`
-	MetricsAddr string   `default:":9187" help:"Address serving /metrics, /healthz and /readyz; empty disables."`
-	CPUProfile  string   `placeholder:"FILE" help:"Write a CPU profile (go tool pprof) to FILE until exit, for diagnosing performance."`
+	PGURL         string   `name:"pg-url" required:"" help:"Source database URL (postgres://user@host:5432/db?sslrootcert=…; sslmode defaults to verify-full); the replication connection is derived from it. Give it as WALRELAY_PG_URL and the password in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
+	Brokers       []string `required:"" help:"Kafka bootstrap brokers, host:port, comma-separated."`
+	MetricsAddr   string   `default:":9187" help:"Address serving /metrics, /healthz and /readyz (all interfaces by default: bind to one, e.g. 127.0.0.1:9187, or protect it with --web-config-file); empty disables."`
+	WebConfigFile string   `name:"web-config-file" aliases:"web.config.file" placeholder:"FILE" help:"Prometheus exporter web configuration (TLS, basic auth) for the --metrics-addr listener, the format exporters read with --web.config.file."`
+	CPUProfile    string   `placeholder:"FILE" help:"Write a CPU profile (go tool pprof) to FILE until exit, for diagnosing performance."`
 
 	KafkaFlags    `embed:""`
 	SourceFlags   `embed:""`
@@ -76,15 +77,23 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return usageError(err)
 	}
 	if c.MetricsAddr != "" {
-		stop, err := serveHTTP(c.MetricsAddr, reg, r, log)
+		_, stop, err := serveHTTP(httpOptions{Addr: c.MetricsAddr, WebConfigFile: c.WebConfigFile}, reg, r.Ready, log)
 		if err != nil {
 			return &exitError{code: exitFailed, err: err}
 		}
 		defer stop()
 	}
-	log.Info("walrelay starting", zap.String("version", version), zap.String("pg_url", slot.Redact(c.PGURL)),
+	sslMode, _ := slot.SSLMode(c.PGURL)
+	log.Info("walrelay starting", zap.String("version", version), zap.String("postgres", slot.Redact(c.PGURL)), zap.String("pg_sslmode", sslMode),
 		zap.Strings("brokers", c.Brokers), zap.String("slot", c.Slot), zap.String("publication", c.Publication),
-		zap.Strings("tables", c.Table), zap.String("kafka_sasl", c.KafkaSASLMechanism), zap.Bool("kafka_tls", len(kopts) > 0 && (c.KafkaTLS || c.KafkaTLSCA != "" || c.KafkaTLSCert != "")))
+		zap.Strings("tables", c.Table), zap.String("kafka_sasl", c.KafkaSASLMechanism), zap.Bool("kafka_tls", c.KafkaFlags.tlsEnabled()))
+	// What the operator relaxed, loudly, once at startup.
+	if w := slot.TLSWarning(c.PGURL); w != "" {
+		log.Warn(w)
+	}
+	for _, w := range c.KafkaFlags.warnings() {
+		log.Warn(w)
+	}
 	if err := r.Run(ctx); err != nil {
 		if c.KafkaSASLMechanism != "" && strings.Contains(err.Error(), "EOF") {
 			// Some brokers close the connection instead of answering a

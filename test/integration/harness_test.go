@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/walrelay/walrelay/decoder"
@@ -102,6 +103,9 @@ type env struct {
 	brokers []string
 	kafka   *devcluster.Kafka // nil against an external broker
 	ctx     context.Context
+	// logCore, when set (see observeLogs), also receives what relays
+	// started in-process log.
+	logCore zapcore.Core
 }
 
 var envSeq atomic.Int64
@@ -252,6 +256,9 @@ func (e *env) startRelayGathered(cfg relay.Config) (*running, *prometheus.Regist
 		log = zaptest.NewLogger(e.t)
 	} else {
 		log = zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
+	}
+	if e.logCore != nil {
+		log = zap.New(zapcore.NewTee(log.Core(), e.logCore))
 	}
 	reg := prometheus.NewRegistry()
 	r, err := relay.New(cfg, log, metrics.New(reg))

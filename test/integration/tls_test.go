@@ -175,8 +175,10 @@ func clientPair(t *testing.T, certPEM, keyPEM []byte) []tls.Certificate {
 // TestPostgresTLS starts a PostgreSQL cluster with TLS on and runs the
 // relay with sslmode=verify-full in --pg-url: it delivers, and both of its
 // connections to the server (the replication connection included) use TLS
-// (pg_stat_ssl). With a CA that did not sign the server's certificate it
-// refuses to start at once with a certificate error.
+// (pg_stat_ssl). With a CA that did not sign the server's certificate, or
+// without sslmode (walrelay then verifies, and the system roots do not
+// know the test CA), it refuses to start at once with a certificate error;
+// sslmode=require runs, with a warning in the log.
 func TestPostgresTLS(t *testing.T) {
 	if pgCluster == nil {
 		t.Skip("starts a PostgreSQL cluster of its own; skipped with WALRELAY_TEST_PG_URL")
@@ -263,6 +265,42 @@ func TestPostgresTLS(t *testing.T) {
 			t.Errorf("%d walrelay connections without TLS", plain)
 		}
 		checkRunning(t, p, "the relay")
+	})
+
+	// Without sslmode walrelay verifies (verify-full), where pgx would
+	// prefer TLS without verification: a certificate from a CA the system
+	// roots do not know is refused at once.
+	t.Run("no sslmode, server certificate not trusted", func(t *testing.T) {
+		e := newEnvOn(t, pg.URL("postgres"))
+		noMode := strings.Replace(e.url, "?sslmode=disable", "", 1)
+		if noMode == e.url {
+			t.Fatalf("cannot drop sslmode from %s", e.url)
+		}
+		p := startProc(t, []string{"PGSSLMODE="}, append(e.args(), "--pg-url", noMode, "--startup-timeout", "2m")...)
+		code, elapsed, exited := p.wait(20 * time.Second)
+		if !exited || code == 0 {
+			t.Fatalf("exit %d after %s (exited by itself: %v); want a non-zero exit at once\n%s", code, elapsed, exited, p.out.String())
+		}
+		if out := finalLines(p.out.String()); !strings.Contains(out, "certificate") {
+			t.Errorf("the error does not mention the certificate:\n%s", out)
+		}
+	})
+
+	// An explicit weaker mode is honoured, with a warning naming the risk.
+	t.Run("sslmode=require runs with a warning", func(t *testing.T) {
+		e := newEnvOn(t, pg.URL("postgres"))
+		p := startProc(t, nil, append(e.args(), "--pg-url", strings.Replace(e.url, "sslmode=disable", "sslmode=require", 1))...)
+		e.waitSlotActive(p)
+		checkRunning(t, p, "the relay")
+		var warned bool
+		for _, l := range strings.Split(p.out.String(), "\n") {
+			if strings.Contains(l, `"level":"warn"`) && strings.Contains(l, "sslmode=require") && strings.Contains(l, "does not verify") {
+				warned = true
+			}
+		}
+		if !warned {
+			t.Errorf("no warning about sslmode=require in the log:\n%s", p.out.String())
+		}
 	})
 
 	t.Run("verify-full with another CA", func(t *testing.T) {
