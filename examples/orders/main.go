@@ -166,8 +166,18 @@ func consume(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	if err := createTopics(ctx, strings.Split(*f.brokers, ","), *f.dlq); err != nil {
-		return err
+	// The brokers may be down when the consumer starts: wait for them.
+	for {
+		err := createTopics(ctx, strings.Split(*f.brokers, ","), *f.dlq)
+		if err == nil {
+			break
+		}
+		fmt.Fprintln(os.Stderr, "orders: retrying in 1s:", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
 	}
 	c, err := newConsumer(f, db, logger(zap.NewAtomicLevelAt(zap.InfoLevel)), nil)
 	if err != nil {

@@ -295,6 +295,41 @@ func (ch *chain) consumeArgs(extra ...string) []string {
 		"-group", ch.group, "-dead-letter-topic", ch.dlq, "-session-timeout", "6s"}, extra...)
 }
 
+// watched is a process the soak watches: it notices one that exits by
+// itself.
+type watched struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process exited
+	err  error         // Wait's result, set before done closes
+}
+
+// watch waits for cmd in the background. Its cleanup (which runs before
+// the one of runBinary or runExample, registered earlier) kills the
+// process and waits for it, so that the harness finds it reaped.
+func watch(t *testing.T, cmd *exec.Cmd) *watched {
+	p := &watched{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(p.kill)
+	return p
+}
+
+func (p *watched) kill() {
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+func (p *watched) exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
 func kill(cmd *exec.Cmd) {
 	cmd.Process.Kill()
 	cmd.Wait()
@@ -668,21 +703,16 @@ func TestChainSoak(t *testing.T) {
 	relayArgs := e.args()
 	writeArgs := []string{"write", "-pg-url", e.url, "-pause", "2ms"}
 	consumeArgs := ch.consumeArgs()
-	procs := map[string]*exec.Cmd{
-		"relay":    e.runBinary(relayArgs...),
-		"writer1":  nil,
-		"writer2":  nil,
-		"consumer": e.runExample(consumeArgs...),
-	}
-	start := func(name string) *exec.Cmd {
+	start := func(name string) *watched {
 		switch name {
 		case "relay":
-			return e.runBinary(relayArgs...)
+			return watch(t, e.runBinary(relayArgs...))
 		case "consumer":
-			return e.runExample(consumeArgs...)
+			return watch(t, e.runExample(consumeArgs...))
 		}
-		return e.runExample(writeArgs...)
+		return watch(t, e.runExample(writeArgs...))
 	}
+	procs := map[string]*watched{"relay": start("relay"), "consumer": start("consumer")}
 	e.waitFor("slot active", 60*time.Second, func() (bool, error) {
 		i, err := e.slotInfoErr()
 		return err == nil && i.Active, err
@@ -718,7 +748,12 @@ func TestChainSoak(t *testing.T) {
 		}
 		name := turns[0]
 		turns = turns[1:]
-		kill(procs[name])
+		for n, p := range procs {
+			if exited, err := p.exited(); exited {
+				t.Fatalf("the %s exited by itself: %v", n, err)
+			}
+		}
+		procs[name].kill()
 		kills[name]++
 		procs[name] = start(name)
 	}
@@ -727,14 +762,26 @@ func TestChainSoak(t *testing.T) {
 		brokerRestarts++
 	}
 	for _, w := range []string{"writer1", "writer2"} {
-		procs[w].Process.Signal(os.Interrupt)
-		procs[w].Wait()
+		procs[w].cmd.Process.Signal(os.Interrupt)
+		<-procs[w].done
+		if procs[w].err != nil {
+			t.Errorf("%s did not stop cleanly on SIGINT: %v", w, procs[w].err)
+		}
 	}
 	events := ch.events()
 	var orders, shipped int
 	ch.db.QueryRow(e.ctx, "SELECT count(*), count(*) FILTER (WHERE status = 'shipped') FROM orders").Scan(&orders, &shipped)
 	raw := e.consume()
-	rows := ch.waitLedger(3 * time.Minute)
+	ch.e.waitFor("the ledger to catch up, with the relay and the consumer running", 3*time.Minute, func() (bool, error) {
+		for _, name := range []string{"relay", "consumer"} {
+			if exited, err := procs[name].exited(); exited {
+				return false, fmt.Errorf("the last %s exited: %v", name, err)
+			}
+		}
+		n := ch.ledgerRows()
+		return n >= events, fmt.Errorf("%d ledger rows for %d events", n, events)
+	})
+	rows := ch.waitLedger(time.Minute)
 	recs := raw.waitIDs(events, time.Minute)
 	topicRecs, dead := 0, 0
 	for _, r := range recs {
@@ -749,8 +796,8 @@ func TestChainSoak(t *testing.T) {
 		t.Errorf("%d records were dead-lettered", dead)
 	}
 	for _, name := range []string{"relay", "consumer"} {
-		if procs[name].ProcessState != nil {
-			t.Errorf("the last %s exited: %v", name, procs[name].ProcessState)
+		if exited, err := procs[name].exited(); exited {
+			t.Errorf("the last %s exited: %v", name, err)
 		}
 	}
 	t.Logf("chain soak %s: %d orders (%d shipped), %d events; kills %v, %d broker restarts; %d records on the event topic "+
