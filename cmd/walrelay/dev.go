@@ -20,6 +20,7 @@ import (
 
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/outbox"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -227,16 +228,10 @@ func printableValue(b []byte) string {
 	return printable(b)
 }
 
-// outboxDDL is the outbox table walrelay expects by default.
+// outboxDDL is the outbox table walrelay expects by default; the outbox
+// package holds its one definition.
 func outboxDDL(table string) string {
-	return fmt.Sprintf(`CREATE TABLE %s (
-    id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
-    aggregate_type text        NOT NULL,
-    aggregate_id   text        NOT NULL,
-    type           text        NOT NULL,
-    payload        jsonb,
-    created_at     timestamptz NOT NULL DEFAULT now()
-);`, pgx.Identifier(strings.SplitN(qualify(table), ".", 2)).Sanitize())
+	return outbox.Table{Name: qualify(table)}.DDL()
 }
 
 func qualify(table string) string {

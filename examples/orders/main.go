@@ -1,0 +1,334 @@
+// Command orders is a small order service on both sides of walrelay: it
+// writes orders and their events with the outbox package, walrelay
+// publishes the events to Kafka, and a ledger consumer applies each event
+// once with the inbox package.
+//
+//	go run ./examples/orders            # everything in one process, prints the ledger
+//	go run ./examples/orders write   -pg-url URL [-orders N]
+//	go run ./examples/orders consume -pg-url URL -brokers HOST:PORT [-topic T] [-group G]
+//
+// Without a subcommand it starts a throwaway PostgreSQL cluster and an
+// in-process Kafka-protocol broker (the same local dev cluster as
+// `walrelay dev`), an in-process relay, the writer and the consumer, and
+// exits once the ledger holds every event (status 0 if it matches the
+// orders exactly). write and consume are the two halves as separate
+// processes, against any PostgreSQL and Kafka, next to a `walrelay run`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/examples/orders/shop"
+	"github.com/walrelay/walrelay/inbox"
+	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/relay"
+	"github.com/walrelay/walrelay/router"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	cmd := ""
+	if len(os.Args) > 1 {
+		cmd = os.Args[1]
+	}
+	switch cmd {
+	case "", "demo", "-orders", "--orders":
+		err = demo(ctx, os.Args[min(len(os.Args), 1+btoi(cmd == "demo")):])
+	case "write":
+		err = write(ctx, os.Args[2:])
+	case "consume":
+		err = consume(ctx, os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q: use demo, write or consume", cmd)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+		os.Exit(1)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func logger(level zap.AtomicLevel) *zap.Logger {
+	cfg := zap.NewDevelopmentConfig()
+	cfg.Level = level
+	l, _ := cfg.Build()
+	return l
+}
+
+// setup connects and creates the schema.
+func setup(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	db, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := db.Exec(ctx, shop.Schema()); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("create the schema: %w", err)
+	}
+	return db, nil
+}
+
+// write places orders and moves each to paid and shipped: three
+// transactions, three events per order.
+func write(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("write", flag.ExitOnError)
+	url := fs.String("pg-url", "", "PostgreSQL URL (required)")
+	n := fs.Int("orders", 0, "orders to write (0: until stopped)")
+	pause := fs.Duration("pause", 0, "pause between orders")
+	fs.Parse(args)
+	if *url == "" {
+		return errors.New("write: -pg-url is required")
+	}
+	db, err := setup(ctx, *url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return writeOrders(ctx, shop.NewService(db), *n, *pause)
+}
+
+func writeOrders(ctx context.Context, s *shop.Service, n int, pause time.Duration) error {
+	for i := 0; n == 0 || i < n; i++ {
+		if pause > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(pause):
+			}
+		}
+		id, err := s.Place(ctx, fmt.Sprintf("customer-%d", i%7), int64(1000+i))
+		if err == nil {
+			_, err = s.Advance(ctx, id)
+		}
+		if err == nil {
+			_, err = s.Advance(ctx, id)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type consumerFlags struct {
+	url, brokers, topic, group, dlq *string
+	maxAttempts                     *int
+	sessionTimeout, handlerDelay    *time.Duration
+}
+
+func consume(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("consume", flag.ExitOnError)
+	f := consumerFlags{
+		url:         fs.String("pg-url", "", "PostgreSQL URL (required)"),
+		brokers:     fs.String("brokers", "", "Kafka seed brokers, comma-separated (required)"),
+		topic:       fs.String("topic", "outbox.event.order", "topic of the order events"),
+		group:       fs.String("group", "ledger", "consumer group (and inbox consumer name)"),
+		dlq:         fs.String("dead-letter-topic", "ledger.dlq", "dead-letter topic"),
+		maxAttempts: fs.Int("max-attempts", 5, "handler failures before a record is dead-lettered"),
+		sessionTimeout: fs.Duration("session-timeout", 45*time.Second,
+			"how long the group waits for a member that stopped heartbeating (a killed process), or for a member to rejoin a rebalance, before moving its partitions"),
+		handlerDelay: fs.Duration("handler-delay", 0, "pause in every handler call, to watch a crash in the middle of a batch"),
+	}
+	fs.Parse(args)
+	if *f.url == "" || *f.brokers == "" {
+		return errors.New("consume: -pg-url and -brokers are required")
+	}
+	db, err := setup(ctx, *f.url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	// The brokers may be down when the consumer starts: wait for them.
+	for {
+		err := createTopics(ctx, strings.Split(*f.brokers, ","), *f.dlq)
+		if err == nil {
+			break
+		}
+		fmt.Fprintln(os.Stderr, "orders: retrying in 1s:", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	c, err := newConsumer(f, db, logger(zap.NewAtomicLevelAt(zap.InfoLevel)), nil)
+	if err != nil {
+		return err
+	}
+	return c.Run(ctx)
+}
+
+func newConsumer(f consumerFlags, db *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*inbox.Consumer, error) {
+	handle := shop.ApplyToLedger
+	if f.handlerDelay != nil && *f.handlerDelay > 0 {
+		handle = func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(*f.handlerDelay):
+			}
+			return shop.ApplyToLedger(ctx, tx, m)
+		}
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(*f.brokers, ",")...), kgo.FetchMaxWait(100 * time.Millisecond)}
+	if f.sessionTimeout != nil {
+		opts = append(opts, kgo.SessionTimeout(*f.sessionTimeout), kgo.RebalanceTimeout(*f.sessionTimeout))
+	}
+	return inbox.New(inbox.Config{
+		Group:           *f.group,
+		Topics:          []string{*f.topic},
+		KafkaOptions:    opts,
+		DB:              db,
+		Table:           shop.InboxTable,
+		MaxAttempts:     *f.maxAttempts,
+		DeadLetterTopic: *f.dlq,
+		Logger:          log,
+		Registerer:      reg,
+	}, handle)
+}
+
+// createTopics creates topics that do not exist yet.
+func createTopics(ctx context.Context, brokers []string, topics ...string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	res, err := kadm.NewClient(cl).CreateTopics(ctx, 3, -1, nil, topics...)
+	if err != nil {
+		return fmt.Errorf("create topics %v: %w", topics, err)
+	}
+	for _, r := range res {
+		if r.Err != nil && !strings.Contains(r.Err.Error(), "TOPIC_ALREADY_EXISTS") {
+			return fmt.Errorf("create topic %s: %w", r.Topic, r.Err)
+		}
+	}
+	return nil
+}
+
+// demo runs the whole chain in one process on the local dev cluster.
+func demo(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ExitOnError)
+	n := fs.Int("orders", 5, "orders to write (three events each)")
+	fs.Parse(args)
+	log := logger(zap.NewAtomicLevelAt(zap.WarnLevel))
+
+	pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{})
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	url, err := pg.CreateDatabase(ctx, "shop")
+	if err != nil {
+		return err
+	}
+	k, err := devcluster.StartKafka(devcluster.KafkaOptions{})
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	db, err := setup(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	fmt.Printf("PostgreSQL %s, Kafka %s\n", url, k.Addr())
+
+	r, err := relay.New(relay.Config{
+		PGURL: url, Slot: "walrelay", Publication: "walrelay_outbox",
+		Tables:            []decoder.Table{{Schema: "public", Name: "outbox"}},
+		Mapping:           decoder.DefaultMapping(),
+		CreatePublication: true, CreateSlot: true,
+		Router:       router.Config{TopicTemplate: "outbox.event.{aggregate_type}", DeadLetterTopic: "walrelay.dlq", CreateTopics: true, TopicPartitions: 3},
+		KafkaOptions: []kgo.Opt{kgo.SeedBrokers(k.Addr()), kgo.ProducerLinger(time.Millisecond)},
+	}, log, metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		return err
+	}
+	rctx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- r.Run(rctx) }()
+	defer func() { stopRelay(); <-relayDone }()
+	// Events committed before the slot exists would not be in it.
+	if err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) { return r.Streaming(), nil }); err != nil {
+		return fmt.Errorf("the relay did not start streaming: %w", err)
+	}
+
+	if err := createTopics(ctx, []string{k.Addr()}, "outbox.event.order", "ledger.dlq"); err != nil {
+		return err
+	}
+	s := func(v string) *string { return &v }
+	attempts := 5
+	c, err := newConsumer(consumerFlags{url: s(url), brokers: s(k.Addr()), topic: s("outbox.event.order"), group: s("ledger"), dlq: s("ledger.dlq"), maxAttempts: &attempts}, db, log, nil)
+	if err != nil {
+		return err
+	}
+	cctx, stopConsumer := context.WithCancel(ctx)
+	consumerDone := make(chan error, 1)
+	go func() { consumerDone <- c.Run(cctx) }()
+	defer func() { stopConsumer(); <-consumerDone }()
+
+	if err := writeOrders(ctx, shop.NewService(db), *n, 0); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %d orders, %d events; waiting for the ledger\n", *n, 3**n)
+	err = devcluster.WaitFor(2*time.Minute, 50*time.Millisecond, func() (bool, error) {
+		var rows int
+		err := db.QueryRow(ctx, "SELECT count(*) FROM ledger").Scan(&rows)
+		return err == nil && rows >= 3**n, err
+	})
+	if err != nil {
+		return fmt.Errorf("the ledger did not fill: %w", err)
+	}
+	rows, _ := db.Query(ctx, "SELECT order_id, version, event_type, amount_cents FROM ledger ORDER BY order_id, seq")
+	fmt.Println("order  version  event         amount")
+	for rows.Next() {
+		var id, amount int64
+		var v int
+		var typ string
+		if err := rows.Scan(&id, &v, &typ, &amount); err != nil {
+			return err
+		}
+		fmt.Printf("%5d  %7d  %-12s  %6.2f\n", id, v, typ, float64(amount)/100)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	nrows, problems, err := shop.Check(ctx, db)
+	if err != nil {
+		return err
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("the ledger does not match the orders: %s", strings.Join(problems, "; "))
+	}
+	fmt.Printf("ledger matches the orders: %d events applied once each, in order per order\n", nrows)
+	return nil
+}

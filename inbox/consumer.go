@@ -1,0 +1,562 @@
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// Message is a record being handled.
+type Message struct {
+	// ID is the record's id header: the outbox event id.
+	ID string
+	// Record is the Kafka record (topic, key, value, headers, offset).
+	Record *kgo.Record
+	// Attempt is 1 on the first try, and counts tries across restarts.
+	Attempt int
+
+	consumer string
+}
+
+// IdempotencyKey is a key for an effect outside the database (step names
+// it, e.g. "email" or "charge"): the same for every copy and every retry
+// of this message in this consumer, different for other messages,
+// consumers and steps. Send it as the other system's idempotency key.
+func (m *Message) IdempotencyKey(step string) string {
+	return IdempotencyKey(m.consumer, m.ID, step)
+}
+
+// IdempotencyKey is Message.IdempotencyKey for a consumer and message id
+// known outside a handler (a worker performing the effect later): 32 hex
+// digits of a SHA-256 of the three parts.
+func IdempotencyKey(consumer, messageID, step string) string {
+	h := sha256.New()
+	for _, s := range []string{consumer, messageID, step} {
+		h.Write([]byte(strconv.Itoa(len(s)) + ":" + s))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// Handler applies one message inside tx, the transaction that also
+// records it in the inbox. Its database effects must go through tx (and
+// may include outbox events). An error rolls everything back and the
+// message is tried again; it must not commit or roll back tx itself.
+type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// Config configures a Consumer.
+type Config struct {
+	// Group is the Kafka consumer group (required).
+	Group string
+	// Name identifies this consumer's effects in the inbox table (default
+	// Group). Two services applying their own effects of the same events
+	// need different names; instances of one service share one.
+	Name string
+	// Topics to consume (required).
+	Topics []string
+	// KafkaOptions connect the client: seed brokers, TLS, SASL, and
+	// kgo.FetchIsolationLevel(kgo.ReadCommitted()) behind an exactly-once
+	// relay. Group, topic and commit options are set by the Consumer.
+	KafkaOptions []kgo.Opt
+	// DB is the database of the inbox table and of the handler's effects
+	// (required).
+	DB *pgxpool.Pool
+	// Table is the inbox table (default "inbox"); see DDL.
+	Table string
+	// MaxAttempts is how often a record's handler may fail before the
+	// record is dead-lettered (default 5).
+	MaxAttempts int
+	// DeadLetterTopic receives records that failed MaxAttempts times or
+	// have no id header (default Group + ".dlq"). It must exist, or the
+	// brokers must create topics on produce.
+	DeadLetterTopic string
+	// RetryBackoff is the pause after a first failure; it doubles up to
+	// MaxRetryBackoff (defaults 100ms and 5s). Retries happen in place, so
+	// MaxAttempts pauses should stay well under the group's rebalance
+	// timeout (kgo default 60s).
+	RetryBackoff, MaxRetryBackoff time.Duration
+	// Retention is how long inbox rows are kept (default 14 days; see the
+	// package documentation for the rule); negative disables pruning.
+	Retention time.Duration
+	// PruneInterval is the time between prunes in Run (default 1h).
+	PruneInterval time.Duration
+	// MaxPollRecords bounds the records handled between two offset
+	// commits (default 500). A rebalance waits for them, so their handling
+	// time must stay under the group's rebalance timeout.
+	MaxPollRecords int
+	// Logger (default none).
+	Logger *zap.Logger
+	// Registerer receives the inbox_* metrics (default none); several
+	// consumers may share one.
+	Registerer prometheus.Registerer
+}
+
+// Consumer is a consumer group member that handles each message once.
+// Create it with New and call Run once.
+type Consumer struct {
+	cfg     Config
+	handle  Handler
+	log     *zap.Logger
+	m       *metrics
+	inbox   string // quoted table names
+	attempt string
+
+	mu   sync.Mutex
+	done map[string]map[int32]*kgo.Record // last handled record per partition, not yet committed
+}
+
+// New checks cfg and returns a Consumer; errors name the missing field.
+func New(cfg Config, h Handler) (*Consumer, error) {
+	switch {
+	case h == nil:
+		return nil, errors.New("inbox: New needs a Handler")
+	case cfg.Group == "":
+		return nil, errors.New("inbox: Config.Group is required")
+	case len(cfg.Topics) == 0:
+		return nil, errors.New("inbox: Config.Topics is required")
+	case cfg.DB == nil:
+		return nil, errors.New("inbox: Config.DB is required (a pgxpool.Pool)")
+	}
+	if cfg.Name == "" {
+		cfg.Name = cfg.Group
+	}
+	if cfg.Table == "" {
+		cfg.Table = "inbox"
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 5
+	}
+	if cfg.DeadLetterTopic == "" {
+		cfg.DeadLetterTopic = cfg.Group + ".dlq"
+	}
+	if cfg.RetryBackoff <= 0 {
+		cfg.RetryBackoff = 100 * time.Millisecond
+	}
+	if cfg.MaxRetryBackoff <= 0 {
+		cfg.MaxRetryBackoff = 5 * time.Second
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = 14 * 24 * time.Hour
+	}
+	if cfg.PruneInterval <= 0 {
+		cfg.PruneInterval = time.Hour
+	}
+	if cfg.MaxPollRecords <= 0 {
+		cfg.MaxPollRecords = 500
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	c := &Consumer{cfg: cfg, handle: h, log: log.With(zap.String("consumer", cfg.Name)), m: newMetrics(cfg.Registerer),
+		done: map[string]map[int32]*kgo.Record{}}
+	c.inbox, c.attempt = tableNames(cfg.Table)
+	return c, nil
+}
+
+// Run consumes until ctx ends, then commits the offsets of what was
+// handled, leaves the group and returns nil. It returns an error only when
+// the Kafka client cannot be created.
+func (c *Consumer) Run(ctx context.Context) error {
+	opts := append(append([]kgo.Opt(nil), c.cfg.KafkaOptions...),
+		kgo.ConsumerGroup(c.cfg.Group),
+		kgo.ConsumeTopics(c.cfg.Topics...),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsRevoked(c.revoked),
+		kgo.OnPartitionsLost(c.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("inbox: kafka client: %w", err)
+	}
+	defer cl.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	pctx, stopPrune := context.WithCancel(ctx)
+	defer stopPrune()
+	if c.cfg.Retention > 0 {
+		wg.Go(func() { c.pruneLoop(pctx) })
+	}
+	for {
+		fs := cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+		if ctx.Err() != nil || fs.IsClientClosed() {
+			break
+		}
+		fs.EachError(func(t string, p int32, err error) {
+			c.log.Warn("fetch error (the client retries)", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
+		})
+		if fs.NumRecords() == 0 && len(fs.Errors()) > 0 {
+			// Errors that come back at once (authorization, an unknown
+			// group) must not spin the loop.
+			cl.AllowRebalance()
+			select {
+			case <-ctx.Done():
+			case <-time.After(c.cfg.MaxRetryBackoff):
+			}
+			continue
+		}
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			for _, r := range p.Records {
+				if ctx.Err() != nil {
+					return
+				}
+				if !c.process(ctx, cl, r) {
+					return
+				}
+				c.mark(r)
+				c.m.lag.WithLabelValues(c.cfg.Name, r.Topic, strconv.Itoa(int(r.Partition))).Set(float64(max(0, p.HighWatermark-r.Offset-1)))
+			}
+		})
+		if ctx.Err() != nil {
+			break // commit below, with a context that still works
+		}
+		c.commit(ctx, cl, nil)
+		cl.AllowRebalance()
+	}
+	// Offsets of what committed in the database; the transaction in
+	// flight, if any, was rolled back by the cancelled context.
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.commit(cctx, cl, nil)
+	cl.AllowRebalance()
+	return nil
+}
+
+func (c *Consumer) mark(r *kgo.Record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ps := c.done[r.Topic]
+	if ps == nil {
+		ps = map[int32]*kgo.Record{}
+		c.done[r.Topic] = ps
+	}
+	ps[r.Partition] = r
+}
+
+// commit commits the offsets after the handled records of the partitions
+// (all when nil). A failure is logged: those records come again, and the
+// inbox skips them.
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, only map[string][]int32) {
+	c.mu.Lock()
+	var rs []*kgo.Record
+	for t, ps := range c.done {
+		for p, r := range ps {
+			if only != nil && !contains(only[t], p) {
+				continue
+			}
+			rs = append(rs, r)
+			delete(ps, p)
+		}
+	}
+	c.mu.Unlock()
+	if len(rs) == 0 {
+		return
+	}
+	if err := cl.CommitRecords(ctx, rs...); err != nil {
+		c.log.Warn("offset commit failed: the records since the last commit will be delivered again and skipped as duplicates", zap.Error(err))
+	}
+}
+
+func contains(ps []int32, p int32) bool {
+	for _, q := range ps {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// revoked commits what was handled in the partitions being taken away.
+// Rebalances wait for the poll's records (BlockRebalanceOnPoll), so
+// nothing is in flight here.
+func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, ps map[string][]int32) {
+	c.commit(ctx, cl, ps)
+	c.dropLag(ps)
+}
+
+// lost forgets the partitions: another member owns them now, and
+// committing for them could move its offsets back.
+func (c *Consumer) lost(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
+	c.mu.Lock()
+	for t, parts := range ps {
+		for _, p := range parts {
+			delete(c.done[t], p)
+		}
+	}
+	c.mu.Unlock()
+	c.dropLag(ps)
+}
+
+func (c *Consumer) dropLag(ps map[string][]int32) {
+	for t, parts := range ps {
+		for _, p := range parts {
+			c.m.lag.DeleteLabelValues(c.cfg.Name, t, strconv.Itoa(int(p)))
+		}
+	}
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// process handles r until it is done (committed, duplicate or
+// dead-lettered): it returns false only when ctx ended first.
+func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) bool {
+	id := header(r, "id")
+	if id == "" {
+		return c.deadLetter(ctx, cl, r, "", "no-id", "the record has no id header, so its copies cannot be recognised", 0)
+	}
+	pause := c.cfg.RetryBackoff
+	wait := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, c.cfg.MaxRetryBackoff)
+		return true
+	}
+	for {
+		out, err := c.try(ctx, r, id)
+		if ctx.Err() != nil {
+			return false
+		}
+		switch out.kind {
+		case handled:
+			c.m.processed.WithLabelValues(c.cfg.Name).Inc()
+			return true
+		case duplicate:
+			c.m.duplicates.WithLabelValues(c.cfg.Name).Inc()
+			return true
+		case exhausted:
+			return c.deadLetter(ctx, cl, r, id, "handler-failed", out.lastError, out.attempts)
+		case dbError:
+			c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
+			c.log.Warn("inbox transaction failed; retrying without counting an attempt", zap.String("id", id), zap.Error(err))
+			if !wait() {
+				return false
+			}
+		case failed:
+			c.m.failures.WithLabelValues(c.cfg.Name).Inc()
+			n, ferr := c.countFailure(ctx, id, err)
+			if ferr != nil {
+				c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
+				c.log.Warn("handler failed and its attempt could not be recorded; retrying", zap.String("id", id), zap.NamedError("handler_error", err), zap.Error(ferr))
+			} else {
+				c.log.Warn("handler failed", zap.String("id", id), zap.Int("attempt", n), zap.Int("max_attempts", c.cfg.MaxAttempts), zap.Error(err))
+				if n >= c.cfg.MaxAttempts {
+					return c.deadLetter(ctx, cl, r, id, "handler-failed", err.Error(), n)
+				}
+			}
+			if !wait() {
+				return false
+			}
+		}
+	}
+}
+
+type outcomeKind int
+
+const (
+	handled outcomeKind = iota
+	duplicate
+	exhausted // earlier runs used up the attempts (and died before dead-lettering)
+	failed    // the handler returned an error
+	dbError
+)
+
+type outcome struct {
+	kind      outcomeKind
+	attempts  int
+	lastError string
+}
+
+// try runs one attempt: the inbox INSERT and the handler in one
+// transaction.
+func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, error) {
+	tx, err := c.cfg.DB.Begin(ctx)
+	if err != nil {
+		return outcome{kind: dbError}, err
+	}
+	defer tx.Rollback(context.Background())
+	b := &pgx.Batch{}
+	b.Queue("INSERT INTO "+c.inbox+" (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING", c.cfg.Name, id)
+	b.Queue("SELECT attempts, last_error FROM "+c.attempt+" WHERE consumer = $1 AND message_id = $2", c.cfg.Name, id)
+	br := tx.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err != nil {
+		br.Close()
+		return outcome{kind: dbError}, err
+	}
+	var prior int
+	var lastError string
+	if err := br.QueryRow().Scan(&prior, &lastError); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		br.Close()
+		return outcome{kind: dbError}, err
+	}
+	if err := br.Close(); err != nil {
+		return outcome{kind: dbError}, err
+	}
+	if tag.RowsAffected() == 0 {
+		return outcome{kind: duplicate}, nil
+	}
+	if prior >= c.cfg.MaxAttempts {
+		return outcome{kind: exhausted, attempts: prior, lastError: lastError}, nil
+	}
+	m := &Message{ID: id, Record: r, Attempt: prior + 1, consumer: c.cfg.Name}
+	if err := c.call(ctx, tx, m); err != nil {
+		if transient(tx, err) {
+			return outcome{kind: dbError}, err
+		}
+		return outcome{kind: failed}, err
+	}
+	if prior > 0 {
+		if _, err := tx.Exec(ctx, "DELETE FROM "+c.attempt+" WHERE consumer = $1 AND message_id = $2", c.cfg.Name, id); err != nil {
+			return outcome{kind: dbError}, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// Committed or not, the next try finds out: the row is there or
+		// it is not.
+		return outcome{kind: dbError}, err
+	}
+	return outcome{kind: handled}, nil
+}
+
+// transient reports whether a handler error is the database's rather than
+// the record's: a lost connection, a serialization failure or deadlock
+// (class 40), an operator intervention such as a shutdown (class 57).
+// Those are retried without counting an attempt, so that an outage does
+// not dead-letter good records.
+func transient(tx pgx.Tx, err error) bool {
+	if tx.Conn().IsClosed() {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "40") || strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57")
+	}
+	return pgconn.Timeout(err)
+}
+
+// call runs the handler, turning a panic into an error so that one bad
+// record is dead-lettered instead of crashing every member in turn.
+func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return c.handle(ctx, tx, m)
+}
+
+// countFailure records a failed attempt outside the rolled-back
+// transaction and returns the count so far.
+func (c *Consumer) countFailure(ctx context.Context, id string, herr error) (int, error) {
+	var n int
+	err := c.cfg.DB.QueryRow(ctx, "INSERT INTO "+c.attempt+` AS a (consumer, message_id, attempts, last_error) VALUES ($1, $2, 1, $3)
+		ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = a.attempts + 1, last_error = excluded.last_error, updated_at = now()
+		RETURNING attempts`, c.cfg.Name, id, herr.Error()).Scan(&n)
+	return n, err
+}
+
+// deadLetter produces r to the dead-letter topic and then records id as
+// dead-lettered, retrying both until they succeed or ctx ends (false). A
+// crash between the two sends the record to the dead-letter topic again
+// on redelivery, with the same id header.
+func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record, id, reason, why string, attempts int) bool {
+	dl := &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+	dl.Headers = append(append(dl.Headers, r.Headers...),
+		kgo.RecordHeader{Key: "inbox.reason", Value: []byte(reason)},
+		kgo.RecordHeader{Key: "inbox.error", Value: []byte(why)},
+		kgo.RecordHeader{Key: "inbox.attempts", Value: []byte(strconv.Itoa(attempts))},
+		kgo.RecordHeader{Key: "inbox.consumer", Value: []byte(c.cfg.Name)},
+		kgo.RecordHeader{Key: "inbox.topic", Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: "inbox.partition", Value: []byte(strconv.Itoa(int(r.Partition)))},
+		kgo.RecordHeader{Key: "inbox.offset", Value: []byte(strconv.FormatInt(r.Offset, 10))},
+	)
+	pause := c.cfg.RetryBackoff
+	for {
+		err := cl.ProduceSync(ctx, dl).FirstErr()
+		if err == nil && id != "" {
+			_, err = c.cfg.DB.Exec(ctx, "WITH d AS (DELETE FROM "+c.attempt+" WHERE consumer = $1 AND message_id = $2) INSERT INTO "+c.inbox+
+				" (consumer, message_id, outcome) VALUES ($1, $2, 'dead-lettered') ON CONFLICT DO NOTHING", c.cfg.Name, id)
+		}
+		if err == nil {
+			c.m.deadLettered.WithLabelValues(c.cfg.Name, reason).Inc()
+			c.log.Error("record dead-lettered; the partition moves on", zap.String("id", id), zap.String("reason", reason),
+				zap.String("error", why), zap.Int("attempts", attempts), zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
+				zap.Int64("offset", r.Offset), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic))
+			return true
+		}
+		c.log.Warn("dead-lettering failed; retrying (if the topic is missing, create it or let the brokers create topics)", zap.String("id", id), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, c.cfg.MaxRetryBackoff)
+	}
+}
+
+// Prune deletes this consumer's inbox rows (and stale attempt counts)
+// older than Config.Retention, in batches, and returns how many inbox rows
+// it deleted.
+func (c *Consumer) Prune(ctx context.Context) (int64, error) {
+	if c.cfg.Retention <= 0 {
+		return 0, nil
+	}
+	before := time.Now().Add(-c.cfg.Retention)
+	var total int64
+	for {
+		tag, err := c.cfg.DB.Exec(ctx, "DELETE FROM "+c.inbox+" WHERE ctid IN (SELECT ctid FROM "+c.inbox+
+			" WHERE consumer = $1 AND processed_at < $2 LIMIT 10000)", c.cfg.Name, before)
+		if err != nil {
+			return total, fmt.Errorf("inbox: prune %s: %w", c.cfg.Table, err)
+		}
+		total += tag.RowsAffected()
+		c.m.pruned.WithLabelValues(c.cfg.Name).Add(float64(tag.RowsAffected()))
+		if tag.RowsAffected() < 10000 {
+			break
+		}
+	}
+	if _, err := c.cfg.DB.Exec(ctx, "DELETE FROM "+c.attempt+" WHERE consumer = $1 AND updated_at < $2", c.cfg.Name, before); err != nil {
+		return total, fmt.Errorf("inbox: prune %s_attempts: %w", c.cfg.Table, err)
+	}
+	return total, nil
+}
+
+func (c *Consumer) pruneLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.PruneInterval)
+	defer t.Stop()
+	for {
+		if n, err := c.Prune(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("inbox retention failed; it runs again next interval", zap.Error(err))
+		} else if n > 0 {
+			c.log.Info("inbox rows pruned", zap.Int64("rows", n), zap.Duration("retention", c.cfg.Retention))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

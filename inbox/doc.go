@@ -1,0 +1,66 @@
+// Package inbox consumes Kafka records with one effect per message id: for
+// each record it runs the caller's Handler and records (consumer,
+// message id) in an inbox table in one PostgreSQL transaction, and commits
+// the Kafka offset only after that transaction committed.
+//
+// walrelay, like any at-least-once producer, may deliver a record more
+// than once (after a relay crash, a broker outage, two relays); each copy
+// carries the same id header. A consumer may also see a record again after
+// it crashed before committing its offset, or while a rebalance hands its
+// partition to another member of the group. In every case the second
+// transaction's INSERT into the inbox conflicts with the first one's row
+// (a primary key, INSERT ... ON CONFLICT DO NOTHING, never a
+// check-then-insert: a concurrent copy waits for the first transaction and
+// then finds the row), so the handler's database effects happen once.
+//
+// # Order and failures
+//
+// Records are handled one at a time, partition by partition, so the
+// records of one key (one aggregate) are applied in the order they were
+// produced. A Handler error rolls the transaction back and the record is
+// tried again (after a growing pause) in place; the attempt count is kept
+// in a table so it survives restarts. After Config.MaxAttempts failures
+// the record goes to the dead-letter topic with headers saying why
+// (inbox.reason, inbox.error, inbox.attempts and where it came from), its
+// id is recorded as dead-lettered, and the partition moves on. Database
+// and broker errors are not the record's fault: they are retried without
+// counting, for as long as they last; so are handler errors that are the
+// database's (a lost connection, a serialization failure or deadlock).
+//
+// # Shutdown and rebalances
+//
+// The client blocks rebalances while a poll's records are handled
+// (kgo.BlockRebalanceOnPoll): a partition is revoked only between polls,
+// after the offsets of everything handled were committed. When Run's
+// context ends, the handler's transaction in flight is abandoned (rolled
+// back, handled again by whoever gets the partition), the offsets of what
+// committed are committed, and the consumer leaves the group. A member
+// that stalls past the group's rebalance timeout loses its partitions
+// while still handling one; the new owner's copy then waits on the inbox
+// row and is skipped if the first transaction commits.
+//
+// # Retention
+//
+// Inbox rows are what makes a late copy a duplicate, so they must outlive
+// every way a copy can still arrive: keep them longer than the topic's
+// retention (a group reset to the earliest offset replays everything still
+// in the log) plus the longest the relay may be down or behind (after a
+// relay crash it re-sends from its slot's confirmed position, however
+// late). Config.Retention (default 14 days, for Kafka's default 7-day
+// retention and a week of outage) is that window; Prune deletes older
+// rows, and Run calls it every Config.PruneInterval.
+//
+// # What an inbox cannot make atomic
+//
+// Only effects inside the handler's transaction happen exactly once. A
+// call to another system (an HTTP request, an e-mail, a payment) cannot
+// join a PostgreSQL transaction: if the process dies after the call and
+// before the commit, or the commit fails, the record is handled again and
+// the call is made again. Two honest ways out: make the other system
+// deduplicate, by sending Message.IdempotencyKey (stable across every
+// copy and every retry of the message) as its idempotency key; or do not
+// call it from the handler at all, and write an outbox event in the
+// handler's transaction instead, for a worker of its own to perform with
+// the same idempotency key. A system that offers neither can only be
+// called at least once (or at most once, by recording the attempt first).
+package inbox
