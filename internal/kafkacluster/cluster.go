@@ -62,7 +62,8 @@ type Options struct {
 
 // TLS configures the SSL listener.
 type TLS struct {
-	// Cert is the server's certificate chain and private key.
+	// Cert is the server's certificate chain and private key; empty, Start
+	// issues one for 127.0.0.1 from a throwaway CA (Cluster.CA).
 	Cert tls.Certificate
 	// ClientCAs, when set (PEM), makes the listener require client
 	// certificates issued by them.
@@ -73,8 +74,11 @@ type TLS struct {
 type Cluster struct {
 	// Dir holds log4j2.properties and one directory per node (its
 	// server.properties, data and server.log).
-	Dir   string
-	ID    string // the KRaft cluster id
+	Dir string
+	ID  string // the KRaft cluster id
+	// CA is the PEM certificate of the throwaway CA that issued the SSL
+	// listener's certificate, when Start issued it.
+	CA    []byte
 	nodes []*Node
 	cp    string
 	opts  Options
@@ -157,6 +161,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 		c.nodes = append(c.nodes, n)
+	}
+	if opts.TLS != nil && len(opts.TLS.Cert.Certificate) == 0 {
+		t := *opts.TLS
+		if t.Cert, c.CA, err = issue(); err != nil {
+			return nil, err
+		}
+		c.opts.TLS = &t
 	}
 	if err := os.WriteFile(c.log4jFile(), []byte(log4jConfig), 0o644); err != nil {
 		return nil, err

@@ -88,7 +88,7 @@ func run(m *testing.M) (code int) {
 	switch k := os.Getenv("WALRELAY_TEST_KAFKA"); {
 	case k == "apache" && extBrokers == nil:
 		start := time.Now()
-		c, err := kafkacluster.Start(ctx, kafkacluster.Options{})
+		c, err := kafkacluster.Start(ctx, apacheOptions())
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "start Apache Kafka:", err)
 			return 1

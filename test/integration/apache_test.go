@@ -1,0 +1,368 @@
+package integration
+
+// What only a real broker shows: these tests run on Apache Kafka
+// (WALRELAY_TEST_KAFKA=apache, `make test-kafka`) and skip on kfake or an
+// external broker. They use the package's broker (one node with SCRAM and
+// TLS listeners besides PLAINTEXT) or clusters of their own when they need
+// other broker settings, a broker restart or three nodes.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/walrelay/walrelay/internal/kafkacluster"
+	"github.com/walrelay/walrelay/router"
+)
+
+// apacheOptions configures the package's Apache Kafka node: SCRAM and TLS
+// listeners for the tests of authentication; a transaction timeout
+// enforced within half a second and a log cleaner that looks every half
+// second, so that the tests of both need not wait for the defaults (10s
+// and 15s).
+func apacheOptions() kafkacluster.Options {
+	return kafkacluster.Options{
+		SCRAM: true,
+		TLS:   &kafkacluster.TLS{},
+		Settings: map[string]string{
+			"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500",
+			"log.cleaner.backoff.ms": "500",
+		},
+	}
+}
+
+// startApache starts an Apache Kafka cluster of the test's own; it is
+// killed when the test ends, its log kept (and its path logged) when the
+// test failed.
+func startApache(t *testing.T, opts kafkacluster.Options) *kafkacluster.Cluster {
+	t.Helper()
+	needApache(t)
+	start := time.Now()
+	c, err := kafkacluster.Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d-node Apache Kafka cluster answering after %s", len(c.Nodes()), time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() {
+			opts.KeepDir = true
+			t.Logf("Apache Kafka's logs kept in %s", c.Dir)
+			for _, n := range c.Nodes() {
+				c.Kill(n.ID)
+			}
+			return
+		}
+		c.Close()
+	})
+	return c
+}
+
+// createTopic creates topic on brokers with configs, failing the test on
+// error.
+func (e *env) createTopic(partitions int32, rf int16, configs map[string]string, topic string) {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	cfg := map[string]*string{}
+	for k, v := range configs {
+		cfg[k] = &v
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, rf, cfg, topic); err != nil {
+		e.t.Fatalf("create topic %s: %v", topic, err)
+	}
+}
+
+// TestApacheMaxMessageBytes gives a topic max.message.bytes 4096 (below
+// the broker's default of about 1 MB): the relay reads the limit, sends an
+// event of 20 KB to the dead-letter topic with reason record_too_large
+// (the broker would refuse it with MESSAGE_TOO_LARGE), and delivers the
+// small events before and after it to the topic.
+func TestApacheMaxMessageBytes(t *testing.T) {
+	needApache(t)
+	e := newEnv(t)
+	e.createTopic(3, 1, map[string]string{"max.message.bytes": "4096"}, e.topic("small"))
+	rr, reg := e.startRelayGathered(e.config())
+	c := e.consume()
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('small', 'k', 'T', '{"n": 1}')`)
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('small', 'k', 'T', jsonb_build_object('n', 2, 'pad', repeat('x', 20000)))`)
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('small', 'k', 'T', '{"n": 3}')`)
+	recs := c.waitIDs(3, 60*time.Second)
+	var inTopic, inDLQ []string
+	for _, r := range recs {
+		switch r.Topic {
+		case e.topic("small"):
+			inTopic = append(inTopic, string(r.Value))
+		case e.topic("dlq"):
+			reason, _ := header(r, router.HeaderReason)
+			inDLQ = append(inDLQ, reason)
+		}
+	}
+	if len(inTopic) != 2 || inTopic[0] != `{"n": 1}` || inTopic[1] != `{"n": 3}` {
+		t.Errorf("topic holds %q, want the two small events in order", inTopic)
+	}
+	if len(inDLQ) != 1 || inDLQ[0] != string(router.ReasonTooLarge) {
+		t.Errorf("dead-letter topic holds reasons %q, want one %s", inDLQ, router.ReasonTooLarge)
+	}
+	if got := gathered(reg, "walrelay_events_dead_lettered_total")[string(router.ReasonTooLarge)]; got != 1 {
+		t.Errorf("walrelay_events_dead_lettered_total{reason=record_too_large} = %v, want 1", got)
+	}
+	if ok, err := rr.returned(); ok {
+		t.Fatalf("relay stopped: %v", err)
+	}
+}
+
+// TestApacheSASLSCRAM runs the relay binary against the broker's
+// SASL_PLAINTEXT listener with a SCRAM-SHA-512 user created through the
+// broker's admin API (AlterUserScramCredentials): with the right password
+// it delivers; with a wrong one the broker answers
+// SASL_AUTHENTICATION_FAILED and the relay exits non-zero within 10s
+// (--startup-timeout 60s) naming SASL authentication. No password appears
+// in its output.
+func TestApacheSASLSCRAM(t *testing.T) {
+	needApache(t)
+	const user, pass, wrong = "relay-scram", "s3cret-Pa55-apache", "wr0ng-Pa55-apache"
+	if err := apache.AddSCRAMUser(context.Background(), kadm.ScramSha512, user, pass); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	e.brokers = apache.SASLAddrs()
+	saslArgs := []string{"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-user", user}
+
+	t.Run("right password", func(t *testing.T) {
+		p := startProc(t, []string{"WALRELAY_KAFKA_SASL_PASSWORD=" + pass}, withFlag(append(e.args(), saslArgs...), "--log-level", "debug")...)
+		c := e.consumeWith(kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()))
+		e.waitSlotActive(p)
+		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('s', 'k', 'T', '{"sasl": true}')`)
+		recs := c.waitIDs(1, 60*time.Second)
+		if recs[0].Topic != e.topic("s") {
+			t.Errorf("read from %s, want %s", recs[0].Topic, e.topic("s"))
+		}
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
+			t.Errorf("SIGTERM: exit %d (exited %v), want 0", code, ok)
+		}
+		if strings.Contains(p.out.String(), pass) {
+			t.Error("the password appears in the relay's output")
+		}
+	})
+	t.Run("wrong password", func(t *testing.T) {
+		p := startProc(t, []string{"WALRELAY_KAFKA_SASL_PASSWORD=" + wrong}, withFlag(append(e.args(), saslArgs...), "--startup-timeout", "60s")...)
+		code, elapsed, ok := p.wait(10 * time.Second)
+		out := p.out.String()
+		if !ok || code == 0 {
+			t.Fatalf("with a wrong password: exit %d after %s (exited by itself: %v), want a non-zero exit within 10s:\n%s", code, elapsed, ok, lastLines(out, 5))
+		}
+		if !strings.Contains(strings.ToLower(lastLines(out, 1)), "sasl") {
+			t.Errorf("the error does not name SASL authentication: %s", lastLines(out, 1))
+		}
+		if strings.Contains(out, wrong) {
+			t.Error("the password appears in the relay's output")
+		}
+		t.Logf("wrong password: exit %d after %s: %s", code, elapsed.Round(time.Millisecond), lastLines(out, 1))
+	})
+}
+
+// TestApacheTLS runs the relay binary against the broker's SSL listener
+// (a certificate from a throwaway CA): with --kafka-tls-ca naming the CA
+// it delivers; with --kafka-tls alone (the system roots do not know the
+// CA) it exits non-zero within 10s with a certificate error.
+func TestApacheTLS(t *testing.T) {
+	needApache(t)
+	e := newEnv(t)
+	e.brokers = apache.TLSAddrs()
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, apache.CA, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("server verified with --kafka-tls-ca", func(t *testing.T) {
+		p := startProc(t, nil, append(e.args(), "--kafka-tls-ca", caFile)...)
+		e.brokers = apache.Addrs() // the test's consumer reads over PLAINTEXT
+		c := e.consume()
+		e.brokers = apache.TLSAddrs()
+		e.waitSlotActive(p)
+		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('tls', 'k', 'T', '{"tls": true}')`)
+		c.waitIDs(1, 60*time.Second)
+	})
+	t.Run("unknown CA", func(t *testing.T) {
+		p := startProc(t, nil, withFlag(append(e.args(), "--kafka-tls"), "--startup-timeout", "60s")...)
+		code, elapsed, ok := p.wait(10 * time.Second)
+		out := p.out.String()
+		if !ok || code == 0 {
+			t.Fatalf("with an unknown CA: exit %d after %s (exited by itself: %v), want a non-zero exit within 10s:\n%s", code, elapsed, ok, lastLines(out, 5))
+		}
+		if !strings.Contains(lastLines(out, 1), "certificate") {
+			t.Errorf("the error does not name the certificate: %s", lastLines(out, 1))
+		}
+	})
+}
+
+// TestApacheNoCreateTopics runs the relay binary with --no-create-topics
+// on a broker with auto.create.topics.enable=false: an event for a topic
+// that does not exist stops delivery with an error naming the topic, the
+// slot is not confirmed past it and nothing after it is delivered; once
+// an administrator creates the topic, it and the events after it arrive.
+func TestApacheNoCreateTopics(t *testing.T) {
+	k := startApache(t, kafkacluster.Options{Settings: map[string]string{"auto.create.topics.enable": "false"}})
+	e := newEnv(t)
+	e.brokers = k.Addrs()
+	e.createTopic(3, 1, nil, e.topic("present"))
+	e.createTopic(1, 1, nil, e.topic("dlq"))
+	p := startProc(t, nil, append(e.args(), "--no-create-topics")...)
+	c := e.consume()
+	e.waitSlotActive(p)
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('present', 'k', 'T', '{"n": 1}')`)
+	c.waitIDs(1, 60*time.Second)
+	conn := e.conn()
+	before := e.currentLSN(conn)
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('missing', 'k', 'T', '{"n": 2}')`)
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('present', 'k', 'T', '{"n": 3}')`)
+	missing := e.topic("missing")
+	e.waitFor("an error naming the missing topic", 60*time.Second, func() (bool, error) {
+		return strings.Contains(p.out.String(), missing) && strings.Contains(strings.ToLower(p.out.String()), "create"),
+			fmt.Errorf("output so far ends: %s", lastLines(p.out.String(), 2))
+	})
+	t.Logf("the relay says: %s", grepLines(p.out.String(), missing, 1))
+	if got := e.slotInfo().ConfirmedLSN; got > before {
+		t.Errorf("slot confirmed to %s, past the event for the missing topic (written after %s)", got, before)
+	}
+	if n := len(distinctIDs(c.records())); n != 1 {
+		t.Errorf("%d events read while the topic is missing, want 1 (nothing after the stuck event)", n)
+	}
+	if exited(p) {
+		t.Logf("the relay exited: %v", p.err)
+	} else {
+		e.createTopic(3, 1, nil, missing)
+		recs := c.waitIDs(3, 2*time.Minute)
+		t.Logf("after the topic was created: %d records read", len(recs))
+	}
+}
+
+// TestApacheTxnTimeoutAboveBrokerMax starts the relay binary with
+// exactly-once delivery and the default --txn-timeout 60s on a broker
+// whose transaction.max.timeout.ms is 10s: the broker refuses the
+// transactional producer (INVALID_TRANSACTION_TIMEOUT) and the relay
+// exits non-zero within 30s with an error naming --txn-timeout.
+func TestApacheTxnTimeoutAboveBrokerMax(t *testing.T) {
+	k := startApache(t, kafkacluster.Options{Settings: map[string]string{"transaction.max.timeout.ms": "10000"}})
+	e := newEnv(t)
+	e.brokers = k.Addrs()
+	p := startProc(t, nil, withFlag(e.eosArgs(), "--startup-timeout", "60s")...)
+	code, elapsed, ok := p.wait(30 * time.Second)
+	out := p.out.String()
+	if !ok || code == 0 {
+		t.Fatalf("exit %d after %s (exited by itself: %v), want a non-zero exit within 30s:\n%s", code, elapsed, ok, lastLines(out, 5))
+	}
+	if !strings.Contains(lastLines(out, 1), "--txn-timeout") {
+		t.Errorf("the error does not name --txn-timeout: %s", lastLines(out, 1))
+	}
+	t.Logf("exit %d after %s: %s", code, elapsed.Round(time.Millisecond), lastLines(out, 1))
+}
+
+// TestApacheCheckpointCompaction runs exactly-once delivery with one event
+// per Kafka transaction (--txn-max-events 1) for 2,000 events: 2,000
+// checkpoint records and more. The checkpoint topic the relay created is
+// compacted (cleanup.policy=compact); the test then shortens its segments
+// (segment.ms 200, min.cleanable.dirty.ratio 0.01: what an hour of
+// segment.ms does in production) and waits for the broker's log cleaner:
+// a read_committed reader of the topic from the start, as a restarting
+// relay reads it, then finds a handful of records, and a relay restarted
+// on the compacted topic resumes exactly once.
+func TestApacheCheckpointCompaction(t *testing.T) {
+	needApache(t)
+	e := newEnv(t)
+	args := e.eosArgs("--txn-max-events", "1", "--txn-max-interval", "10ms")
+	p := startProc(t, nil, args...)
+	rc := e.consumeIsolated(true)
+	e.waitSlotStreamed(60 * time.Second)
+	adm, err := apache.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	rcs, err := adm.DescribeTopicConfigs(e.ctx, e.checkpointTopic())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := rcs.On(e.checkpointTopic(), nil); !hasConfig(v, "cleanup.policy", "compact") {
+		t.Fatalf("the checkpoint topic is not compacted: %+v", v.Configs)
+	}
+	if _, err := adm.AlterTopicConfigs(e.ctx, []kadm.AlterConfig{
+		{Name: "segment.ms", Value: ptr("200")},
+		{Name: "min.cleanable.dirty.ratio", Value: ptr("0.01")},
+	}, e.checkpointTopic()); err != nil {
+		t.Fatal(err)
+	}
+	const writers, perWriter = 4, 500
+	e.startWriters(writers, 0, perWriter, 5*time.Millisecond).wait(t)
+	e.deliveredExactlyOnce(rc, 3*time.Minute)
+	written := len(rc.checkpoints())
+	if written < writers*perWriter {
+		t.Fatalf("%d checkpoint records read, want at least one per event (%d)", written, writers*perWriter)
+	}
+	kill9(p)
+	// The cleaner leaves the newest record of each key (the slot's
+	// checkpoint and its probe) and the active segment, the last 200ms.
+	var left int
+	e.waitFor("the checkpoint topic compacted", 2*time.Minute, func() (bool, error) {
+		left = e.countCommitted(e.checkpointTopic())
+		return left*20 <= written, fmt.Errorf("%d of %d checkpoint records left", left, written)
+	})
+	p = startProc(t, nil, args...)
+	e.startWriters(writers, perWriter, 50, 5*time.Millisecond).wait(t)
+	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
+	checkRunning(t, p, "the restarted relay")
+	t.Logf("%d checkpoint records written, %d left after compaction; %d events read exactly once across the restart", written, left, n)
+}
+
+func hasConfig(rc kadm.ResourceConfig, key, value string) bool {
+	for _, c := range rc.Configs {
+		if c.Key == key && c.Value != nil && *c.Value == value {
+			return true
+		}
+	}
+	return false
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// countCommitted reads topic from the start read_committed, as a relay
+// reading its checkpoint does, and returns how many records it holds: all
+// it reads until two polls of a second each bring nothing.
+func (e *env) countCommitted(topic string) int {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	n, empty := 0, 0
+	for empty < 2 {
+		ctx, cancel := context.WithTimeout(e.ctx, time.Second)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		got := fs.NumRecords()
+		n += got
+		if got == 0 {
+			empty++
+		} else {
+			empty = 0
+		}
+	}
+	return n
+}
