@@ -212,9 +212,11 @@ func TestApacheTLS(t *testing.T) {
 
 // TestApacheNoCreateTopics runs the relay binary with --no-create-topics
 // on a broker with auto.create.topics.enable=false: an event for a topic
-// that does not exist stops delivery with an error naming the topic, the
-// slot is not confirmed past it and nothing after it is delivered; once
-// an administrator creates the topic, it and the events after it arrive.
+// that does not exist makes the relay warn, naming the topic and the fix
+// (create it or allow --create-topics), and restart from the last
+// confirmed position, again and again: the slot is not confirmed past the
+// event. Once an administrator creates the topic, it and the events after
+// it arrive, from the same relay process.
 func TestApacheNoCreateTopics(t *testing.T) {
 	k := startApache(t, kafkacluster.Options{Settings: map[string]string{"auto.create.topics.enable": "false"}})
 	e := newEnv(t)
@@ -231,24 +233,30 @@ func TestApacheNoCreateTopics(t *testing.T) {
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('missing', 'k', 'T', '{"n": 2}')`)
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('present', 'k', 'T', '{"n": 3}')`)
 	missing := e.topic("missing")
-	e.waitFor("an error naming the missing topic", 60*time.Second, func() (bool, error) {
-		return strings.Contains(p.out.String(), missing) && strings.Contains(strings.ToLower(p.out.String()), "create"),
-			fmt.Errorf("output so far ends: %s", lastLines(p.out.String(), 2))
+	// The event for the present topic may be delivered (Kafka orders
+	// nothing across topics); the slot must not be confirmed past the
+	// stuck one.
+	var complaint string
+	e.waitFor("a warning or error naming the missing topic", 60*time.Second, func() (bool, error) {
+		for _, l := range strings.Split(p.out.String(), "\n") {
+			if strings.Contains(l, missing) && !strings.Contains(l, `"level":"info"`) && !strings.Contains(l, `"level":"debug"`) {
+				complaint = l
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("output so far ends: %s", lastLines(p.out.String(), 2))
 	})
-	t.Logf("the relay says: %s", grepLines(p.out.String(), missing, 1))
+	t.Logf("the relay says: %s", complaint)
+	if !strings.Contains(complaint, "--create-topics") {
+		t.Errorf("the complaint does not name the fix (create the topic or allow --create-topics): %s", complaint)
+	}
 	if got := e.slotInfo().ConfirmedLSN; got > before {
 		t.Errorf("slot confirmed to %s, past the event for the missing topic (written after %s)", got, before)
 	}
-	if n := len(distinctIDs(c.records())); n != 1 {
-		t.Errorf("%d events read while the topic is missing, want 1 (nothing after the stuck event)", n)
-	}
-	if exited(p) {
-		t.Logf("the relay exited: %v", p.err)
-	} else {
-		e.createTopic(3, 1, nil, missing)
-		recs := c.waitIDs(3, 2*time.Minute)
-		t.Logf("after the topic was created: %d records read", len(recs))
-	}
+	e.createTopic(3, 1, nil, missing)
+	recs := c.waitIDs(3, 2*time.Minute)
+	checkRunning(t, p, "the relay")
+	t.Logf("after the topic was created: %d records read", len(recs))
 }
 
 // TestApacheTxnTimeoutAboveBrokerMax starts the relay binary with
