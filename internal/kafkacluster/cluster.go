@@ -130,11 +130,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			c.Close()
 		}
 	}()
-	id := make([]byte, 16)
-	if _, err := rand.Read(id); err != nil {
-		return nil, err
-	}
-	c.ID = base64.RawURLEncoding.EncodeToString(id)
+	c.ID = newClusterID()
 
 	perNode := 2
 	if opts.SCRAM {
@@ -432,15 +428,18 @@ func (c *Cluster) properties(n *Node) (string, error) {
 		"offsets.topic.replication.factor": strconv.Itoa(rf),
 		// Fewer internal partitions than the default 50: created on the
 		// first group or transaction, each costs the test time.
-		"offsets.topic.num.partitions":                               "5",
-		"transaction.state.log.num.partitions":                       "5",
-		"transaction.state.log.replication.factor":                   strconv.Itoa(rf),
-		"transaction.state.log.min.isr":                              strconv.Itoa(minISR),
-		"share.coordinator.state.topic.replication.factor":           strconv.Itoa(rf),
-		"share.coordinator.state.topic.min.isr":                      strconv.Itoa(minISR),
-		"group.initial.rebalance.delay.ms":                           "0",
-		"controlled.shutdown.enable":                                 "true",
-		"transaction.remove.expired.transaction.cleanup.interval.ms": "60000",
+		"offsets.topic.num.partitions":                     "5",
+		"transaction.state.log.num.partitions":             "5",
+		"transaction.state.log.replication.factor":         strconv.Itoa(rf),
+		"transaction.state.log.min.isr":                    strconv.Itoa(minISR),
+		"share.coordinator.state.topic.replication.factor": strconv.Itoa(rf),
+		"share.coordinator.state.topic.min.isr":            strconv.Itoa(minISR),
+		"group.initial.rebalance.delay.ms":                 "0",
+		"controlled.shutdown.enable":                       "true",
+		// A node restarted after kill -9 cannot register until its old
+		// session expires (DUPLICATE_BROKER_REGISTRATION): 3s, not 9s.
+		"broker.session.timeout.ms":    "3000",
+		"broker.heartbeat.interval.ms": "500",
 	}
 	if n.SASLPort != 0 {
 		p["sasl.enabled.mechanisms"] = "SCRAM-SHA-256,SCRAM-SHA-512"
@@ -589,6 +588,19 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() error) erro
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// newClusterID returns a random KRaft cluster id (16 bytes, base64url
+// without padding) that, like Kafka's Uuid.randomUuid, never starts with
+// '-': the storage tool would read it as an option.
+func newClusterID() string {
+	for {
+		id := make([]byte, 16)
+		rand.Read(id)
+		if s := base64.RawURLEncoding.EncodeToString(id); s[0] != '-' {
+			return s
 		}
 	}
 }

@@ -26,6 +26,16 @@ func TestEscapeValue(t *testing.T) {
 	}
 }
 
+// TestClusterIDNotAnOption: one id in 64 would start with '-' and make
+// the storage tool fail with "expected one argument".
+func TestClusterIDNotAnOption(t *testing.T) {
+	for i := 0; i < 5000; i++ {
+		if id := newClusterID(); len(id) != 22 || id[0] == '-' {
+			t.Fatalf("cluster id %q", id)
+		}
+	}
+}
+
 // TestClasspathNamesTheBroker checks the cached classpath holds the broker,
 // the Scala library and the log4j binding (without it the broker logs
 // nothing).

@@ -374,3 +374,91 @@ func (e *env) countCommitted(topic string) int {
 	}
 	return n
 }
+
+// TestApacheTransactionTimedOut freezes the relay binary (SIGSTOP) while
+// its Kafka transaction is open, with --txn-timeout 2s: the broker aborts
+// the transaction (it looks every 500ms here) and bumps the producer's
+// epoch. Thawed (SIGCONT) once the broker no longer reports the
+// transaction Ongoing, the relay must take that for a timed-out
+// transaction, not for fencing by another relay: it keeps running, and
+// every committed id is read exactly once read_committed, while
+// read_uncommitted reads the aborted copies too.
+func TestApacheTransactionTimedOut(t *testing.T) {
+	needApache(t)
+	e := newEnv(t)
+	p := startProc(t, nil, e.eosArgs("--txn-timeout", "2s", "--txn-max-interval", "1s")...)
+	rc := e.consumeIsolated(true)
+	ru := e.consumeIsolated(false)
+	e.waitSlotStreamed(60 * time.Second)
+	const writers, perWriter = 4, 300
+	wr := e.startWriters(writers, 0, perWriter, 20*time.Millisecond)
+	rc.waitDistinct(writers*perWriter/4, time.Minute)
+	txnID := "walrelay-" + e.name
+	e.waitTxnOngoing(txnID, 30*time.Second)
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	var state string
+	e.waitFor("the broker aborting the frozen relay's transaction", 30*time.Second, func() (bool, error) {
+		state = e.txnState(txnID)
+		return state != "Ongoing", fmt.Errorf("transaction %s", state)
+	})
+	abortedAfter := time.Since(frozen)
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	wr.wait(t)
+	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
+	checkRunning(t, p, "the thawed relay")
+	ruIDs, ruExtra := ru.duplicates()
+	if ruIDs == 0 {
+		t.Errorf("read_uncommitted read no id twice: the timed-out transaction's aborted copies are missing")
+	}
+	t.Logf("the broker ended the frozen relay's transaction after %s (state %s); the relay said: %s; %d events read exactly once; read_uncommitted: %d ids twice or more (%d aborted copies)",
+		abortedAfter.Round(time.Millisecond), state, grepLines(p.out.String(), "timed out", 1), n, ruIDs, ruExtra)
+}
+
+// TestApacheBrokerRestartTxnOpen kills the broker (SIGKILL: a node of its
+// own) while the in-process relay's Kafka transaction is open
+// (DescribeTransactions: Ongoing) and 8 writers run, and restarts it on
+// the same data: the relay rides the outage out without Run returning,
+// and every committed id is read exactly once read_committed, per key in
+// commit order.
+func TestApacheBrokerRestartTxnOpen(t *testing.T) {
+	k := startApache(t, kafkacluster.Options{})
+	e := newEnv(t)
+	e.brokers = k.Addrs()
+	cfg := e.config()
+	cfg.ExactlyOnce = true
+	cfg.Router.CheckpointTopic = e.checkpointTopic()
+	cfg.TxnMaxInterval = 300 * time.Millisecond
+	rr, reg := e.startRelayGathered(cfg)
+	rc := e.consumeIsolated(true)
+	ru := e.consumeIsolated(false)
+	const writers, perWriter = 8, 600
+	wr := e.startWriters(writers, 0, perWriter, 60*time.Millisecond)
+	rc.waitDistinct(writers*perWriter/4, 2*time.Minute)
+	state := e.waitTxnOngoing("walrelay-"+e.name, 30*time.Second)
+	k.Kill(1)
+	rowsAtKill := wr.rows.Load()
+	killed := time.Now()
+	if err := k.Restart(e.ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	down := time.Since(killed)
+	rowsDuring := wr.rows.Load() - rowsAtKill
+	wr.wait(t)
+	if rowsDuring == 0 {
+		t.Fatal("no rows were committed while the broker was down: the writers did not span the outage")
+	}
+	_, n := e.deliveredExactlyOnce(rc, 3*time.Minute)
+	if ok, err := rr.returned(); ok {
+		t.Fatalf("relay Run returned: %v", err)
+	}
+	ruIDs, ruExtra := ru.duplicates()
+	t.Logf("broker killed with the relay's transaction %s, back after %s, %d rows committed meanwhile; %d events read exactly once; "+
+		"read_uncommitted saw %d ids twice or more (%d extra copies); kafka transactions %v, stream restarts %v",
+		state, down.Round(time.Millisecond), rowsDuring, n, ruIDs, ruExtra,
+		gathered(reg, "walrelay_kafka_transactions_total"), gathered(reg, "walrelay_stream_restarts_total"))
+}
