@@ -9,9 +9,12 @@ package integration
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -461,4 +464,190 @@ func TestApacheBrokerRestartTxnOpen(t *testing.T) {
 		"read_uncommitted saw %d ids twice or more (%d extra copies); kafka transactions %v, stream restarts %v",
 		state, down.Round(time.Millisecond), rowsDuring, n, ruIDs, ruExtra,
 		gathered(reg, "walrelay_kafka_transactions_total"), gathered(reg, "walrelay_stream_restarts_total"))
+}
+
+// TestApacheThreeNodeKills runs the relay binary on a three-node cluster
+// (replication factor 3, min.insync.replicas 2) while 4 writers commit
+// 4 × 3000 events, in both delivery modes, and kills nodes with SIGKILL
+// one at a time (WALRELAY_TEST_APACHE_KILLS, default 6 per mode): in turn
+// the leader of a partition of the event topic and (exactly-once) the
+// node of the relay's transaction coordinator. Each killed node is
+// restarted, and the next kill waits until every partition is fully in
+// sync again, so that two replicas always hold each acknowledged record.
+// At-least-once: every committed id is read, per key in commit order.
+// Exactly-once: read_committed reads every committed id exactly once. The
+// relay keeps running throughout. Reported: events, kills, lost,
+// duplicates and the longest time no new id arrived while writers ran.
+func TestApacheThreeNodeKills(t *testing.T) {
+	needApache(t)
+	if testing.Short() {
+		t.Skip("a three-node cluster under kills")
+	}
+	kills := 6
+	if s, err := strconv.Atoi(os.Getenv("WALRELAY_TEST_APACHE_KILLS")); err == nil && s >= 0 {
+		kills = s
+	}
+	k := startApache(t, kafkacluster.Options{Nodes: 3, HeapMB: 384, Settings: map[string]string{"min.insync.replicas": "2"}})
+	adm, err := k.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	for _, mode := range []string{"at-least-once", "exactly-once"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			e.brokers = k.Addrs()
+			eos := mode == "exactly-once"
+			args := append(e.args(), "--topic-replication-factor", "3")
+			var distinct func() int
+			var rc *eosConsumer
+			var c *consumer
+			if eos {
+				args = append(args, "--delivery", "exactly-once", "--checkpoint-topic", e.checkpointTopic())
+				rc = e.consumeIsolated(true)
+				distinct = rc.distinct
+			} else {
+				c = e.consume()
+				distinct = func() int { return len(distinctIDs(c.records())) }
+			}
+			p := startProc(t, nil, args...)
+			e.waitSlotStreamed(60 * time.Second)
+
+			const writers, perWriter = 4, 3000
+			start := time.Now()
+			wr := e.startWriters(writers, 0, perWriter, 30*time.Millisecond)
+			stall := watchStall(wr.done, distinct)
+			topics := []string{e.topic("w")}
+			if eos {
+				topics = append(topics, e.checkpointTopic(), "__transaction_state")
+			}
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 13))
+			var killLog []string
+			for i := 0; i < kills; i++ {
+				if wrDone(wr) {
+					break
+				}
+				e.waitInSync(adm, 3, topics...)
+				victim, why := e.leaderOf(adm, e.topic("w"), int32(i%3)), "leader of partition "+strconv.Itoa(i%3)
+				if eos && i%2 == 0 {
+					victim, why = e.txnCoordinator(adm, "walrelay-"+e.name), "transaction coordinator"
+				}
+				// Pace the kills through the run: a moment of load first.
+				time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
+				k.Kill(victim)
+				if err := k.Restart(e.ctx, victim); err != nil {
+					t.Fatal(err)
+				}
+				killLog = append(killLog, fmt.Sprintf("node %d (%s) at %d rows", victim, why, wr.rows.Load()))
+				if exited(p) {
+					t.Fatalf("the relay exited after kill %d (%v):\n%s", i+1, p.err, lastLines(p.out.String(), 3))
+				}
+			}
+			wr.wait(t)
+			writeTime := time.Since(start)
+			var lost, dups, n int
+			if eos {
+				_, n = e.deliveredExactlyOnce(rc, 3*time.Minute)
+			} else {
+				conn := e.conn()
+				want, total := committedRows(t, e, conn)
+				n = total
+				recs := waitAllIDs(c, want, 3*time.Minute)
+				dups = checkDelivered(t, recs, want, nil)
+				lost = total - len(distinctIDs(recs))
+			}
+			checkRunning(t, p, "the relay")
+			t.Logf("%s: %d events written in %s; %d kills: %s; lost %d, duplicates %d; longest stall while writing %s",
+				mode, n, writeTime.Round(time.Second), len(killLog), strings.Join(killLog, ", "), lost, dups, stall().Round(time.Millisecond))
+		})
+	}
+}
+
+// wrDone reports whether every writer returned.
+func wrDone(wr *writerGroup) bool {
+	select {
+	case <-wr.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// watchStall samples count every 20ms until done closes; the returned
+// function gives the longest time count did not grow meanwhile.
+func watchStall(done <-chan struct{}, count func() int) func() time.Duration {
+	var mu sync.Mutex
+	var longest time.Duration
+	go func() {
+		last, since := count(), time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if n := count(); n != last {
+				last, since = n, time.Now()
+				continue
+			}
+			mu.Lock()
+			longest = max(longest, time.Since(since))
+			mu.Unlock()
+		}
+	}()
+	return func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return longest
+	}
+}
+
+// waitInSync waits until every partition of topics has a leader and rf
+// in-sync replicas.
+func (e *env) waitInSync(adm *kadm.Client, rf int, topics ...string) {
+	e.t.Helper()
+	e.waitFor("every partition in sync", 2*time.Minute, func() (bool, error) {
+		ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+		defer cancel()
+		tds, err := adm.ListTopics(ctx, topics...)
+		if err != nil {
+			return false, err
+		}
+		for _, td := range tds {
+			if td.Err != nil {
+				return false, fmt.Errorf("%s: %w", td.Topic, td.Err)
+			}
+			for _, pd := range td.Partitions {
+				if pd.Leader < 0 || len(pd.ISR) < rf {
+					return false, fmt.Errorf("%s/%d: leader %d, in sync %v", td.Topic, pd.Partition, pd.Leader, pd.ISR)
+				}
+			}
+		}
+		return true, nil
+	})
+}
+
+// leaderOf is the node leading topic's partition.
+func (e *env) leaderOf(adm *kadm.Client, topic string, partition int32) int {
+	e.t.Helper()
+	tds, err := adm.ListTopics(e.ctx, topic)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pd, ok := tds[topic].Partitions[partition]
+	if !ok || pd.Leader < 0 {
+		e.t.Fatalf("%s/%d has no leader", topic, partition)
+	}
+	return int(pd.Leader)
+}
+
+// txnCoordinator is the node coordinating transactional id txnID.
+func (e *env) txnCoordinator(adm *kadm.Client, txnID string) int {
+	e.t.Helper()
+	r := adm.FindTxnCoordinators(e.ctx, txnID)
+	c, ok := r[txnID]
+	if !ok || c.Err != nil {
+		e.t.Fatalf("find the coordinator of %s: %+v", txnID, c)
+	}
+	return int(c.NodeID)
 }
