@@ -437,9 +437,10 @@ func (c *Cluster) properties(n *Node) (string, error) {
 		"group.initial.rebalance.delay.ms":                 "0",
 		"controlled.shutdown.enable":                       "true",
 		// A node restarted after kill -9 cannot register until its old
-		// session expires (DUPLICATE_BROKER_REGISTRATION): 3s, not 9s.
-		"broker.session.timeout.ms":    "3000",
-		"broker.heartbeat.interval.ms": "500",
+		// session expires (DUPLICATE_BROKER_REGISTRATION): 6s, not 9s.
+		// Shorter makes nodes of a loaded machine fence each other.
+		"broker.session.timeout.ms":    "6000",
+		"broker.heartbeat.interval.ms": "1000",
 	}
 	if n.SASLPort != 0 {
 		p["sasl.enabled.mechanisms"] = "SCRAM-SHA-256,SCRAM-SHA-512"
@@ -528,41 +529,53 @@ func (c *Cluster) launch(n *Node) error {
 	return nil
 }
 
-// waitBrokers waits until the cluster's metadata lists every node of want
-// as a broker (registered and unfenced), failing early when one's process
-// exits.
+// waitBrokers waits until each node of want answers a metadata request
+// itself and lists itself as a broker: it is registered and unfenced. The
+// node itself is asked, not the cluster: after a kill -9 the controller
+// keeps the dead incarnation registered (and in every ISR) until its
+// session expires, so the cluster's answer would say a restarted node is
+// back before it is. It fails early when a node's process exits.
 func (c *Cluster) waitBrokers(ctx context.Context, timeout time.Duration, want ...*Node) error {
-	adm, err := c.Admin(kgo.RetryTimeout(2*time.Second), kgo.DialTimeout(time.Second))
-	if err != nil {
-		return err
-	}
-	defer adm.Close()
 	return waitFor(ctx, timeout, func() error {
 		for _, n := range want {
 			if !n.running() {
 				return permanent{fmt.Errorf("kafkacluster: node %d exited while starting; its log ends:\n%s", n.ID, tail(n.logFile(), 30))}
 			}
 		}
-		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		defer cancel()
-		m, err := adm.BrokerMetadata(rctx)
-		if err != nil {
-			return err
-		}
-		have := map[int32]bool{}
-		for _, b := range m.Brokers {
-			have[b.NodeID] = true
-		}
 		for _, n := range want {
-			if !have[int32(n.ID)] {
-				return fmt.Errorf("node %d not yet a broker (%d of %d registered)", n.ID, len(m.Brokers), len(c.nodes))
+			if err := n.answers(ctx); err != nil {
+				return err
 			}
-		}
-		if m.Controller < 0 {
-			return errors.New("no active controller yet")
 		}
 		return nil
 	})
+}
+
+// answers asks node n alone (a client whose only seed it is, new each
+// time, so that no other broker answers) for metadata listing n as a
+// broker and an active controller.
+func (n *Node) answers(ctx context.Context) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(net.JoinHostPort("127.0.0.1", strconv.Itoa(n.Port))),
+		kgo.RetryTimeout(time.Second), kgo.DialTimeout(time.Second))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	m, err := kadm.NewClient(cl).BrokerMetadata(rctx)
+	if err != nil {
+		return fmt.Errorf("node %d: %w", n.ID, err)
+	}
+	for _, b := range m.Brokers {
+		if b.NodeID == int32(n.ID) {
+			if m.Controller < 0 {
+				return fmt.Errorf("node %d: no active controller yet", n.ID)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("node %d answers but is not yet an unfenced broker (%d listed)", n.ID, len(m.Brokers))
 }
 
 // permanent marks an error that ends waitFor at once.
