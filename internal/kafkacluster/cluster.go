@@ -329,6 +329,18 @@ func (c *Cluster) Restart(ctx context.Context, id int) error {
 	return c.waitBrokers(ctx, c.opts.StartTimeout, n)
 }
 
+// Pid is node id's process id (0 when it is not running), for measuring
+// the broker's CPU.
+func (c *Cluster) Pid(id int) int {
+	n := c.Node(id)
+	if !n.running() {
+		return 0
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cmd.Process.Pid
+}
+
 // Running reports whether node id's process is alive.
 func (c *Cluster) Running(id int) bool { return c.Node(id).running() }
 

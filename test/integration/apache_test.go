@@ -468,8 +468,9 @@ func TestApacheBrokerRestartTxnOpen(t *testing.T) {
 
 // TestApacheThreeNodeKills runs the relay binary on a three-node cluster
 // (replication factor 3, min.insync.replicas 2) while 4 writers commit
-// 4 × 3000 events, in both delivery modes, and kills nodes with SIGKILL
-// one at a time (WALRELAY_TEST_APACHE_KILLS, default 6 per mode): in turn
+// 4 × 1000 events per kill, in both delivery modes, and kills nodes with
+// SIGKILL one at a time (WALRELAY_TEST_APACHE_KILLS, default 4 per mode):
+// in turn
 // the leader of a partition of the event topic and (exactly-once) the
 // node of the relay's transaction coordinator. Each killed node is
 // restarted, and the next kill waits until every partition is fully in
@@ -483,7 +484,7 @@ func TestApacheThreeNodeKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a three-node cluster under kills")
 	}
-	kills := 6
+	kills := 4
 	if s, err := strconv.Atoi(os.Getenv("WALRELAY_TEST_APACHE_KILLS")); err == nil && s >= 0 {
 		kills = s
 	}
@@ -513,7 +514,10 @@ func TestApacheThreeNodeKills(t *testing.T) {
 			p := startProc(t, nil, args...)
 			e.waitSlotStreamed(60 * time.Second)
 
-			const writers, perWriter = 4, 3000
+			// About 15s of writing per kill: a kill, the session timeout,
+			// the restart and the wait for every replica to be in sync.
+			const writers = 4
+			perWriter := 1000 * max(kills, 1)
 			start := time.Now()
 			wr := e.startWriters(writers, 0, perWriter, 30*time.Millisecond)
 			stall := watchStall(wr.done, distinct)
