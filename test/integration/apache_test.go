@@ -470,9 +470,8 @@ func TestApacheBrokerRestartTxnOpen(t *testing.T) {
 // (replication factor 3, min.insync.replicas 2) while 4 writers commit
 // 4 × 1000 events per kill, in both delivery modes, and kills nodes with
 // SIGKILL one at a time (WALRELAY_TEST_APACHE_KILLS, default 4 per mode):
-// in turn
-// the leader of a partition of the event topic and (exactly-once) the
-// node of the relay's transaction coordinator. Each killed node is
+// in turn the leader of a partition of the event topic and (exactly-once)
+// the node of the relay's transaction coordinator. Each killed node is
 // restarted, and the next kill waits until every partition is fully in
 // sync again, so that two replicas always hold each acknowledged record.
 // At-least-once: every committed id is read, per key in commit order.
