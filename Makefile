@@ -64,8 +64,9 @@ deps-postgres:
 # Apache Kafka's jars for `make test-kafka`, resolved by Maven from
 # internal/kafkacluster/pom.xml into ~/.m2 once, and their classpath cached
 # under the user's cache directory, keyed by the pom's hash (the name
-# kafkacluster.ClasspathFile reads). Installs nothing: without java and mvn
-# it says so, and the default tests (kfake) need neither.
+# kafkacluster.ClasspathFile reads). Installs nothing: without java and mvn,
+# or with Maven Central unreachable, it says so and fails only `make
+# test-kafka`; the default tests (kfake) need neither.
 KAFKA_POM := internal/kafkacluster/pom.xml
 deps-kafka:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
@@ -74,7 +75,10 @@ deps-kafka:
 	  cp="$${XDG_CACHE_HOME:-$$HOME/.cache}/walrelay/kafka-$$(sha256sum $(KAFKA_POM) | cut -c1-16).classpath"; \
 	  if [ ! -s "$$cp" ]; then \
 	    echo "== resolving Apache Kafka's jars (Maven, into ~/.m2)"; \
-	    mkdir -p "$$(dirname "$$cp")" && mvn -q -B -f $(KAFKA_POM) dependency:build-classpath -Dmdep.outputFile="$$cp.tmp" && mv "$$cp.tmp" "$$cp"; \
+	    if ! { mkdir -p "$$(dirname "$$cp")" && mvn -q -B -f $(KAFKA_POM) dependency:build-classpath -Dmdep.outputFile="$$cp.tmp" && mv "$$cp.tmp" "$$cp"; }; then \
+	      echo "deps-kafka: Maven could not resolve Apache Kafka's jars (is Maven Central reachable?); only make test-kafka needs them"; \
+	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
+	    fi; \
 	  fi; \
 	fi
 
