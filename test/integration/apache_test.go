@@ -393,20 +393,35 @@ func TestApacheTransactionTimedOut(t *testing.T) {
 	rc := e.consumeIsolated(true)
 	ru := e.consumeIsolated(false)
 	e.waitSlotStreamed(60 * time.Second)
-	const writers, perWriter = 4, 300
+	const writers, perWriter = 4, 1500
 	wr := e.startWriters(writers, 0, perWriter, 20*time.Millisecond)
-	rc.waitDistinct(writers*perWriter/4, time.Minute)
+	rc.waitDistinct(writers*perWriter/10, time.Minute)
 	txnID := "walrelay-" + e.name
-	e.waitTxnOngoing(txnID, 30*time.Second)
-	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	// Freeze the relay with its transaction open: a transaction seen
+	// Ongoing may commit before the signal lands, so check again once the
+	// relay is stopped, and thaw and retry if it did.
+	var frozen time.Time
+	for attempt := 1; ; attempt++ {
+		e.waitTxnOngoing(txnID, 30*time.Second)
+		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		frozen = time.Now()
+		if st := e.txnState(txnID); st == "Ongoing" {
+			break
+		} else if attempt == 10 {
+			t.Fatalf("10 times the relay's transaction was %s once the relay was frozen, not Ongoing", st)
+		}
+		p.cmd.Process.Signal(syscall.SIGCONT)
 	}
-	frozen := time.Now()
 	var state string
 	e.waitFor("the broker aborting the frozen relay's transaction", 30*time.Second, func() (bool, error) {
 		state = e.txnState(txnID)
 		return state != "Ongoing", fmt.Errorf("transaction %s", state)
 	})
+	if state != "PrepareAbort" && state != "CompleteAbort" {
+		t.Errorf("the frozen relay's transaction ended %s, want aborted by the broker", state)
+	}
 	abortedAfter := time.Since(frozen)
 	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -419,7 +434,7 @@ func TestApacheTransactionTimedOut(t *testing.T) {
 		t.Errorf("read_uncommitted read no id twice: the timed-out transaction's aborted copies are missing")
 	}
 	t.Logf("the broker ended the frozen relay's transaction after %s (state %s); the relay said: %s; %d events read exactly once; read_uncommitted: %d ids twice or more (%d aborted copies)",
-		abortedAfter.Round(time.Millisecond), state, grepLines(p.out.String(), "timed out", 1), n, ruIDs, ruExtra)
+		abortedAfter.Round(time.Millisecond), state, grepLines(p.out.String(), "relay restarting", 1), n, ruIDs, ruExtra)
 }
 
 // TestApacheBrokerRestartTxnOpen kills the broker (SIGKILL: a node of its
