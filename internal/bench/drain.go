@@ -50,7 +50,8 @@ func (b *bencher) brokers() ([]*broker, error) {
 	return out, nil
 }
 
-// start starts an in-process broker for one measurement.
+// start starts the broker of one measurement (an in-process kfake or an
+// Apache Kafka node).
 func (k *broker) start() error {
 	switch k.name {
 	case "external":
