@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server
+.PHONY: all build test test-kafka lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka
 
 all: build
 
@@ -21,6 +21,12 @@ test: deps lint
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run '^$$' -bench . -benchtime 1x $(PKGS)
 	cd deploy/check && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# The integration suite (and internal/kafkacluster's own tests) on Apache
+# Kafka instead of kfake: one broker JVM for the package (needs OpenJDK 17+
+# and Maven; deps-kafka resolves the broker's jars).
+test-kafka: deps
+	WALRELAY_TEST_KAFKA=apache $(GO) test -race -count=1 -p 1 -timeout 30m ./internal/kafkacluster ./test/integration
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^deploy/check/') deploy/check); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -46,7 +52,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres
+DEPS := deps-postgres deps-kafka
 
 deps: $(DEPS)
 
@@ -54,6 +60,27 @@ deps: $(DEPS)
 # smoke test's baseline.
 deps-postgres:
 	@bash scripts/ensure-postgres --client --retry "make $(MAKECMDGOALS)"
+
+# Apache Kafka's jars for `make test-kafka`, resolved by Maven from
+# internal/kafkacluster/pom.xml into ~/.m2 once, and their classpath cached
+# under the user's cache directory, keyed by the pom's hash (the name
+# kafkacluster.ClasspathFile reads). Installs nothing: without java and mvn,
+# or with Maven Central unreachable, it says so and fails only `make
+# test-kafka`; the default tests (kfake) need neither.
+KAFKA_POM := internal/kafkacluster/pom.xml
+deps-kafka:
+	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
+	  echo "deps-kafka: java or mvn not found; make test-kafka needs them (apt-get install openjdk-17-jre-headless maven)"; \
+	else \
+	  cp="$${XDG_CACHE_HOME:-$$HOME/.cache}/walrelay/kafka-$$(sha256sum $(KAFKA_POM) | cut -c1-16).classpath"; \
+	  if [ ! -s "$$cp" ]; then \
+	    echo "== resolving Apache Kafka's jars (Maven, into ~/.m2)"; \
+	    if ! { mkdir -p "$$(dirname "$$cp")" && mvn -q -B -f $(KAFKA_POM) dependency:build-classpath -Dmdep.outputFile="$$cp.tmp" && mv "$$cp.tmp" "$$cp"; }; then \
+	      echo "deps-kafka: Maven could not resolve Apache Kafka's jars (is Maven Central reachable?); only make test-kafka needs them"; \
+	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
+	    fi; \
+	  fi; \
+	fi
 
 # The server alone: all `walrelay dev` needs.
 deps-postgres-server:

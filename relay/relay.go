@@ -521,10 +521,12 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 }
 
 // kafkaConfigError reports errors that retrying cannot fix: wrong
-// credentials, an unsupported mechanism, a certificate that is not trusted.
+// credentials, an unsupported mechanism, a certificate that is not trusted,
+// a --txn-timeout above the broker's transaction.max.timeout.ms.
 func kafkaConfigError(err error) bool {
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
-		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || certificateError(err)
+		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
+		errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err)
 }
 
 // pgAuthError reports PostgreSQL refusing the login: a wrong password

@@ -36,6 +36,7 @@ import (
 	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -515,6 +516,11 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 		if refusedForGood(err) && o.topic != r.dlq && o.table != nil {
 			r.redirect(o, err)
 			return
+		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) && !r.cfg.CreateTopics {
+			// A broker with auto.create.topics.enable=false: retrying
+			// cannot help until someone creates the topic.
+			err = fmt.Errorf("the topic does not exist: create it, or allow --create-topics: %w", err)
 		}
 		r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
 		return

@@ -17,7 +17,7 @@ type benchCmd struct {
 	Events       int           `default:"200000" help:"drain: backlog size in events."`
 	TxnSize      []int         `default:"1,100" help:"drain: rows per transaction; one run per value."`
 	PayloadBytes int           `default:"200" help:"Approximate payload size of each event."`
-	Broker       []string      `default:"discard,store" help:"drain: in-process broker modes, discard (accepts and drops records) and store."`
+	Broker       []string      `default:"discard,store" help:"drain: brokers, discard and store (in-process kfake that drops or keeps records) and apache (one Apache Kafka node: needs Java and Maven, see make deps-kafka; latency then runs on it too)."`
 	Delivery     []string      `default:"at-least-once" help:"drain and latency: delivery modes to measure, at-least-once and/or exactly-once."`
 	Rate         []int         `default:"2000,10000" help:"latency: commits per second; one run per value."`
 	Duration     time.Duration `default:"20s" help:"latency: how long each rate runs (after a 2s warm-up)."`

@@ -32,7 +32,7 @@ type Config struct {
 	Events       int      // drain backlog size
 	TxnSizes     []int    // rows per transaction, one drain run each
 	PayloadBytes int
-	Brokers      []string // "discard", "store" (in-process kfake modes)
+	Brokers      []string // "discard", "store" (in-process kfake modes), "apache" (Apache Kafka; latency too)
 	Deliveries   []string // "at-least-once", "exactly-once"
 	Rates        []int    // latency: commits per second
 	Duration     time.Duration

@@ -10,14 +10,30 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/internal/kafkacluster"
 )
 
 // broker is the Kafka side of a measurement: an in-process kfake
-// (discarding or storing records) or external brokers.
+// (discarding or storing records), a one-node Apache Kafka (apache) or
+// external brokers.
 type broker struct {
-	name  string
-	addrs []string
-	kafka *devcluster.Kafka
+	name   string
+	addrs  []string
+	kafka  *devcluster.Kafka
+	apache *kafkacluster.Cluster
+}
+
+// cpu is the broker's CPU time so far: the bench process's own with an
+// in-process kfake, the JVM's with Apache Kafka; 0 for external brokers.
+func (k *broker) cpu() time.Duration {
+	switch {
+	case k.apache != nil:
+		d, _ := cpuTime(k.apache.Pid(1))
+		return d
+	case k.kafka != nil:
+		return selfCPU()
+	}
+	return 0
 }
 
 func (b *bencher) brokers() ([]*broker, error) {
@@ -26,17 +42,27 @@ func (b *bencher) brokers() ([]*broker, error) {
 	}
 	var out []*broker
 	for _, mode := range b.cfg.Brokers {
-		if mode != "discard" && mode != "store" {
-			return nil, fmt.Errorf("broker mode %q: want discard or store", mode)
+		if mode != "discard" && mode != "store" && mode != "apache" {
+			return nil, fmt.Errorf("broker mode %q: want discard, store or apache", mode)
 		}
 		out = append(out, &broker{name: mode})
 	}
 	return out, nil
 }
 
-// start starts an in-process broker for one measurement.
+// start starts the broker of one measurement (an in-process kfake or an
+// Apache Kafka node).
 func (k *broker) start() error {
-	if k.name == "external" {
+	switch k.name {
+	case "external":
+		return nil
+	case "apache":
+		// The heap the broker's own scripts give it.
+		c, err := kafkacluster.Start(context.Background(), kafkacluster.Options{HeapMB: 1024})
+		if err != nil {
+			return err
+		}
+		k.apache, k.addrs = c, c.Addrs()
 		return nil
 	}
 	kafka, err := devcluster.StartKafka(devcluster.KafkaOptions{Discard: k.name == "discard"})
@@ -51,6 +77,10 @@ func (k *broker) stop() {
 	if k.kafka != nil {
 		k.kafka.Close()
 		k.kafka = nil
+	}
+	if k.apache != nil {
+		k.apache.Close()
+		k.apache = nil
 	}
 }
 
@@ -147,9 +177,9 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	if err := su.startBroker(k); err != nil {
 		return Result{}, err
 	}
-	// The bench process's own CPU while the relay drains: with an
-	// in-process broker, that is the broker's cost.
-	selfStart := selfCPU()
+	// The broker's CPU while the relay drains (with an in-process broker,
+	// the bench process's own).
+	brokerStart := k.cpu()
 	relayStart := time.Now()
 	relayWS, err := su.startRelay(ctx, delivery)
 	if err != nil {
@@ -163,7 +193,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	}
 	rl := su.relay
 	relayCPU, _ := cpuTime(rl.cmd.Process.Pid)
-	benchCPU := selfCPU() - selfStart
+	brokerCPU := k.cpu() - brokerStart
 	wsCPU := relayWSCPU.Stop()
 
 	res := Result{
@@ -180,8 +210,8 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 			"relay_cpu_us_per_event":       float64(relayCPU.Microseconds()) / n,
 		},
 	}
-	if k.kafka != nil {
-		res.Metrics["broker_cpu_us_per_event"] = float64(benchCPU.Microseconds()) / n
+	if k.kafka != nil || k.apache != nil {
+		res.Metrics["broker_cpu_us_per_event"] = float64(brokerCPU.Microseconds()) / n
 	}
 	b.logf("drain txn=%d broker=%s delivery=%s: pg_recvlogical %s, relay %s (ratio %.2f)", txnSize, k.name, delivery,
 		recvTime.Round(time.Millisecond), relayTime.Round(time.Millisecond), res.Metrics["ratio"])

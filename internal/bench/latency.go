@@ -37,7 +37,11 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 		return Result{}, err
 	}
 	defer su.close()
-	url, k := su.url, b.oneBroker("store")
+	mode := "store"
+	if has(b.cfg.Brokers, "apache") {
+		mode = "apache"
+	}
+	url, k := su.url, b.oneBroker(mode)
 	if err := su.startBroker(k); err != nil {
 		return Result{}, err
 	}

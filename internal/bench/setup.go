@@ -72,7 +72,8 @@ func (s *setup) close() {
 }
 
 // oneBroker is the broker of a scenario that runs on one: the in-process
-// kfake in mode (discard or store), or the external brokers if named.
+// kfake in mode (discard or store), one Apache Kafka node (apache), or the
+// external brokers if named.
 func (b *bencher) oneBroker(mode string) *broker {
 	if len(b.cfg.KafkaBrokers) > 0 {
 		return &broker{name: "external", addrs: b.cfg.KafkaBrokers}

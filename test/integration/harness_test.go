@@ -5,14 +5,18 @@
 // By default the tests start what they need: one throwaway PostgreSQL
 // cluster for the package (initdb into a temporary directory, as the
 // postgres user when run as root) and one in-process kfake broker per test.
-// To run them against real services instead (docker-compose.yml):
+// WALRELAY_TEST_KAFKA selects the broker: kfake (the default) or apache,
+// one Apache Kafka node (internal/kafkacluster) started for the package
+// and shared by every test (`make test-kafka`). To run them against real
+// services instead (docker-compose.yml):
 //
 //	WALRELAY_TEST_PG_URL=postgres://postgres:postgres@localhost:5432/postgres?sslmode=disable
 //	WALRELAY_TEST_BROKERS=localhost:9092
 //
 // The PostgreSQL role must be able to create databases; each test works in
 // a database and on topics of its own. Tests that inject broker faults need
-// kfake and are skipped against an external broker.
+// kfake and are skipped on any other broker; the tests of apache_test.go
+// need Apache Kafka and are skipped on any other.
 package integration
 
 import (
@@ -38,6 +42,7 @@ import (
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/internal/kafkacluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/router"
@@ -48,8 +53,10 @@ var (
 	pgAdminURL string // superuser URL of the cluster the tests use
 	pgCluster  *devcluster.Postgres
 	extBrokers []string // set when running against an external Kafka
-	binPath    string   // the walrelay binary, built once
-	verbose    = flag.Bool("relay-log", false, "show the relay's debug log")
+	// apache is the package's Apache Kafka node (WALRELAY_TEST_KAFKA=apache).
+	apache  *kafkacluster.Cluster
+	binPath string // the walrelay binary, built once
+	verbose = flag.Bool("relay-log", false, "show the relay's debug log")
 )
 
 func TestMain(m *testing.M) {
@@ -57,7 +64,7 @@ func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
 
-func run(m *testing.M) int {
+func run(m *testing.M) (code int) {
 	ctx := context.Background()
 	if u := os.Getenv("WALRELAY_TEST_PG_URL"); u != "" {
 		pgAdminURL = u
@@ -77,6 +84,30 @@ func run(m *testing.M) int {
 	}
 	if b := os.Getenv("WALRELAY_TEST_BROKERS"); b != "" {
 		extBrokers = strings.Split(b, ",")
+	}
+	switch k := os.Getenv("WALRELAY_TEST_KAFKA"); {
+	case k == "apache" && extBrokers == nil:
+		start := time.Now()
+		c, err := kafkacluster.Start(ctx, apacheOptions())
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "start Apache Kafka:", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "Apache Kafka answering at %s after %s (logs: %s)\n", c.Addrs()[0], time.Since(start).Round(time.Millisecond), c.Dir)
+		apache = c
+		defer func() {
+			if code != 0 {
+				// Keep the broker's log of a failed run.
+				fmt.Fprintln(os.Stderr, "tests failed: Apache Kafka's logs kept in", c.Dir)
+				c.Stop(1)
+				return
+			}
+			c.Close()
+		}()
+	case k == "" || k == "kfake" || k == "apache":
+	default:
+		fmt.Fprintf(os.Stderr, "WALRELAY_TEST_KAFKA=%q: use kfake (the default) or apache\n", k)
+		return 1
 	}
 	dir, err := os.MkdirTemp("", "walrelay-bin-")
 	if err != nil {
@@ -142,6 +173,8 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 	)`)
 	if extBrokers != nil {
 		e.brokers = extBrokers
+	} else if apache != nil {
+		e.brokers = apache.Addrs()
 	} else {
 		k, err := devcluster.StartKafka(devcluster.KafkaOptions{})
 		if err != nil {
@@ -160,6 +193,14 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 		}
 	})
 	return e
+}
+
+// needApache skips tests of what only Apache Kafka shows.
+func needApache(t *testing.T) {
+	t.Helper()
+	if apache == nil {
+		t.Skip("needs Apache Kafka: run with WALRELAY_TEST_KAFKA=apache (make test-kafka)")
+	}
 }
 
 // needKfake skips tests that inject broker faults.
