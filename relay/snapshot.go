@@ -138,13 +138,20 @@ func byTable(tables []decoder.Table, rows []int64) map[string]int64 {
 // streamed rows (topics, dead letters, the in-flight gate), every record
 // counted by one acker.
 type snapshotSender struct {
-	rt    *router.Router
+	rt    snapshotProducer
 	lsn   decoder.LSN // named in dead letters: the slot's consistent point
 	m     *metrics.Metrics
 	acks  checkpoint.Counter
 	eos   *snapshotEOS // nil with at-least-once delivery
 	began time.Time
 	timer *time.Timer
+}
+
+// snapshotProducer is what a snapshot uses of *router.Router.
+type snapshotProducer interface {
+	producer
+	Failed() bool
+	Err() error
 }
 
 // snapshotEOS commits the snapshot's Kafka transactions.
