@@ -108,6 +108,20 @@ func DefaultMapping() Mapping {
 	}
 }
 
+// Columns lists the columns m reads: id, aggregate type, aggregate id,
+// payload, the type column when set, then the header columns in order.
+// Setup checks each exists and, with a column list, is published.
+func (m Mapping) Columns() []string {
+	cols := []string{m.ID, m.AggregateType, m.AggregateID, m.Payload}
+	if m.Type != "" {
+		cols = append(cols, m.Type)
+	}
+	for _, h := range m.Headers {
+		cols = append(cols, h.Column)
+	}
+	return cols
+}
+
 // Config configures a Decoder.
 type Config struct {
 	// Tables are the outbox tables. Relations of other tables are cached only

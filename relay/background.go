@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,7 +48,7 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 			case err == nil:
 				r.recordSlot(info)
 				if info.WALStatus == "lost" {
-					stop(&fatalError{fmt.Errorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone and events written meanwhile cannot be read from it. walrelay never recreates a slot silently: recover the gap from the outbox source, then recreate the slot (walrelay drop, walrelay setup)", r.cfg.Slot)})
+					stop(slot.InvalidatedError(r.cfg.Slot))
 					return
 				}
 			}

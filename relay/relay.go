@@ -404,13 +404,6 @@ func (r *Relay) Run(parent context.Context) error {
 // returns), retrying what may be transient. Kafka comes first: a slot
 // created by a start that then fails on Kafka would hold WAL for nothing.
 func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
-	cols := []string{r.cfg.Mapping.ID, r.cfg.Mapping.AggregateType, r.cfg.Mapping.AggregateID, r.cfg.Mapping.Payload}
-	if r.cfg.Mapping.Type != "" {
-		cols = append(cols, r.cfg.Mapping.Type)
-	}
-	for _, h := range r.cfg.Mapping.Headers {
-		cols = append(cols, h.Column)
-	}
 	var rt *router.Router
 	fail := func(err error) (*router.Router, error) {
 		if rt != nil {
@@ -434,7 +427,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 		}
 		setup := slot.SetupConfig{
 			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
-			Columns: cols, CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
+			Columns: r.cfg.Mapping.Columns(), CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
 			AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
 		}
 		if r.cfg.InitialSnapshot {
