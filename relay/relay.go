@@ -202,8 +202,7 @@ type Relay struct {
 	// slot was dropped under us, and recreating it would skip data.
 	slotSeen     bool
 	everStreamed atomic.Bool
-	begin        time.Time   // when Run started, for StartupTimeout
-	giveUp       *fatalError // set by retry when StartupTimeout ran out
+	begin        time.Time // when Run started, for StartupTimeout
 	// now and sleep are retry's clock and wait (sleep returns false when
 	// ctx ended first); unit tests replace them to check the waits.
 	now   func() time.Time
@@ -346,9 +345,12 @@ func (r *Relay) Run(parent context.Context) error {
 	defer stop(nil)
 	bg.Go(func() { r.watchSlot(ctx, stop) })
 	bg.Go(func() { r.beater().Run(ctx) })
-	stopped := func() error {
-		if r.giveUp != nil {
-			return r.giveUp
+	// stopped is Run's result once it stops: err when retrying gave up
+	// for good, else the cause background work stopped the relay with,
+	// else nil (a clean stop).
+	stopped := func(err error) error {
+		if isFatal(err) {
+			return err
 		}
 		if cause := context.Cause(ctx); parent.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 			return cause
@@ -367,13 +369,13 @@ func (r *Relay) Run(parent context.Context) error {
 			var err error
 			if rt, err = r.newRouter(ctx); err != nil {
 				if ctx.Err() != nil {
-					return stopped()
+					return stopped(nil)
 				}
 				if isFatal(err) {
 					return err
 				}
-				if !r.retry(ctx, "kafka", err) {
-					return stopped()
+				if err := r.retry(ctx, "kafka", err); err != nil {
+					return stopped(err)
 				}
 				continue
 			}
@@ -388,13 +390,13 @@ func (r *Relay) Run(parent context.Context) error {
 			rt = nil
 		}
 		if ctx.Err() != nil {
-			return stopped()
+			return stopped(nil)
 		}
 		if isFatal(err) {
 			return err
 		}
-		if !r.retry(ctx, causeOf(err), err) {
-			return stopped()
+		if err := r.retry(ctx, causeOf(err), err); err != nil {
+			return stopped(err)
 		}
 	}
 }
@@ -419,8 +421,8 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 				if ctx.Err() != nil || isFatal(err) {
 					return fail(err)
 				}
-				if !r.retry(ctx, "kafka", err) {
-					return fail(r.stopErr(ctx))
+				if err := r.retry(ctx, "kafka", err); err != nil {
+					return fail(err)
 				}
 				continue
 			}
@@ -456,19 +458,10 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 		if pgAuthError(err) {
 			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
 		}
-		if !r.retry(ctx, cause, err) {
-			return fail(r.stopErr(ctx))
+		if err := r.retry(ctx, cause, err); err != nil {
+			return fail(err)
 		}
 	}
-}
-
-// stopErr is why retry said to stop: the startup timeout ran out, or ctx
-// ended.
-func (r *Relay) stopErr(ctx context.Context) error {
-	if r.giveUp != nil {
-		return r.giveUp
-	}
-	return ctx.Err()
 }
 
 func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
@@ -546,13 +539,13 @@ func certificateError(err error) bool {
 }
 
 // retry logs err, counts it and sleeps a backoff (before the first stream
-// at most until StartupTimeout runs out); false when the relay
-// must stop: ctx ended, or (*giveUp set) the relay never streamed within
-// StartupTimeout and err is not a standby's wait for a busy slot.
-func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
+// at most until StartupTimeout runs out). It returns nil when the caller
+// should try again, else why to stop instead: ctx's error when ctx ended,
+// or a fatal error when the relay never streamed within StartupTimeout and
+// err is not a standby's wait for a busy slot.
+func (r *Relay) retry(ctx context.Context, cause string, err error) error {
 	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
-		r.giveUp = &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
-		return false
+		return &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
 	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
 	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
@@ -568,7 +561,10 @@ func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
 		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
 			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	}
-	return r.sleep(ctx, wait)
+	if !r.sleep(ctx, wait) {
+		return ctx.Err()
+	}
+	return nil
 }
 
 // onProduceError is the router's fatal handler: it ends the current

@@ -172,7 +172,7 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 	}
 	r.begin = clock
 	clock = clock.Add(7 * time.Second) // the attempts so far took 7s
-	if !r.retry(context.Background(), "setup", errors.New("connection refused")) {
+	if err := r.retry(context.Background(), "setup", errors.New("connection refused")); err != nil {
 		t.Fatal("retry gave up before the startup timeout")
 	}
 	if len(waits) != 1 || waits[0] > 3*time.Second {
@@ -182,11 +182,12 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 		t.Fatalf("the next attempt starts %s after the start, past --startup-timeout %s", got, cfg.StartupTimeout)
 	}
 	clock = clock.Add(time.Millisecond) // the last attempt failed too
-	if r.retry(context.Background(), "setup", errors.New("connection refused")) {
+	giveUp := r.retry(context.Background(), "setup", errors.New("connection refused"))
+	if giveUp == nil {
 		t.Fatal("retry went on past the startup timeout")
 	}
-	if r.giveUp == nil || len(waits) != 1 {
-		t.Fatalf("giveUp %v, waits %v: want a give-up without another wait", r.giveUp, waits)
+	if !isFatal(giveUp) || len(waits) != 1 {
+		t.Fatalf("giveUp %v, waits %v: want a give-up without another wait", giveUp, waits)
 	}
 
 	// Once streaming, and for a standby waiting on a busy slot, the
@@ -194,7 +195,7 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 	r.everStreamed.Store(true)
 	r.backoff.Reset()
 	waits = nil
-	if !r.retry(context.Background(), "connection", errors.New("reset")) || waits[0] < 4*time.Second {
+	if r.retry(context.Background(), "connection", errors.New("reset")) != nil || waits[0] < 4*time.Second {
 		t.Fatalf("after streaming: waits %v; want the uncapped backoff (at least 4s from 8s with jitter 0.5)", waits)
 	}
 }
