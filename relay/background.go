@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
@@ -100,11 +99,7 @@ func (r *Relay) beater() *heartbeat.Beater {
 			if rt == nil {
 				return errors.New("no producer: Kafka is not connected")
 			}
-			cl, err := rt.HeartbeatClient()
-			if err != nil {
-				return err
-			}
-			return cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}).FirstErr()
+			return rt.ProduceHeartbeat(ctx, topic, key, value)
 		},
 	}, r.log.Named("heartbeat"), r.metrics)
 }

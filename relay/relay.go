@@ -472,7 +472,7 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 	// Reach a broker first: unreachable brokers, a wrong SASL password or an
 	// untrusted certificate should say so, not time out creating topics.
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = rt.Client().Ping(pingCtx)
+	err = rt.Ping(pingCtx)
 	cancel()
 	if err != nil {
 		rt.Close()

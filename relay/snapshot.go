@@ -74,7 +74,7 @@ func PublishSnapshot(ctx context.Context, cfg Config, log *zap.Logger, m *metric
 	}
 	defer rt.Close()
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = rt.Client().Ping(pingCtx)
+	err = rt.Ping(pingCtx)
 	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("reach kafka brokers: %w", err)

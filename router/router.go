@@ -182,7 +182,7 @@ func (c *Config) setDefaults() {
 // Router produces outbox events to Kafka. Send, Start and the Kafka
 // transaction methods (InTxn, TxnEvents, CommitTxn, AbortTxn,
 // ReadCheckpoint) belong to one goroutine, the one that sends, or to one
-// goroutine it waits for; Flush, Inflight, Failed, Client, HeartbeatClient
+// goroutine it waits for; Flush, Inflight, Failed, Err, Ping, ProduceHeartbeat
 // and Close are safe for concurrent use.
 type Router struct {
 	cfg       Config
@@ -275,7 +275,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 	}
 	r.admin = kadm.NewClient(r.client)
 	r.gate.init(cfg.MaxInflightEvents, cfg.MaxInflightBytes, m)
-	for _, reason := range Reasons {
+	for _, reason := range reasons {
 		m.EventsDeadLettered.WithLabelValues(string(reason)) // export zeros: alerts see the series
 	}
 	r.promise = r.onPromise
@@ -576,8 +576,10 @@ func (r *Router) Flush(ctx context.Context) error { return r.client.Flush(ctx) }
 // Inflight returns how many records are produced and not yet acknowledged.
 func (r *Router) Inflight() int64 { return r.gate.events.Load() }
 
-// Client returns the Kafka client, for health checks.
-func (r *Router) Client() *kgo.Client { return r.client }
+// Ping reaches a broker with the producer's connection settings: an
+// unreachable broker, a wrong SASL password or an untrusted certificate
+// fails here rather than later, in a produce.
+func (r *Router) Ping(ctx context.Context) error { return r.client.Ping(ctx) }
 
 // Close closes the Kafka clients; records not yet acknowledged fail.
 func (r *Router) Close() {

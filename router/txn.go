@@ -235,21 +235,24 @@ func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, 
 	}
 }
 
-// HeartbeatClient is a client heartbeat records can be produced with
-// outside any transaction: the router's own client, or with exactly-once
-// delivery a non-transactional one.
-func (r *Router) HeartbeatClient() (*kgo.Client, error) {
-	if !r.eos {
-		return r.client, nil
-	}
-	r.hbMu.Lock()
-	defer r.hbMu.Unlock()
-	if r.hbClient == nil {
-		cl, err := kgo.NewClient(r.connOpts...)
-		if err != nil {
-			return nil, err
+// ProduceHeartbeat produces one heartbeat record and waits for Kafka's
+// answer. It never joins a Kafka transaction: with exactly-once delivery it
+// goes through a non-transactional client of its own, made on first use.
+// It is safe for concurrent use with everything else.
+func (r *Router) ProduceHeartbeat(ctx context.Context, topic string, key, value []byte) error {
+	cl := r.client
+	if r.eos {
+		r.hbMu.Lock()
+		if r.hbClient == nil {
+			c, err := kgo.NewClient(r.connOpts...)
+			if err != nil {
+				r.hbMu.Unlock()
+				return err
+			}
+			r.hbClient = c
 		}
-		r.hbClient = cl
+		cl = r.hbClient
+		r.hbMu.Unlock()
 	}
-	return r.hbClient, nil
+	return cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}).FirstErr()
 }
