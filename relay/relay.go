@@ -157,22 +157,18 @@ func (c *Config) setDefaults() {
 	if !c.ExactlyOnce {
 		c.Router.TransactionalID = ""
 	}
-	if c.ExactlyOnce && c.Router.CheckpointTopic == "" {
-		c.Router.CheckpointTopic = "walrelay.checkpoints" // the router's default, named in errors
-	}
 	if c.TxnMaxEvents <= 0 {
 		c.TxnMaxEvents = 10_000
 	}
 	if c.TxnMaxInterval <= 0 {
 		c.TxnMaxInterval = 100 * time.Millisecond
 	}
-	if c.Router.TransactionTimeout <= 0 {
-		// The relay bounds commits by it: apply the router's default here too.
-		c.Router.TransactionTimeout = router.DefaultTransactionTimeout
-	}
-	if c.Router.MaxRecordBytes <= 0 {
-		c.Router.MaxRecordBytes = 1_000_012 // the router's default, which the decoder's limit follows
-	}
+	// The relay bounds commits by the transaction timeout, the decoder's
+	// value limit follows the record limit, and errors name the
+	// checkpoint topic: the router's defaults, from the router. Its topic
+	// set, made here once, is shared by every router of this relay, so
+	// the topic bounds hold for the process across producer replacements.
+	c.Router = c.Router.WithDefaults()
 	if c.Read.MaxMessageBytes == 0 {
 		c.Read.MaxMessageBytes = DefaultMaxMessageBytes
 	}
@@ -237,11 +233,6 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	}
 	if _, err := router.ParseTopicAllow(cfg.Router.TopicAllow); err != nil {
 		return nil, err
-	}
-	if cfg.Router.Topics == nil {
-		// One set for every router of this relay: the topic bounds hold
-		// for the process, across producer replacements.
-		cfg.Router.Topics = router.NewTopicSet()
 	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
 		// A transaction is committed TxnMaxInterval after it began at the

@@ -123,13 +123,18 @@ type Config struct {
 	// "walrelay.checkpoints".
 	CheckpointTopic string
 	// TransactionTimeout is how long the broker lets a Kafka transaction
-	// stay open before aborting it. Default DefaultTransactionTimeout.
+	// stay open before aborting it. Default 60s.
 	TransactionTimeout time.Duration
 }
 
-// DefaultTransactionTimeout is Config.TransactionTimeout's default, and
-// what callers that bound a commit by it should use for a zero value.
-const DefaultTransactionTimeout = 60 * time.Second
+// WithDefaults returns c with every field left zero set to the default its
+// documentation names: what New will use. Callers that depend on a value
+// (a commit bounded by TransactionTimeout, a limit derived from
+// MaxRecordBytes) read it here rather than repeat the default.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
 
 func (c *Config) setDefaults() {
 	if c.TopicTemplate == "" {
@@ -175,7 +180,7 @@ func (c *Config) setDefaults() {
 		c.CheckpointTopic = "walrelay.checkpoints"
 	}
 	if c.TransactionTimeout <= 0 {
-		c.TransactionTimeout = DefaultTransactionTimeout
+		c.TransactionTimeout = 60 * time.Second
 	}
 }
 
