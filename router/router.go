@@ -208,6 +208,12 @@ type Router struct {
 	failErr   atomic.Pointer[error]
 	limits    sync.Map // topic name → max.message.bytes, for batchLimit
 
+	// Topic preparations run in the background (bg) until done or until
+	// Close cancels closing.
+	closing context.Context
+	close   context.CancelFunc
+	bg      sync.WaitGroup
+
 	// Exactly-once delivery (see txn.go).
 	eos       bool
 	connOpts  []kgo.Opt // the caller's connection options, for side clients
@@ -259,6 +265,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		byAggType: make(map[string]*topic),
 		byName:    make(map[string]*topic),
 	}
+	r.closing, r.close = context.WithCancel(context.Background())
 	r.connOpts = opts
 	all := append([]kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -362,7 +369,7 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 			if time.Now().Before(t.retryAt) {
 				return t.retryWait(), nil
 			}
-			r.startPrepare(context.Background(), t)
+			r.startPrepare(r.closing, t)
 			return t.ready, nil
 		case topicCreating:
 			select {
@@ -586,8 +593,11 @@ func (r *Router) Inflight() int64 { return r.gate.events.Load() }
 // fails here rather than later, in a produce.
 func (r *Router) Ping(ctx context.Context) error { return r.client.Ping(ctx) }
 
-// Close closes the Kafka clients; records not yet acknowledged fail.
+// Close ends the topic preparations in progress and waits for them, then
+// closes the Kafka clients; records not yet acknowledged fail.
 func (r *Router) Close() {
+	r.close()
+	r.bg.Wait()
 	r.client.Close()
 	r.hbMu.Lock()
 	if r.hbClient != nil {
