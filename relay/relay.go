@@ -9,6 +9,17 @@
 // between sessions but the confirmed position, so every restart is the same
 // simple, safe path: duplicates after it, never loss.
 //
+// A session (session.go, opened in start.go) reads the stream, decodes it
+// and hands each PostgreSQL transaction to a delivery (delivery.go): Begin,
+// Event per outbox insert, Commit, Tick between messages, Close at the end.
+// The delivery decides when a transaction counts as acknowledged, which is
+// all the session's checkpoint needs to know. atLeastOnce acks a
+// transaction once Kafka has each of its records; exactlyOnce
+// (exactlyonce.go) produces in Kafka transactions, each closed by a
+// checkpoint record, acks at their commit, and after a restart skips what
+// the newest checkpoint covers. The session never asks which one it has,
+// and unit tests drive it with a fake stream and a fake producer.
+//
 // The pipeline lives here rather than in cmd/walrelay so that integration
 // tests, `walrelay dev` and the benchmark run the very code the daemon runs.
 package relay
