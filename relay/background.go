@@ -29,7 +29,6 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 	t := time.NewTicker(r.cfg.SlotPollInterval)
 	defer t.Stop()
 	for {
-		r.updateReady()
 		if conn == nil || conn.IsClosed() {
 			c, err := slot.Connect(ctx, r.cfg.PGURL)
 			if err != nil && ctx.Err() == nil {

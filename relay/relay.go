@@ -261,7 +261,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	for _, cause := range []string{"kafka", "slot_busy", "silent", "decode", "postgres", "connection", "setup"} {
 		m.StreamRestarts.WithLabelValues(cause)
 	}
-	return &Relay{
+	r := &Relay{
 		cfg:     cfg,
 		log:     log,
 		metrics: m,
@@ -273,7 +273,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		},
 		now:   time.Now,
 		sleep: sleepCtx,
-	}, nil
+	}
+	m.SetReadiness(r.Ready)
+	return r, nil
 }
 
 // sleepCtx waits d; false when ctx ends first.
@@ -311,15 +313,6 @@ func (r *Relay) Ready() error {
 		return fmt.Errorf("replication lag %s exceeds %s", lag.Round(time.Millisecond), r.cfg.ReadyMaxLag)
 	}
 	return nil
-}
-
-// updateReady publishes readiness as a metric.
-func (r *Relay) updateReady() {
-	if r.Ready() == nil {
-		r.metrics.Ready.Set(1)
-	} else {
-		r.metrics.Ready.Set(0)
-	}
 }
 
 // Run prepares the database and relays until ctx ends, then waits (at most

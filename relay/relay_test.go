@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 
@@ -198,4 +200,34 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 	if r.retry(context.Background(), "connection", errors.New("reset")) != nil || waits[0] < 4*time.Second {
 		t.Fatalf("after streaming: waits %v; want the uncapped backoff (at least 4s from 8s with jitter 0.5)", waits)
 	}
+}
+
+// TestReadyMetricFollowsReady checks walrelay_ready is read from Ready at
+// scrape time: no code path has to remember to update it.
+func TestReadyMetricFollowsReady(t *testing.T) {
+	m := metrics.NewUnregistered()
+	r, err := New(validConfig(), zap.NewNop(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := gaugeValue(t, m.Ready); v != 0 {
+		t.Fatalf("walrelay_ready = %v before streaming, want 0", v)
+	}
+	r.streaming.Store(true)
+	if v := gaugeValue(t, m.Ready); v != 1 {
+		t.Fatalf("walrelay_ready = %v while streaming without lag, want 1", v)
+	}
+	r.lag.Store(int64(2 * r.cfg.ReadyMaxLag))
+	if v := gaugeValue(t, m.Ready); v != 0 {
+		t.Fatalf("walrelay_ready = %v with lag over --ready-max-lag, want 0", v)
+	}
+}
+
+func gaugeValue(t *testing.T, g prometheus.Metric) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := g.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetGauge().GetValue()
 }

@@ -146,7 +146,6 @@ func (s *session) run() error {
 		r.current.Store(nil)
 		r.streaming.Store(false)
 		r.metrics.Streaming.Set(0)
-		r.updateReady()
 		s.timer.Stop()
 	}()
 	return s.finish(s.loop())
@@ -376,7 +375,6 @@ func (s *session) housekeep(force bool) {
 	}
 	s.r.lag.Store(int64(lag))
 	m.ReplicationLag.Set(lag.Seconds())
-	s.r.updateReady()
 	if !s.status.Due(now, pos.LSN, force) {
 		return
 	}
