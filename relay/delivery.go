@@ -21,7 +21,7 @@ import (
 type delivery interface {
 	// Begin starts a PostgreSQL transaction whose commit record is at
 	// b.FinalLSN; its events are acked through txn.
-	Begin(b decoder.Begin, txn *checkpoint.Txn)
+	Begin(b decoder.Begin, pgTxn *checkpoint.Txn)
 	// Event hands over one event of the open transaction, read at lsn.
 	// It may wait for room (answering PostgreSQL meanwhile); an error
 	// ends the session.
@@ -49,10 +49,10 @@ type producer interface {
 	Send(ev *decoder.Event, lsn decoder.LSN, a router.Acker) (<-chan struct{}, error)
 	Flush(ctx context.Context) error
 	Inflight() int64
-	InTxn() bool
-	TxnEvents() int
-	CommitTxn(ctx context.Context, key, value []byte) error
-	AbortTxn(ctx context.Context) error
+	KafkaTxnOpen() bool
+	KafkaTxnRecords() int
+	CommitKafkaTxn(ctx context.Context, key, value []byte) error
+	AbortKafkaTxn(ctx context.Context) error
 }
 
 // waitFunc blocks until done is closed while the session keeps answering
@@ -63,22 +63,22 @@ type waitFunc func(done <-chan struct{}, interruptible bool) error
 // atLeastOnce is today's send path: each record acks its PostgreSQL
 // transaction once Kafka has it (on the producer's promise goroutine).
 type atLeastOnce struct {
-	p    producer
-	wait waitFunc
-	txn  *checkpoint.Txn
+	p     producer
+	wait  waitFunc
+	pgTxn *checkpoint.Txn
 }
 
 func newAtLeastOnce(p producer, wait waitFunc) *atLeastOnce {
 	return &atLeastOnce{p: p, wait: wait}
 }
 
-func (d *atLeastOnce) Begin(_ decoder.Begin, txn *checkpoint.Txn) { d.txn = txn }
+func (d *atLeastOnce) Begin(_ decoder.Begin, pgTxn *checkpoint.Txn) { d.pgTxn = pgTxn }
 
 func (d *atLeastOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
-	return send(d.p, d.wait, ev, lsn, d.txn)
+	return send(d.p, d.wait, ev, lsn, d.pgTxn)
 }
 
-func (d *atLeastOnce) Commit(decoder.LSN) error        { d.txn = nil; return nil }
+func (d *atLeastOnce) Commit(decoder.LSN) error        { d.pgTxn = nil; return nil }
 func (d *atLeastOnce) Tick(time.Time) error            { return nil }
 func (d *atLeastOnce) Busy() bool                      { return false }
 func (d *atLeastOnce) Close(bool) error                { return nil }

@@ -69,12 +69,12 @@ func (r *Relay) verifyCheckpoint(p resumePoint, sys pglogrepl.IdentifySystemResu
 	return nil
 }
 
-// txnError is a failed Kafka transaction (begin, commit, abort, checkpoint
+// kafkaTxnFailure is a failed Kafka transaction (begin, commit, abort, checkpoint
 // read): the session ends and the next resumes from the last checkpoint.
-type txnError struct{ err error }
+type kafkaTxnFailure struct{ err error }
 
-func (e *txnError) Error() string { return e.err.Error() }
-func (e *txnError) Unwrap() error { return e.err }
+func (e *kafkaTxnFailure) Error() string { return e.err.Error() }
+func (e *kafkaTxnFailure) Unwrap() error { return e.err }
 
 // eosError turns a fenced producer into the documented fatal error, and
 // marks other errors as Kafka's.
@@ -87,7 +87,7 @@ func kafkaTxnError(err error, txnID, slotName string) error {
 		return nil
 	}
 	if !errors.Is(err, router.ErrFenced) {
-		return &txnError{err}
+		return &kafkaTxnFailure{err}
 	}
 	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (a newer relay for slot %q started); this one stops so that only one writes: %w",
 		txnID, slotName, err)}
@@ -111,7 +111,7 @@ type exactlyOnce struct {
 	maxEvents   int           // commit once the Kafka transaction holds this many events
 	maxInterval time.Duration // or is this old
 
-	txn       *checkpoint.Txn  // the PostgreSQL transaction in progress
+	pgTxn     *checkpoint.Txn  // the PostgreSQL transaction in progress
 	skip      *checkpoint.Skip // what the checkpoint found at start covers
 	lastFull  decoder.LSN      // end LSN of the newest PostgreSQL transaction wholly in Kafka transactions
 	curCommit decoder.LSN      // commit LSN of the PostgreSQL transaction in progress
@@ -120,8 +120,8 @@ type exactlyOnce struct {
 	txnStart  time.Time        // when the open Kafka transaction began
 }
 
-func (e *exactlyOnce) Begin(b decoder.Begin, txn *checkpoint.Txn) {
-	e.txn = txn
+func (e *exactlyOnce) Begin(b decoder.Begin, pgTxn *checkpoint.Txn) {
+	e.pgTxn = pgTxn
 	e.skip.Begin(b.FinalLSN)
 	e.curCommit, e.curEvents, e.inPG = b.FinalLSN, 0, true
 }
@@ -131,10 +131,10 @@ func (e *exactlyOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
 		e.curEvents++
 		return nil // in Kafka already, by the checkpoint found at start
 	}
-	if !e.p.InTxn() {
+	if !e.p.KafkaTxnOpen() {
 		e.txnStart = time.Now()
 	}
-	if err := send(e.p, e.wait, ev, lsn, e.txn); err != nil {
+	if err := send(e.p, e.wait, ev, lsn, e.pgTxn); err != nil {
 		if errors.Is(err, router.ErrFenced) {
 			return e.error(err)
 		}
@@ -144,14 +144,14 @@ func (e *exactlyOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
 	// waiting for room commits a checkpoint that must not claim an event
 	// never sent.
 	e.curEvents++
-	if e.p.TxnEvents() >= e.maxEvents {
+	if e.p.KafkaTxnRecords() >= e.maxEvents {
 		return e.commit() // a large transaction is split across Kafka transactions
 	}
 	return nil
 }
 
 func (e *exactlyOnce) Commit(end decoder.LSN) error {
-	e.txn = nil
+	e.pgTxn = nil
 	e.lastFull, e.curEvents, e.inPG = end, 0, false
 	return e.Tick(time.Now())
 }
@@ -163,7 +163,7 @@ func (e *exactlyOnce) Tick(now time.Time) error {
 	return nil
 }
 
-func (e *exactlyOnce) Busy() bool                      { return e.p.InTxn() }
+func (e *exactlyOnce) Busy() bool                      { return e.p.KafkaTxnOpen() }
 func (e *exactlyOnce) Flush(ctx context.Context) error { return e.p.Flush(ctx) }
 func (e *exactlyOnce) Inflight() int64                 { return e.p.Inflight() }
 
@@ -171,7 +171,7 @@ func (e *exactlyOnce) Inflight() int64                 { return e.p.Inflight() }
 // cleanly, aborted otherwise (the next session resends from the last
 // checkpoint). Nothing else is in flight after.
 func (e *exactlyOnce) Close(commit bool) error {
-	if !e.p.InTxn() {
+	if !e.p.KafkaTxnOpen() {
 		return nil
 	}
 	if commit {
@@ -179,23 +179,23 @@ func (e *exactlyOnce) Close(commit bool) error {
 	}
 	ctx, cancel := e.kafkaCtx()
 	defer cancel()
-	return e.error(e.p.AbortTxn(ctx))
+	return e.error(e.p.AbortKafkaTxn(ctx))
 }
 
 func (e *exactlyOnce) error(err error) error { return kafkaTxnError(err, e.txnID, e.slot) }
 
 // commitDue reports whether the open Kafka transaction should commit now.
 func (e *exactlyOnce) commitDue(now time.Time) bool {
-	if !e.p.InTxn() {
+	if !e.p.KafkaTxnOpen() {
 		return false
 	}
-	return e.p.TxnEvents() >= e.maxEvents || now.Sub(e.txnStart) >= e.maxInterval
+	return e.p.KafkaTxnRecords() >= e.maxEvents || now.Sub(e.txnStart) >= e.maxInterval
 }
 
 // commit closes the open Kafka transaction with a checkpoint record saying
 // exactly how far it reaches, and waits for the commit while still
 // answering PostgreSQL. The commit is never abandoned half-way while the
-// relay runs: it waits for CommitTxn to return, which takes at most the
+// relay runs: it waits for CommitKafkaTxn to return, which takes at most the
 // transaction timeout, or once the relay stops, until the stop deadline
 // (see session.kafkaCtx).
 func (e *exactlyOnce) commit() error {
@@ -209,7 +209,7 @@ func (e *exactlyOnce) commit() error {
 	var err error
 	go func() {
 		defer close(done)
-		err = e.p.CommitTxn(ctx, e.key, d.Marshal())
+		err = e.p.CommitKafkaTxn(ctx, e.key, d.Marshal())
 	}()
 	e.wait(done, false) // not interruptible: returns once done
 	if err != nil {

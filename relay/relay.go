@@ -597,7 +597,7 @@ func isFatal(err error) bool {
 func causeOf(err error) string {
 	var pgErr *pgconn.PgError
 	var produceErr *produceError
-	var txnErr *txnError
+	var txnErr *kafkaTxnFailure
 	switch {
 	case errors.As(err, &produceErr), errors.As(err, &txnErr):
 		return "kafka"

@@ -96,7 +96,7 @@ func TestErrorClassification(t *testing.T) {
 		{"malformed stream", fmt.Errorf("x: %w", decoder.ErrMalformed), "decode", false, false},
 		{"server error", fmt.Errorf("x: %w", &pgconn.PgError{Code: "57P01"}), "postgres", false, false},
 		{"refused record", &produceError{errors.New("refused")}, "kafka", false, false},
-		{"failed Kafka transaction", &txnError{kerr.InvalidTxnState}, "kafka", false, false},
+		{"failed Kafka transaction", &kafkaTxnFailure{kerr.InvalidTxnState}, "kafka", false, false},
 		{"fatal", &fatalError{errors.New("stop")}, "connection", true, false},
 		{"untrusted certificate", certErr, "connection", false, true},
 		{"wrong SASL password", kerr.SaslAuthenticationFailed, "connection", false, true},

@@ -49,7 +49,7 @@ type session struct {
 	dec     *decoder.Decoder
 	d       delivery
 	tr      *checkpoint.Tracker
-	txn     *checkpoint.Txn
+	pgTxn   *checkpoint.Txn
 	failed  chan error
 	start   decoder.LSN                    // where the stream started
 	system  pglogrepl.IdentifySystemResult // what the stream's IDENTIFY_SYSTEM reported
@@ -266,21 +266,21 @@ func (s *session) handle(data []byte) error {
 	switch kind {
 	case decoder.KindBegin:
 		b := s.dec.Begin()
-		s.txn = s.tr.Begin(b.CommitTime)
+		s.pgTxn = s.tr.Begin(b.CommitTime)
 		s.r.metrics.Transactions.Inc()
-		s.d.Begin(b, s.txn)
+		s.d.Begin(b, s.pgTxn)
 	case decoder.KindInsert:
-		if s.txn == nil {
+		if s.pgTxn == nil {
 			return fmt.Errorf("decode pgoutput message at %s: %w: insert outside a transaction", s.lastLSN, decoder.ErrMalformed)
 		}
 		return s.d.Event(s.dec.Event(), s.lastLSN)
 	case decoder.KindCommit:
-		if s.txn == nil {
+		if s.pgTxn == nil {
 			return fmt.Errorf("decode pgoutput message at %s: %w: commit without begin", s.lastLSN, decoder.ErrMalformed)
 		}
 		c := s.dec.Commit()
-		s.tr.Commit(s.txn, c.EndLSN)
-		s.txn = nil
+		s.tr.Commit(s.pgTxn, c.EndLSN)
+		s.pgTxn = nil
 		return s.d.Commit(c.EndLSN)
 	case decoder.KindMessage:
 		// A heartbeat (or any non-transactional message): everything

@@ -168,7 +168,7 @@ type fakeProducer struct {
 	events    []string       // ids, in Send order
 	pending   []router.Acker // produced, not yet acked by "Kafka"
 	autoAck   bool           // ack at once (at-least-once)
-	eos       bool           // acks wait for CommitTxn
+	eos       bool           // acks wait for CommitKafkaTxn
 	room      chan struct{}  // while set, Send returns it: no room
 	sendErr   error
 	flushHold bool // Flush acks nothing and waits for ctx
@@ -233,19 +233,19 @@ func (p *fakeProducer) Inflight() int64 {
 	return int64(len(p.pending))
 }
 
-func (p *fakeProducer) InTxn() bool {
+func (p *fakeProducer) KafkaTxnOpen() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.inTxn
 }
 
-func (p *fakeProducer) TxnEvents() int {
+func (p *fakeProducer) KafkaTxnRecords() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.txnAcks)
 }
 
-func (p *fakeProducer) CommitTxn(_ context.Context, key, value []byte) error {
+func (p *fakeProducer) CommitKafkaTxn(_ context.Context, key, value []byte) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.inTxn {
@@ -266,7 +266,7 @@ func (p *fakeProducer) CommitTxn(_ context.Context, key, value []byte) error {
 	return nil
 }
 
-func (p *fakeProducer) AbortTxn(context.Context) error {
+func (p *fakeProducer) AbortKafkaTxn(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.aborts++

@@ -34,9 +34,9 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 			zap.String("order", r.cfg.SnapshotOrder))
 		res, err := runSnapshot(ctx, r.cfg, name, s, r.log, r.metrics)
 		if err != nil {
-			if s.eos != nil && rt.InTxn() {
+			if s.eos != nil && rt.KafkaTxnOpen() {
 				abortCtx, cancel := context.WithTimeout(context.Background(), r.cfg.Router.TransactionTimeout)
-				rt.AbortTxn(abortCtx) // a failure marks the router for replacement
+				rt.AbortKafkaTxn(abortCtx) // a failure marks the router for replacement
 				cancel()
 			}
 			r.log.Warn("initial snapshot failed; the slot is not created, the next attempt snapshots again",
@@ -172,7 +172,7 @@ func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
 	if s.timer == nil {
 		s.timer = time.NewTimer(time.Hour)
 	}
-	if s.eos != nil && !s.rt.InTxn() {
+	if s.eos != nil && !s.rt.KafkaTxnOpen() {
 		s.eos.txnStart = time.Now()
 	}
 	for {
@@ -202,7 +202,7 @@ func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
 	s.m.SnapshotRows.Inc()
 	if e := s.eos; e != nil {
 		cfg := e.r.cfg
-		if s.rt.TxnEvents() >= cfg.TxnMaxEvents || time.Since(e.txnStart) >= cfg.TxnMaxInterval {
+		if s.rt.KafkaTxnRecords() >= cfg.TxnMaxEvents || time.Since(e.txnStart) >= cfg.TxnMaxInterval {
 			return s.commit(ctx)
 		}
 	}
@@ -226,7 +226,7 @@ func (s *snapshotSender) commit(ctx context.Context) error {
 	d := checkpoint.Durable{Slot: r.cfg.Slot, SystemID: s.eos.systemID, LSN: s.lsn, Time: time.Now()}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Router.TransactionTimeout)
 	defer cancel()
-	if err := s.rt.CommitTxn(cctx, []byte(r.cfg.Slot), d.Marshal()); err != nil {
+	if err := s.rt.CommitKafkaTxn(cctx, []byte(r.cfg.Slot), d.Marshal()); err != nil {
 		return r.eosError(err)
 	}
 	r.metrics.KafkaTransactions.Inc()
@@ -236,7 +236,7 @@ func (s *snapshotSender) commit(ctx context.Context) error {
 // finish commits the last Kafka transaction (exactly-once) and waits until
 // Kafka acknowledged every record sent.
 func (s *snapshotSender) finish(ctx context.Context) error {
-	if s.eos != nil && s.rt.InTxn() {
+	if s.eos != nil && s.rt.KafkaTxnOpen() {
 		if err := s.commit(ctx); err != nil {
 			return err
 		}

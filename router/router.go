@@ -114,7 +114,7 @@ type Config struct {
 	OnPublished func(*kgo.Record)
 
 	// TransactionalID, when set, makes delivery exactly-once: records are
-	// produced in Kafka transactions, each closed by CommitTxn with a
+	// produced in Kafka transactions, each closed by CommitKafkaTxn with a
 	// checkpoint record, and a record's transaction is acked only when its
 	// Kafka transaction commits.
 	TransactionalID string
@@ -185,7 +185,7 @@ func (c *Config) setDefaults() {
 }
 
 // Router produces outbox events to Kafka. Send, Start and the Kafka
-// transaction methods (InTxn, TxnEvents, CommitTxn, AbortTxn,
+// transaction methods (KafkaTxnOpen, KafkaTxnRecords, CommitKafkaTxn, AbortKafkaTxn,
 // ReadCheckpoint) belong to one goroutine, the one that sends, or to one
 // goroutine it waits for; Flush, Inflight, Failed, Err, Ping, ProduceHeartbeat
 // and Close are safe for concurrent use.

@@ -13,7 +13,7 @@ import (
 )
 
 // Exactly-once delivery: the producer is transactional. The first record
-// after a commit begins a Kafka transaction; CommitTxn closes it with a
+// after a commit begins a Kafka transaction; CommitKafkaTxn closes it with a
 // checkpoint record that says how far it reaches in the PostgreSQL stream,
 // waits for every record, commits, and only then acks the records'
 // transactions, so the slot is confirmed only past committed Kafka
@@ -58,19 +58,19 @@ func (r *Router) txnAck(a Acker) {
 	r.txnAcks = append(r.txnAcks, ackRun{a: a, n: 1})
 }
 
-// TxnEvents is how many records the open Kafka transaction holds (0 when
+// KafkaTxnRecords is how many records the open Kafka transaction holds (0 when
 // none is open).
-func (r *Router) TxnEvents() int { return r.txnEvents }
+func (r *Router) KafkaTxnRecords() int { return r.txnEvents }
 
-// InTxn reports whether a Kafka transaction is open.
-func (r *Router) InTxn() bool { return r.inTxn }
+// KafkaTxnOpen reports whether a Kafka transaction is open.
+func (r *Router) KafkaTxnOpen() bool { return r.inTxn }
 
-// CommitTxn adds the checkpoint record (key, value) to the open Kafka
+// CommitKafkaTxn adds the checkpoint record (key, value) to the open Kafka
 // transaction, waits until Kafka has every record, commits, and then acks
 // the records' transactions. With no transaction open it does nothing. An
-// error leaves the transaction to AbortTxn; errors.Is(err, ErrFenced) means
+// error leaves the transaction to AbortKafkaTxn; errors.Is(err, ErrFenced) means
 // stop.
-func (r *Router) CommitTxn(ctx context.Context, key, value []byte) error {
+func (r *Router) CommitKafkaTxn(ctx context.Context, key, value []byte) error {
 	if !r.inTxn {
 		return nil
 	}
@@ -101,9 +101,9 @@ func (r *Router) CommitTxn(ctx context.Context, key, value []byte) error {
 	return nil
 }
 
-// AbortTxn drops the open Kafka transaction: its records are never visible
+// AbortKafkaTxn drops the open Kafka transaction: its records are never visible
 // to read_committed consumers and their transactions are never acked.
-func (r *Router) AbortTxn(ctx context.Context) error {
+func (r *Router) AbortKafkaTxn(ctx context.Context) error {
 	clear(r.txnAcks)
 	r.txnAcks, r.txnEvents = r.txnAcks[:0], 0
 	if err := r.client.AbortBufferedRecords(ctx); err != nil {
@@ -192,7 +192,7 @@ func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, 
 		return nil, false, err
 	}
 	if err := r.client.ProduceSync(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: probeKey, Value: probe}).FirstErr(); err != nil {
-		r.AbortTxn(context.Background())
+		r.AbortKafkaTxn(context.Background())
 		return nil, false, r.txnError(fmt.Errorf("write checkpoint probe: %w", err))
 	}
 	if err := r.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
