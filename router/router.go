@@ -214,7 +214,7 @@ type Router struct {
 	close   context.CancelFunc
 	bg      sync.WaitGroup
 
-	// Exactly-once delivery (see txn.go).
+	// Exactly-once delivery (see kafkatxn.go).
 	eos       bool
 	connOpts  []kgo.Opt // the caller's connection options, for side clients
 	inTxn     bool
