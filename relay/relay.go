@@ -586,11 +586,31 @@ type fatalError struct{ err error }
 func (e *fatalError) Error() string { return e.err.Error() }
 func (e *fatalError) Unwrap() error { return e.err }
 
+// Fatal is true: see fatalError.
+func (e *fatalError) Fatal() bool { return true }
+
+// fataler is an error that says whether restarting can fix it: fatalError,
+// slot.SetupError, router.InvalidEventError, decoder.Error.
+type fataler interface{ Fatal() bool }
+
+// isFatal reports whether any error in err's tree says restarting cannot
+// fix it. Errors say so themselves: the relay knows no other package's
+// sentinels for this.
 func isFatal(err error) bool {
-	var f *fatalError
-	var inv *router.InvalidEventError
-	return errors.As(err, &f) || errors.As(err, &inv) || slot.IsSetupError(err) ||
-		errors.Is(err, decoder.ErrUnsupported)
+	if f, ok := err.(fataler); ok && f.Fatal() {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return isFatal(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if isFatal(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // causeOf names a session's end for the restarts metric.

@@ -18,6 +18,7 @@ import (
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
 )
 
 func validConfig() Config {
@@ -102,6 +103,10 @@ func TestErrorClassification(t *testing.T) {
 		{"wrong SASL password", kerr.SaslAuthenticationFailed, "connection", false, true},
 		{"transactional id not authorized", kerr.TransactionalIDAuthorizationFailed, "connection", false, true},
 		{"plain I/O", errors.New("connection reset"), "connection", false, false},
+		{"unsupported stream", fmt.Errorf("x: %w", decoder.ErrUnsupported), "connection", true, false},
+		{"setup refusal", slot.InvalidatedError("s"), "connection", true, false},
+		{"invalid event with on-invalid=fail", fmt.Errorf("send: %w", &router.InvalidEventError{}), "connection", true, false},
+		{"fatal inside a joined error", errors.Join(errors.New("a"), &fatalError{errors.New("b")}), "connection", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := causeOf(tc.err); got != tc.cause {

@@ -57,6 +57,9 @@ type InvalidEventError struct {
 	ID     string
 }
 
+// Fatal is true: the same row stops the relay again after a restart.
+func (e *InvalidEventError) Fatal() bool { return true }
+
 func (e *InvalidEventError) Error() string {
 	return fmt.Sprintf("invalid outbox event (id %q, table %s, LSN %s): %s: %s", e.ID, e.Table, e.LSN, e.Reason, e.Detail)
 }

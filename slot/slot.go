@@ -51,6 +51,9 @@ type SetupError struct{ Msg string }
 
 func (e *SetupError) Error() string { return e.Msg }
 
+// Fatal is true: retrying does not fix a setup refusal.
+func (e *SetupError) Fatal() bool { return true }
+
 func setupErrorf(format string, args ...any) error {
 	return &SetupError{Msg: fmt.Sprintf(format, args...)}
 }
