@@ -2,14 +2,14 @@ package router
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/walrelay/walrelay/checkpointtopic"
 )
 
 // Exactly-once delivery: the producer is transactional. The first record
@@ -149,33 +149,10 @@ func (r *Router) InitTransactions(ctx context.Context) error {
 	return nil
 }
 
-// prepareCheckpointTopic creates the checkpoint topic (compacted, one
-// partition) when topic creation is on, and checks it has one partition:
-// reading a checkpoint relies on the order of one partition.
+// prepareCheckpointTopic creates (when topic creation is on) and checks
+// the checkpoint topic.
 func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
-	name := r.cfg.CheckpointTopic
-	if r.cfg.CreateTopics {
-		compact, segment := "compact", "3600000"
-		_, err := r.admin.CreateTopic(ctx, 1, r.cfg.TopicReplicationFactor, map[string]*string{
-			"cleanup.policy": &compact,
-			"segment.ms":     &segment, // let compaction reach recent checkpoints
-		}, name)
-		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) && !notAllowed(err) {
-			return fmt.Errorf("create checkpoint topic %q: %w", name, err)
-		}
-	}
-	details, err := r.admin.ListTopics(ctx, name)
-	if err != nil {
-		return fmt.Errorf("describe checkpoint topic %q: %w", name, err)
-	}
-	d, ok := details[name]
-	if !ok || d.Err != nil {
-		return fmt.Errorf("checkpoint topic %q does not exist: create it (compacted, one partition) or allow --create-topics", name)
-	}
-	if n := len(d.Partitions); n != 1 {
-		return fmt.Errorf("checkpoint topic %q has %d partitions: it needs exactly one", name, n)
-	}
-	return nil
+	return checkpointtopic.Prepare(ctx, r.admin, r.cfg.CheckpointTopic, r.cfg.CreateTopics, r.cfg.TopicReplicationFactor)
 }
 
 // ReadCheckpoint returns the newest committed checkpoint record for key.
@@ -185,9 +162,7 @@ func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
 // markers or aborted records lie in between. Call InitTransactions first,
 // so that no older producer can commit after the probe.
 func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, found bool, err error) {
-	nonce := make([]byte, 16)
-	rand.Read(nonce)
-	probeKey, probe := append(append([]byte(nil), key...), "/probe"...), []byte(hex.EncodeToString(nonce))
+	probeKey, probe := checkpointtopic.Probe(key)
 	if err := r.beginTxn(); err != nil {
 		return nil, false, err
 	}
@@ -200,39 +175,7 @@ func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, 
 		return nil, false, r.txnError(fmt.Errorf("commit checkpoint probe: %w", err))
 	}
 	r.inTxn = false
-
-	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), r.connOpts...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.cfg.CheckpointTopic: {0: kgo.NewOffset().AtStart()}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-	)...)
-	if err != nil {
-		return nil, false, err
-	}
-	defer cl.Close()
-	for {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", r.cfg.CheckpointTopic, err)
-		}
-		var fetchErr error
-		fs.EachError(func(_ string, _ int32, err error) { fetchErr = err })
-		if fetchErr != nil {
-			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", r.cfg.CheckpointTopic, fetchErr)
-		}
-		done := false
-		fs.EachRecord(func(rec *kgo.Record) {
-			switch {
-			case done:
-			case string(rec.Key) == string(key):
-				value, found = rec.Value, true
-			case string(rec.Key) == string(probeKey) && string(rec.Value) == string(probe):
-				done = true
-			}
-		})
-		if done {
-			return value, found, nil
-		}
-	}
+	return checkpointtopic.Read(ctx, r.connOpts, r.cfg.CheckpointTopic, key, probeKey, probe)
 }
 
 // ProduceHeartbeat produces one heartbeat record and waits for Kafka's
