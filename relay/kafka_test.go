@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/internal/fakenet"
 	"github.com/walrelay/walrelay/metrics"
 )
 
@@ -79,24 +80,13 @@ func TestRunStopsCleanlyWhenCancelledWhileRetrying(t *testing.T) {
 }
 
 func TestNewRouterRefusesWhatIsNotKafka(t *testing.T) {
-	// A listener that answers every connection with PostgreSQL-like bytes.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("E\x00\x00\x00\x10SFATAL\x00\x00\x00\x00\x00\x00\x00\x00"))
-			c.Close()
-		}
-	}()
+	// A peer that answers every connection with PostgreSQL-like bytes.
+	peer := fakenet.Listen(t, func(c net.Conn) {
+		c.Write([]byte("E\x00\x00\x00\x10SFATAL\x00\x00\x00\x00\x00\x00\x00\x00"))
+		c.Close()
+	})
 	cfg := kafkaConfig(t)
-	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(ln.Addr().String())}
+	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(peer)}
 	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
 	if err != nil {
 		t.Fatal(err)

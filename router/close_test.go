@@ -1,7 +1,6 @@
 package router
 
 import (
-	"net"
 	"testing"
 	"time"
 
@@ -9,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/internal/fakenet"
 	"github.com/walrelay/walrelay/metrics"
 )
 
@@ -17,21 +17,8 @@ import (
 // admin request of a replaced producer runs on for the preparation timeout.
 func TestCloseEndsTopicPreparation(t *testing.T) {
 	// A "broker" that accepts connections and never answers.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
-	r, err := New(Config{CreateTopics: true}, []kgo.Opt{kgo.SeedBrokers(ln.Addr().String())}, zap.NewNop(), metrics.NewUnregistered(), func(error) {})
+	broker := fakenet.Listen(t, fakenet.Silent)
+	r, err := New(Config{CreateTopics: true}, []kgo.Opt{kgo.SeedBrokers(broker)}, zap.NewNop(), metrics.NewUnregistered(), func(error) {})
 	if err != nil {
 		t.Fatal(err)
 	}
