@@ -186,6 +186,31 @@ func createSlot(ctx context.Context, conn *pgx.Conn, name string) error {
 	return err
 }
 
+// dropSlots drops the named slots (all of conn's database when none is
+// named) once nothing streams from them: the walsender of a relay that
+// just exited lives on for a moment, PostgreSQL refuses to drop an active
+// slot, and the next scenario would then find the slot name taken.
+func dropSlots(conn *pgx.Conn, names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if names == nil {
+		names = []string{} // an empty array, not NULL
+	}
+	const mine = "database = current_database() AND (cardinality($1::text[]) = 0 OR slot_name = ANY($1))"
+	for {
+		var active bool
+		err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE active AND "+mine+")", names).Scan(&active)
+		if err != nil || !active {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "+mine, names)
+}
+
 func currentLSN(ctx context.Context, conn *pgx.Conn) (slot.LSN, error) {
 	var l slot.LSN
 	err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&l)

@@ -38,7 +38,7 @@ func (b *bencher) big(ctx context.Context, rows int) (Result, error) {
 	if err := createSlot(ctx, conn, "relay"); err != nil {
 		return Result{}, err
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot('relay')")
+	defer dropSlots(conn, "relay")
 	b.logf("big: one transaction of %d rows", rows)
 	if err := writeBacklog(ctx, conn, rows, rows, b.cfg.PayloadBytes); err != nil {
 		return Result{}, err
@@ -101,7 +101,7 @@ func (b *bencher) idle(ctx context.Context) ([]Result, error) {
 	if err := createSlot(ctx, conn, "relay"); err != nil {
 		return nil, err
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot('relay')")
+	defer dropSlots(conn, "relay")
 	k := &broker{name: "store", addrs: b.cfg.KafkaBrokers}
 	if len(k.addrs) > 0 {
 		k.name = "external"

@@ -117,7 +117,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 			return Result{}, err
 		}
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()")
+	defer dropSlots(conn)
 	start, _ := currentLSN(ctx, conn)
 	b.logf("drain: writing %d events in transactions of %d rows (%d-byte payloads)", b.cfg.Events, txnSize, b.cfg.PayloadBytes)
 	if err := writeBacklog(ctx, conn, b.cfg.Events, txnSize, b.cfg.PayloadBytes); err != nil {

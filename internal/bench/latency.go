@@ -44,7 +44,7 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 	if err := createSlot(ctx, conn, "relay"); err != nil {
 		return Result{}, err
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_drop_replication_slot('relay')")
+	defer dropSlots(conn, "relay")
 
 	k := &broker{name: "store", addrs: b.cfg.KafkaBrokers}
 	if len(k.addrs) > 0 {
