@@ -69,9 +69,6 @@ func (t *Txn) Ack() {
 	}
 }
 
-// CommitTime is the commit time of t as announced by its Begin message.
-func (t *Txn) CommitTime() time.Time { return t.commitTime }
-
 // Tracker keeps the in-flight transactions in commit order and computes the
 // watermark.
 type Tracker struct {

@@ -36,6 +36,20 @@ import (
 // positions flow to standby status updates without conversion.
 type LSN = pglogrepl.LSN
 
+// Error is the type of the decoder's sentinel errors: it says how to treat
+// the failure, as pgx's SafeToRetry and franz-go's Retriable do.
+type Error struct {
+	msg   string
+	fatal bool
+}
+
+func (e *Error) Error() string { return e.msg }
+
+// Fatal reports whether a new stream cannot help: the same WAL decodes
+// the same way again (ErrUnsupported). The other decoder errors end the
+// stream, and a new one may not meet them.
+func (e *Error) Fatal() bool { return e.fatal }
+
 // Sentinel errors. Decode wraps one of them with what went wrong and where;
 // test with errors.Is.
 var (
@@ -43,7 +57,7 @@ var (
 	// (truncated, bad lengths, trailing bytes, unknown message type, a value
 	// that cannot be decoded, an Insert outside a transaction). The stream
 	// cannot be trusted after it.
-	ErrMalformed = errors.New("malformed pgoutput message")
+	ErrMalformed error = &Error{msg: "malformed pgoutput message"}
 
 	// ErrMissingColumn is what Event.Unmappable wraps: the row's outbox
 	// table lacks a mapped column (dropped or renamed after the relay
@@ -55,12 +69,12 @@ var (
 	// ErrUnknownRelation means an Insert named a relation OID that no Relation
 	// message announced. pgoutput always announces a relation before its first
 	// row on a connection, so this means a lost message or a reused Decoder.
-	ErrUnknownRelation = errors.New("insert into a relation that was never announced")
+	ErrUnknownRelation error = &Error{msg: "insert into a relation that was never announced"}
 
 	// ErrUnsupported means the message uses a protocol feature the relay does
 	// not request (streaming, two-phase) or a binary value of a type it cannot
 	// render as text.
-	ErrUnsupported = errors.New("unsupported pgoutput feature")
+	ErrUnsupported error = &Error{msg: "unsupported pgoutput feature", fatal: true}
 )
 
 // Table names one outbox table.
@@ -106,6 +120,20 @@ func DefaultMapping() Mapping {
 		Type:          "type",
 		Payload:       "payload",
 	}
+}
+
+// Columns lists the columns m reads: id, aggregate type, aggregate id,
+// payload, the type column when set, then the header columns in order.
+// Setup checks each exists and, with a column list, is published.
+func (m Mapping) Columns() []string {
+	cols := []string{m.ID, m.AggregateType, m.AggregateID, m.Payload}
+	if m.Type != "" {
+		cols = append(cols, m.Type)
+	}
+	for _, h := range m.Headers {
+		cols = append(cols, h.Column)
+	}
+	return cols
 }
 
 // Config configures a Decoder.

@@ -135,7 +135,7 @@ func TestPgTime(t *testing.T) {
 		{-1, time.Date(1999, 12, 31, 23, 59, 59, 999999000, time.UTC)},
 		{-1_500_000, time.Date(1999, 12, 31, 23, 59, 58, 500000000, time.UTC)},
 	} {
-		if got := pgTime(uint64(tc.us)); !got.Equal(tc.want) || got.Location() != time.UTC {
+		if got := PGTime(uint64(tc.us)); !got.Equal(tc.want) || got.Location() != time.UTC {
 			t.Errorf("pgTime(%d) = %v, want %v", tc.us, got, tc.want)
 		}
 	}

@@ -18,7 +18,7 @@ import (
 func (d *Decoder) decodeBegin(r *reader) (Kind, error) {
 	b := Begin{
 		FinalLSN:   LSN(r.u64("final LSN")),
-		CommitTime: pgTime(r.u64("commit time")),
+		CommitTime: PGTime(r.u64("commit time")),
 		Xid:        r.u32("xid"),
 	}
 	if err := d.end(r, 'B'); err != nil {
@@ -39,7 +39,7 @@ func (d *Decoder) decodeCommit(r *reader) (Kind, error) {
 		Flags:      r.u8("flags"),
 		CommitLSN:  LSN(r.u64("commit LSN")),
 		EndLSN:     LSN(r.u64("end LSN")),
-		CommitTime: pgTime(r.u64("commit time")),
+		CommitTime: PGTime(r.u64("commit time")),
 	}
 	if err := d.end(r, 'C'); err != nil {
 		return KindIgnored, err
@@ -55,8 +55,9 @@ func (d *Decoder) decodeCommit(r *reader) (Kind, error) {
 // microseconds from there.
 const pgEpoch = 946684800
 
-// pgTime converts microseconds since the PostgreSQL epoch to a UTC time.
-func pgTime(v uint64) time.Time {
+// PGTime converts microseconds since the PostgreSQL epoch (2000-01-01 UTC),
+// as the replication protocol sends times, to a UTC time.
+func PGTime(v uint64) time.Time {
 	us := int64(v)
 	return time.Unix(pgEpoch+us/1e6, (us%1e6)*1e3).UTC()
 }

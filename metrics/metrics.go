@@ -3,11 +3,17 @@
 // rename.
 //
 // There is no global registry: New registers everything on the registerer it
-// is given, so tests and several relays in one process do not collide.
+// is given as it builds it (promauto.With), so tests and several relays in
+// one process do not collide, and a metric cannot be built and forgotten.
+// State that is derived from other state (walrelay_ready) is a GaugeFunc
+// read at scrape time, never set from the places that change it.
 package metrics
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Metrics holds every collector walrelay updates.
@@ -31,124 +37,130 @@ type Metrics struct {
 	ReceivedBytes      prometheus.Counter
 	SlotSafeWALSize    prometheus.Gauge
 	SlotWALStatus      *prometheus.GaugeVec
-	Ready              prometheus.Gauge
+	Ready              prometheus.GaugeFunc
 	KafkaTransactions  prometheus.Counter
 	UnmappedInserts    *prometheus.CounterVec
 	SnapshotRows       prometheus.Counter
 	SnapshotRunning    prometheus.Gauge
+
+	ready atomic.Pointer[func() error] // what walrelay_ready reports; see SetReadiness
 }
 
 // New creates the metrics and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		EventsPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
+	f := promauto.With(reg)
+	m := &Metrics{}
+	*m = Metrics{
+		EventsPublished: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_published_total",
 			Help: "Outbox events acknowledged by Kafka, by topic (topics past --max-topic-series under topic=\"other\"). Flat while walrelay_inflight_events is high means the broker is not accepting writes.",
 		}, []string{"topic"}),
-		EventsDeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+		EventsDeadLettered: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_dead_lettered_total",
 			Help: "Outbox events sent to the dead-letter topic instead of their own, by reason. Any increase means a writer produced an invalid outbox row (or, reason unmappable, a mapped column was dropped or renamed): inspect the dead-letter topic.",
 		}, []string{"reason"}),
-		Transactions: prometheus.NewCounter(prometheus.CounterOpts{
+		Transactions: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_transactions_total",
 			Help: "PostgreSQL transactions received from the replication slot (committed ones only).",
 		}),
-		ProduceErrors: prometheus.NewCounter(prometheus.CounterOpts{
+		ProduceErrors: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_produce_errors_total",
 			Help: "Records Kafka refused after the producer's retries; each one restarts the stream from the last confirmed LSN. Check broker health and ACLs.",
 		}),
-		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+		ReceivedLSN: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_received_lsn",
 			Help: "WAL position of the newest replication message received, as a number.",
 		}),
-		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+		ConfirmedLSN: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_confirmed_lsn",
 			Help: "WAL position last confirmed to PostgreSQL (everything before it is acknowledged by Kafka), as a number.",
 		}),
-		ServerWALEndLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+		ServerWALEndLSN: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_server_wal_end_lsn",
 			Help: "Server WAL end reported by the newest replication message, as a number.",
 		}),
-		SlotRetainedWAL: prometheus.NewGauge(prometheus.GaugeOpts{
+		SlotRetainedWAL: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_retained_wal_bytes",
 			Help: "WAL the slot keeps on the server's disk (current LSN minus restart_lsn). Growing without bound fills the disk: check the relay is running and confirming.",
 		}),
-		SlotLag: prometheus.NewGauge(prometheus.GaugeOpts{
+		SlotLag: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_lag_bytes",
 			Help: "WAL between the server's current position and the slot's confirmed_flush_lsn.",
 		}),
-		ReplicationLag: prometheus.NewGauge(prometheus.GaugeOpts{
+		ReplicationLag: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_replication_lag_seconds",
 			Help: "Now minus the commit time of the newest confirmed transaction; 0 when nothing is in flight.",
 		}),
-		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+		CommitToAck: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "walrelay_commit_to_ack_seconds",
 			Help:    "Time from a transaction's commit in PostgreSQL to Kafka acknowledging its last event.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}),
-		InflightEvents: prometheus.NewGauge(prometheus.GaugeOpts{
+		InflightEvents: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_inflight_events",
 			Help: "Events handed to the producer and not yet acknowledged. Pinned at the limit means Kafka is the bottleneck.",
 		}),
-		Heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Heartbeats: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_heartbeats_total",
 			Help: "Heartbeats sent, by kind: wal (a WAL nudge in the source database) or kafka (a heartbeat record). Flat while enabled means the heartbeat fails: read the log.",
 		}, []string{"kind"}),
-		StandbyStatusSent: prometheus.NewCounter(prometheus.CounterOpts{
+		StandbyStatusSent: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_standby_status_updates_total",
 			Help: "Standby status updates sent to PostgreSQL.",
 		}),
-		StreamRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+		StreamRestarts: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_stream_restarts_total",
 			Help: "Replication stream restarts from the last confirmed LSN, by cause. A steady rate means a recurring fault: read the logs.",
 		}, []string{"cause"}),
-		Streaming: prometheus.NewGauge(prometheus.GaugeOpts{
+		Streaming: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_streaming",
 			Help: "1 while the replication stream is open, 0 while connecting, waiting for the slot or backing off.",
 		}),
-		ReceivedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+		ReceivedBytes: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_received_bytes_total",
 			Help: "Bytes of pgoutput messages received from the replication slot.",
 		}),
-		SlotSafeWALSize: prometheus.NewGauge(prometheus.GaugeOpts{
+		SlotSafeWALSize: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_safe_wal_size_bytes",
 			Help: "WAL that may still be written before the slot risks invalidation (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited. Near zero: the slot is about to be lost, get the relay confirming now.",
 		}),
-		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		SlotWALStatus: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "walrelay_slot_wal_status",
 			Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others. lost means the slot was invalidated and events are gone from it.",
 		}, []string{"status"}),
-		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
+		Ready: f.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "walrelay_ready",
 			Help: "1 while the relay is streaming and its replication lag is under the readiness threshold (what /readyz reports).",
-		}),
-		KafkaTransactions: prometheus.NewCounter(prometheus.CounterOpts{
+		}, m.readyValue),
+		KafkaTransactions: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_kafka_transactions_total",
 			Help: "Kafka transactions committed (exactly-once delivery only), each with a checkpoint record.",
 		}),
-		UnmappedInserts: prometheus.NewCounterVec(prometheus.CounterOpts{
+		UnmappedInserts: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_unmapped_inserts_total",
 			Help: "Inserts the publication streamed for a table that is not a configured outbox table (--table), by table; they are not published. Add the table with --table if it is an outbox, or remove it from the publication.",
 		}, []string{"table"}),
-		SnapshotRows: prometheus.NewCounter(prometheus.CounterOpts{
+		SnapshotRows: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_snapshot_rows_total",
 			Help: "Rows read by snapshots (the initial snapshot when walrelay creates the slot, or walrelay snapshot) and handed to Kafka. Rows of a snapshot interrupted by a crash are counted again when it is redone.",
 		}),
-		SnapshotRunning: prometheus.NewGauge(prometheus.GaugeOpts{
+		SnapshotRunning: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_snapshot_running",
 			Help: "1 while a snapshot is read and published; the stream starts after it. Stuck at 1 with walrelay_inflight_events at its limit means Kafka is the bottleneck.",
 		}),
 	}
-	reg.MustRegister(
-		m.EventsPublished, m.EventsDeadLettered, m.Transactions, m.ProduceErrors,
-		m.ReceivedLSN, m.ConfirmedLSN, m.ServerWALEndLSN, m.SlotRetainedWAL,
-		m.SlotLag, m.ReplicationLag, m.CommitToAck, m.InflightEvents,
-		m.Heartbeats, m.StandbyStatusSent, m.StreamRestarts, m.Streaming,
-		m.ReceivedBytes, m.SlotSafeWALSize, m.SlotWALStatus, m.Ready, m.KafkaTransactions,
-		m.UnmappedInserts,
-		m.SnapshotRows, m.SnapshotRunning,
-	)
 	return m
+}
+
+// SetReadiness makes walrelay_ready report ready: 1 when it returns nil,
+// else 0 (also before any is set).
+func (m *Metrics) SetReadiness(ready func() error) { m.ready.Store(&ready) }
+
+func (m *Metrics) readyValue() float64 {
+	if p := m.ready.Load(); p != nil && (*p)() == nil {
+		return 1
+	}
+	return 0
 }
 
 // NewUnregistered returns metrics registered nowhere, for tools and tests

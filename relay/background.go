@@ -3,11 +3,9 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
@@ -31,7 +29,6 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 	t := time.NewTicker(r.cfg.SlotPollInterval)
 	defer t.Stop()
 	for {
-		r.updateReady()
 		if conn == nil || conn.IsClosed() {
 			c, err := slot.Connect(ctx, r.cfg.PGURL)
 			if err != nil && ctx.Err() == nil {
@@ -49,7 +46,7 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 			case err == nil:
 				r.recordSlot(info)
 				if info.WALStatus == "lost" {
-					stop(&fatalError{fmt.Errorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone and events written meanwhile cannot be read from it. walrelay never recreates a slot silently: recover the gap from the outbox source, then recreate the slot (walrelay drop, walrelay setup)", r.cfg.Slot)})
+					stop(slot.InvalidatedError(r.cfg.Slot))
 					return
 				}
 			}
@@ -101,11 +98,7 @@ func (r *Relay) beater() *heartbeat.Beater {
 			if rt == nil {
 				return errors.New("no producer: Kafka is not connected")
 			}
-			cl, err := rt.HeartbeatClient()
-			if err != nil {
-				return err
-			}
-			return cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}).FirstErr()
+			return rt.ProduceHeartbeat(ctx, topic, key, value)
 		},
 	}, r.log.Named("heartbeat"), r.metrics)
 }

@@ -9,6 +9,17 @@
 // between sessions but the confirmed position, so every restart is the same
 // simple, safe path: duplicates after it, never loss.
 //
+// A session (session.go, opened in start.go) reads the stream, decodes it
+// and hands each PostgreSQL transaction to a delivery (delivery.go): Begin,
+// Event per outbox insert, Commit, Tick between messages, Close at the end.
+// The delivery decides when a transaction counts as acknowledged, which is
+// all the session's checkpoint needs to know. atLeastOnce acks a
+// transaction once Kafka has each of its records; exactlyOnce
+// (exactlyonce.go) produces in Kafka transactions, each closed by a
+// checkpoint record, acks at their commit, and after a restart skips what
+// the newest checkpoint covers. The session never asks which one it has,
+// and unit tests drive it with a fake stream and a fake producer.
+//
 // The pipeline lives here rather than in cmd/walrelay so that integration
 // tests, `walrelay dev` and the benchmark run the very code the daemon runs.
 package relay
@@ -157,22 +168,18 @@ func (c *Config) setDefaults() {
 	if !c.ExactlyOnce {
 		c.Router.TransactionalID = ""
 	}
-	if c.ExactlyOnce && c.Router.CheckpointTopic == "" {
-		c.Router.CheckpointTopic = "walrelay.checkpoints" // the router's default, named in errors
-	}
 	if c.TxnMaxEvents <= 0 {
 		c.TxnMaxEvents = 10_000
 	}
 	if c.TxnMaxInterval <= 0 {
 		c.TxnMaxInterval = 100 * time.Millisecond
 	}
-	if c.Router.TransactionTimeout <= 0 {
-		// The relay bounds commits by it: apply the router's default here too.
-		c.Router.TransactionTimeout = router.DefaultTransactionTimeout
-	}
-	if c.Router.MaxRecordBytes <= 0 {
-		c.Router.MaxRecordBytes = 1_000_012 // the router's default, which the decoder's limit follows
-	}
+	// The relay bounds commits by the transaction timeout, the decoder's
+	// value limit follows the record limit, and errors name the
+	// checkpoint topic: the router's defaults, from the router. Its topic
+	// set, made here once, is shared by every router of this relay, so
+	// the topic bounds hold for the process across producer replacements.
+	c.Router = c.Router.WithDefaults()
 	if c.Read.MaxMessageBytes == 0 {
 		c.Read.MaxMessageBytes = DefaultMaxMessageBytes
 	}
@@ -202,8 +209,7 @@ type Relay struct {
 	// slot was dropped under us, and recreating it would skip data.
 	slotSeen     bool
 	everStreamed atomic.Bool
-	begin        time.Time   // when Run started, for StartupTimeout
-	giveUp       *fatalError // set by retry when StartupTimeout ran out
+	begin        time.Time // when Run started, for StartupTimeout
 	// now and sleep are retry's clock and wait (sleep returns false when
 	// ctx ended first); unit tests replace them to check the waits.
 	now   func() time.Time
@@ -239,11 +245,6 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if _, err := router.ParseTopicAllow(cfg.Router.TopicAllow); err != nil {
 		return nil, err
 	}
-	if cfg.Router.Topics == nil {
-		// One set for every router of this relay: the topic bounds hold
-		// for the process, across producer replacements.
-		cfg.Router.Topics = router.NewTopicSet()
-	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
 		// A transaction is committed TxnMaxInterval after it began at the
 		// earliest; past the timeout the broker has aborted it, and every
@@ -260,7 +261,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	for _, cause := range []string{"kafka", "slot_busy", "silent", "decode", "postgres", "connection", "setup"} {
 		m.StreamRestarts.WithLabelValues(cause)
 	}
-	return &Relay{
+	r := &Relay{
 		cfg:     cfg,
 		log:     log,
 		metrics: m,
@@ -272,7 +273,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		},
 		now:   time.Now,
 		sleep: sleepCtx,
-	}, nil
+	}
+	m.SetReadiness(r.Ready)
+	return r, nil
 }
 
 // sleepCtx waits d; false when ctx ends first.
@@ -312,15 +315,6 @@ func (r *Relay) Ready() error {
 	return nil
 }
 
-// updateReady publishes readiness as a metric.
-func (r *Relay) updateReady() {
-	if r.Ready() == nil {
-		r.metrics.Ready.Set(1)
-	} else {
-		r.metrics.Ready.Set(0)
-	}
-}
-
 // Run prepares the database and relays until ctx ends, then waits (at most
 // ShutdownTimeout) for outstanding acks, confirms them and returns nil.
 // It returns an error only for what retrying cannot fix: a setup refusal,
@@ -346,9 +340,12 @@ func (r *Relay) Run(parent context.Context) error {
 	defer stop(nil)
 	bg.Go(func() { r.watchSlot(ctx, stop) })
 	bg.Go(func() { r.beater().Run(ctx) })
-	stopped := func() error {
-		if r.giveUp != nil {
-			return r.giveUp
+	// stopped is Run's result once it stops: err when retrying gave up
+	// for good, else the cause background work stopped the relay with,
+	// else nil (a clean stop).
+	stopped := func(err error) error {
+		if isFatal(err) {
+			return err
 		}
 		if cause := context.Cause(ctx); parent.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 			return cause
@@ -367,13 +364,13 @@ func (r *Relay) Run(parent context.Context) error {
 			var err error
 			if rt, err = r.newRouter(ctx); err != nil {
 				if ctx.Err() != nil {
-					return stopped()
+					return stopped(nil)
 				}
 				if isFatal(err) {
 					return err
 				}
-				if !r.retry(ctx, "kafka", err) {
-					return stopped()
+				if err := r.retry(ctx, "kafka", err); err != nil {
+					return stopped(err)
 				}
 				continue
 			}
@@ -388,13 +385,13 @@ func (r *Relay) Run(parent context.Context) error {
 			rt = nil
 		}
 		if ctx.Err() != nil {
-			return stopped()
+			return stopped(nil)
 		}
 		if isFatal(err) {
 			return err
 		}
-		if !r.retry(ctx, causeOf(err), err) {
-			return stopped()
+		if err := r.retry(ctx, causeOf(err), err); err != nil {
+			return stopped(err)
 		}
 	}
 }
@@ -404,13 +401,6 @@ func (r *Relay) Run(parent context.Context) error {
 // returns), retrying what may be transient. Kafka comes first: a slot
 // created by a start that then fails on Kafka would hold WAL for nothing.
 func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
-	cols := []string{r.cfg.Mapping.ID, r.cfg.Mapping.AggregateType, r.cfg.Mapping.AggregateID, r.cfg.Mapping.Payload}
-	if r.cfg.Mapping.Type != "" {
-		cols = append(cols, r.cfg.Mapping.Type)
-	}
-	for _, h := range r.cfg.Mapping.Headers {
-		cols = append(cols, h.Column)
-	}
 	var rt *router.Router
 	fail := func(err error) (*router.Router, error) {
 		if rt != nil {
@@ -426,15 +416,15 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 				if ctx.Err() != nil || isFatal(err) {
 					return fail(err)
 				}
-				if !r.retry(ctx, "kafka", err) {
-					return fail(r.stopErr(ctx))
+				if err := r.retry(ctx, "kafka", err); err != nil {
+					return fail(err)
 				}
 				continue
 			}
 		}
 		setup := slot.SetupConfig{
 			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
-			Columns: cols, CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
+			Columns: r.cfg.Mapping.Columns(), CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
 			AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
 		}
 		if r.cfg.InitialSnapshot {
@@ -463,19 +453,10 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 		if pgAuthError(err) {
 			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
 		}
-		if !r.retry(ctx, cause, err) {
-			return fail(r.stopErr(ctx))
+		if err := r.retry(ctx, cause, err); err != nil {
+			return fail(err)
 		}
 	}
-}
-
-// stopErr is why retry said to stop: the startup timeout ran out, or ctx
-// ended.
-func (r *Relay) stopErr(ctx context.Context) error {
-	if r.giveUp != nil {
-		return r.giveUp
-	}
-	return ctx.Err()
 }
 
 func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
@@ -486,7 +467,7 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 	// Reach a broker first: unreachable brokers, a wrong SASL password or an
 	// untrusted certificate should say so, not time out creating topics.
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = rt.Client().Ping(pingCtx)
+	err = rt.Ping(pingCtx)
 	cancel()
 	if err != nil {
 		rt.Close()
@@ -555,13 +536,13 @@ func certificateError(err error) bool {
 }
 
 // retry logs err, counts it and sleeps a backoff (before the first stream
-// at most until StartupTimeout runs out); false when the relay
-// must stop: ctx ended, or (*giveUp set) the relay never streamed within
-// StartupTimeout and err is not a standby's wait for a busy slot.
-func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
+// at most until StartupTimeout runs out). It returns nil when the caller
+// should try again, else why to stop instead: ctx's error when ctx ended,
+// or a fatal error when the relay never streamed within StartupTimeout and
+// err is not a standby's wait for a busy slot.
+func (r *Relay) retry(ctx context.Context, cause string, err error) error {
 	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
-		r.giveUp = &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
-		return false
+		return &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
 	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
 	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
@@ -577,7 +558,10 @@ func (r *Relay) retry(ctx context.Context, cause string, err error) bool {
 		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
 			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	}
-	return r.sleep(ctx, wait)
+	if !r.sleep(ctx, wait) {
+		return ctx.Err()
+	}
+	return nil
 }
 
 // onProduceError is the router's fatal handler: it ends the current
@@ -604,18 +588,38 @@ type fatalError struct{ err error }
 func (e *fatalError) Error() string { return e.err.Error() }
 func (e *fatalError) Unwrap() error { return e.err }
 
+// Fatal is true: see fatalError.
+func (e *fatalError) Fatal() bool { return true }
+
+// fataler is an error that says whether restarting can fix it: fatalError,
+// slot.SetupError, router.InvalidEventError, decoder.Error.
+type fataler interface{ Fatal() bool }
+
+// isFatal reports whether any error in err's tree says restarting cannot
+// fix it. Errors say so themselves: the relay knows no other package's
+// sentinels for this.
 func isFatal(err error) bool {
-	var f *fatalError
-	var inv *router.InvalidEventError
-	return errors.As(err, &f) || errors.As(err, &inv) || slot.IsSetupError(err) ||
-		errors.Is(err, decoder.ErrUnsupported)
+	if f, ok := err.(fataler); ok && f.Fatal() {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return isFatal(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if isFatal(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // causeOf names a session's end for the restarts metric.
 func causeOf(err error) string {
 	var pgErr *pgconn.PgError
 	var produceErr *produceError
-	var txnErr *txnError
+	var txnErr *kafkaTxnFailure
 	switch {
 	case errors.As(err, &produceErr), errors.As(err, &txnErr):
 		return "kafka"

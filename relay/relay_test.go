@@ -10,12 +10,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
 )
 
 func validConfig() Config {
@@ -94,12 +97,16 @@ func TestErrorClassification(t *testing.T) {
 		{"malformed stream", fmt.Errorf("x: %w", decoder.ErrMalformed), "decode", false, false},
 		{"server error", fmt.Errorf("x: %w", &pgconn.PgError{Code: "57P01"}), "postgres", false, false},
 		{"refused record", &produceError{errors.New("refused")}, "kafka", false, false},
-		{"failed Kafka transaction", &txnError{kerr.InvalidTxnState}, "kafka", false, false},
+		{"failed Kafka transaction", &kafkaTxnFailure{kerr.InvalidTxnState}, "kafka", false, false},
 		{"fatal", &fatalError{errors.New("stop")}, "connection", true, false},
 		{"untrusted certificate", certErr, "connection", false, true},
 		{"wrong SASL password", kerr.SaslAuthenticationFailed, "connection", false, true},
 		{"transactional id not authorized", kerr.TransactionalIDAuthorizationFailed, "connection", false, true},
 		{"plain I/O", errors.New("connection reset"), "connection", false, false},
+		{"unsupported stream", fmt.Errorf("x: %w", decoder.ErrUnsupported), "connection", true, false},
+		{"setup refusal", slot.InvalidatedError("s"), "connection", true, false},
+		{"invalid event with on-invalid=fail", fmt.Errorf("send: %w", &router.InvalidEventError{}), "connection", true, false},
+		{"fatal inside a joined error", errors.Join(errors.New("a"), &fatalError{errors.New("b")}), "connection", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := causeOf(tc.err); got != tc.cause {
@@ -172,7 +179,7 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 	}
 	r.begin = clock
 	clock = clock.Add(7 * time.Second) // the attempts so far took 7s
-	if !r.retry(context.Background(), "setup", errors.New("connection refused")) {
+	if err := r.retry(context.Background(), "setup", errors.New("connection refused")); err != nil {
 		t.Fatal("retry gave up before the startup timeout")
 	}
 	if len(waits) != 1 || waits[0] > 3*time.Second {
@@ -182,11 +189,12 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 		t.Fatalf("the next attempt starts %s after the start, past --startup-timeout %s", got, cfg.StartupTimeout)
 	}
 	clock = clock.Add(time.Millisecond) // the last attempt failed too
-	if r.retry(context.Background(), "setup", errors.New("connection refused")) {
+	giveUp := r.retry(context.Background(), "setup", errors.New("connection refused"))
+	if giveUp == nil {
 		t.Fatal("retry went on past the startup timeout")
 	}
-	if r.giveUp == nil || len(waits) != 1 {
-		t.Fatalf("giveUp %v, waits %v: want a give-up without another wait", r.giveUp, waits)
+	if !isFatal(giveUp) || len(waits) != 1 {
+		t.Fatalf("giveUp %v, waits %v: want a give-up without another wait", giveUp, waits)
 	}
 
 	// Once streaming, and for a standby waiting on a busy slot, the
@@ -194,7 +202,37 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 	r.everStreamed.Store(true)
 	r.backoff.Reset()
 	waits = nil
-	if !r.retry(context.Background(), "connection", errors.New("reset")) || waits[0] < 4*time.Second {
+	if r.retry(context.Background(), "connection", errors.New("reset")) != nil || waits[0] < 4*time.Second {
 		t.Fatalf("after streaming: waits %v; want the uncapped backoff (at least 4s from 8s with jitter 0.5)", waits)
 	}
+}
+
+// TestReadyMetricFollowsReady checks walrelay_ready is read from Ready at
+// scrape time: no code path has to remember to update it.
+func TestReadyMetricFollowsReady(t *testing.T) {
+	m := metrics.NewUnregistered()
+	r, err := New(validConfig(), zap.NewNop(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := gaugeValue(t, m.Ready); v != 0 {
+		t.Fatalf("walrelay_ready = %v before streaming, want 0", v)
+	}
+	r.streaming.Store(true)
+	if v := gaugeValue(t, m.Ready); v != 1 {
+		t.Fatalf("walrelay_ready = %v while streaming without lag, want 1", v)
+	}
+	r.lag.Store(int64(2 * r.cfg.ReadyMaxLag))
+	if v := gaugeValue(t, m.Ready); v != 0 {
+		t.Fatalf("walrelay_ready = %v with lag over --ready-max-lag, want 0", v)
+	}
+}
+
+func gaugeValue(t *testing.T, g prometheus.Metric) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := g.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetGauge().GetValue()
 }

@@ -7,14 +7,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/heartbeat"
-	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -22,27 +21,38 @@ import (
 // even a reply to a request for one, for the receive timeout.
 var errServerSilent = errors.New("replication connection silent")
 
-// errSlotBusy means another client streams from the slot: this relay waits
-// as a standby and tries again after a backoff.
-var errSlotBusy = errors.New("replication slot is in use by another process")
-
 // tick is how often the session wakes while transactions are in flight, to
 // confirm them promptly once acknowledged.
 const tick = 50 * time.Millisecond
 
+// stream is what a session uses of *slot.Stream.
+type stream interface {
+	// Receive returns the next message, slot.ErrTimeout at deadline, or
+	// slot.ErrInterrupted after Interrupt.
+	Receive(deadline time.Time) (slot.Message, error)
+	// SendStatus confirms a position to the server; replyRequested asks
+	// it to answer at once.
+	SendStatus(confirmed decoder.LSN, replyRequested bool) error
+	// Interrupt makes a Receive in progress (or the next one) return; it
+	// is safe for concurrent use.
+	Interrupt()
+	Close(ctx context.Context) error
+}
+
 // session is one replication stream. All its fields belong to the goroutine
-// running it, except what the router's promises touch through the
+// running it, except what the producer's promises touch through the
 // checkpoint.Txn and the failed channel.
 type session struct {
 	r       *Relay
 	ctx     context.Context
-	stream  *slot.Stream
+	stream  stream
 	dec     *decoder.Decoder
-	rt      *router.Router
+	d       delivery
 	tr      *checkpoint.Tracker
-	txn     *checkpoint.Txn
-	eos     *eosState // nil with at-least-once delivery
+	pgTxn   *checkpoint.Txn
 	failed  chan error
+	start   decoder.LSN                    // where the stream started
+	system  pglogrepl.IdentifySystemResult // what the stream's IDENTIFY_SYSTEM reported
 	timer   *time.Timer
 	lastLSN decoder.LSN // WAL position of the current message, for errors
 
@@ -98,54 +108,15 @@ func (s *session) kafkaCtx() (context.Context, context.CancelFunc) {
 	}
 }
 
-// session streams until the connection breaks, Kafka refuses a record, or
-// ctx ends; then it drains acks and confirms what it can.
-func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
-	start, version, err := r.startPosition(ctx)
-	if err != nil {
-		return err
-	}
-	var eos *eosState
-	if r.cfg.ExactlyOnce {
-		if eos, err = r.startEOS(ctx, rt); err != nil {
-			return err
-		}
-	}
-	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
-		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
-		// Heartbeat messages come through the stream as markers (pgoutput
-		// sends logical decoding messages from PostgreSQL 14 on).
-		Messages: version >= 140000,
-		Read:     r.cfg.Read,
-	})
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
-			return fmt.Errorf("%w: %s", errSlotBusy, pgErr.Message)
-		}
-		return err
-	}
-	r.slotSeen = true
-	if eos != nil {
-		if err := r.verifyEOS(eos, stream.System); err != nil {
-			stream.Close(context.Background())
-			return err
-		}
-	}
-	// A mapped value over the record limit could never be produced: the
-	// decoder leaves it out instead of copying it (the event is then
-	// dead-lettered as too large).
-	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping, Binary: r.cfg.Binary, MaxValueBytes: r.cfg.Router.MaxRecordBytes})
-	if err != nil {
-		stream.Close(context.Background())
-		return &fatalError{err}
-	}
+// newSession is a session on stream, starting at start; its delivery (d)
+// is set before run.
+func (r *Relay) newSession(ctx context.Context, st stream, dec *decoder.Decoder, start decoder.LSN) *session {
 	s := &session{
 		r:      r,
 		ctx:    ctx,
-		stream: stream,
+		start:  start,
+		stream: st,
 		dec:    dec,
-		rt:     rt,
 		failed: make(chan error, 1),
 		timer:  time.NewTimer(time.Hour),
 		status: heartbeat.NewSchedule(r.cfg.StatusInterval, r.cfg.ConfirmDelay),
@@ -155,58 +126,29 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	s.tr = checkpoint.New(start, checkpoint.OnComplete(func(commit time.Time) {
 		r.metrics.CommitToAck.Observe(time.Since(commit).Seconds())
 	}))
-	s.eos = eos
+	return s
+}
+
+// run streams until something ends the session, then finishes it.
+func (s *session) run() error {
+	r := s.r
 	r.current.Store(s)
 	r.everStreamed.Store(true)
-	stopInterrupt := context.AfterFunc(ctx, stream.Interrupt)
+	stopInterrupt := context.AfterFunc(s.ctx, s.stream.Interrupt)
 	defer stopInterrupt()
 	r.streaming.Store(true)
 	r.metrics.Streaming.Set(1)
 	r.backoff.Reset()
-	r.log.Info("streaming", zap.String("slot", r.cfg.Slot), zap.Stringer("start_lsn", start),
-		zap.String("system_id", stream.System.SystemID), zap.Int32("timeline", stream.System.Timeline),
-		zap.Stringer("server_wal_end", stream.System.XLogPos))
+	r.log.Info("streaming", zap.String("slot", r.cfg.Slot), zap.Stringer("start_lsn", s.start),
+		zap.String("system_id", s.system.SystemID), zap.Int32("timeline", s.system.Timeline),
+		zap.Stringer("server_wal_end", s.system.XLogPos))
 	defer func() {
 		r.current.Store(nil)
 		r.streaming.Store(false)
 		r.metrics.Streaming.Set(0)
-		r.updateReady()
 		s.timer.Stop()
 	}()
-
-	err = s.loop()
-	return s.finish(err)
-}
-
-// startPosition is where the next stream starts: the later of what this
-// process confirmed and the slot's confirmed_flush_lsn. It also returns the
-// server's version number.
-func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
-	conn, err := slot.Connect(ctx, r.cfg.PGURL)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer conn.Close(context.Background())
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		return 0, 0, fmt.Errorf("read server version: %w", err)
-	}
-	info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
-	switch {
-	case errors.Is(err, slot.ErrNoSlot) && r.slotSeen:
-		return 0, 0, &fatalError{fmt.Errorf("replication slot %q was dropped while walrelay used it; walrelay never recreates a slot silently (a new slot would skip everything written meanwhile): recreate it deliberately with walrelay setup after recovering the gap", r.cfg.Slot)}
-	case errors.Is(err, slot.ErrNoSlot):
-		return 0, 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
-	case err != nil:
-		return 0, 0, err
-	case info.WALStatus == "lost":
-		return 0, 0, &fatalError{fmt.Errorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone and events written meanwhile cannot be read from it. walrelay never recreates a slot silently: recover the gap from the outbox source, then recreate the slot (walrelay drop, walrelay setup)", r.cfg.Slot)}
-	}
-	r.recordSlot(info)
-	// A session that ended on a broken connection may have had acks the
-	// slot never heard of: start after them (PostgreSQL skips transactions
-	// that end before the requested start) and confirm them at once.
-	return max(info.ConfirmedLSN, decoder.LSN(r.acked.Load())), version, nil
+	return s.finish(s.loop())
 }
 
 // loop reads the stream until something ends it.
@@ -228,10 +170,8 @@ func (s *session) loop() error {
 				return err
 			}
 			s.housekeep(false)
-			if s.commitDue(time.Now()) {
-				if err := s.commitKafka(); err != nil {
-					return err
-				}
+			if err := s.d.Tick(time.Now()); err != nil {
+				return err
 			}
 			continue
 		case errors.Is(err, slot.ErrInterrupted):
@@ -258,10 +198,8 @@ func (s *session) loop() error {
 			if s.msgs++; s.msgs&63 == 0 {
 				if now := time.Now(); !now.Before(s.nextTick) {
 					s.housekeep(false)
-					if s.commitDue(now) {
-						if err := s.commitKafka(); err != nil {
-							return err
-						}
+					if err := s.d.Tick(now); err != nil {
+						return err
 					}
 				}
 			}
@@ -274,7 +212,7 @@ func (s *session) loop() error {
 // be confirmed, else at the next periodic update.
 func (s *session) deadline() time.Time {
 	d := s.status.Next()
-	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || s.eos != nil && s.rt.InTxn() {
+	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || s.d.Busy() {
 		d = s.nextTick
 	}
 	return minTime(d, s.aliveCheck())
@@ -328,60 +266,22 @@ func (s *session) handle(data []byte) error {
 	switch kind {
 	case decoder.KindBegin:
 		b := s.dec.Begin()
-		s.txn = s.tr.Begin(b.CommitTime)
+		s.pgTxn = s.tr.Begin(b.CommitTime)
 		s.r.metrics.Transactions.Inc()
-		if e := s.eos; e != nil {
-			e.skip.Begin(b.FinalLSN)
-			e.curCommit, e.curEvents, e.inPG = b.FinalLSN, 0, true
-		}
+		s.d.Begin(b, s.pgTxn)
 	case decoder.KindInsert:
-		if s.txn == nil {
+		if s.pgTxn == nil {
 			return fmt.Errorf("decode pgoutput message at %s: %w: insert outside a transaction", s.lastLSN, decoder.ErrMalformed)
 		}
-		if e := s.eos; e != nil {
-			if e.skip.Event() {
-				e.curEvents++
-				return nil // in Kafka already, by the checkpoint found at start
-			}
-			if !s.rt.InTxn() {
-				e.txnStart = time.Now()
-			}
-		}
-		ev := s.dec.Event()
-		for {
-			wait, err := s.rt.Send(ev, s.lastLSN, s.txn)
-			if err != nil {
-				return s.eosErrorOr(err)
-			}
-			if wait == nil {
-				break
-			}
-			if err := s.await(wait); err != nil {
-				return err
-			}
-		}
-		if e := s.eos; e != nil {
-			// Counted once in the Kafka transaction, not before: a stop
-			// while waiting for room commits a checkpoint that must not
-			// claim an event never sent.
-			e.curEvents++
-			if s.rt.TxnEvents() >= s.r.cfg.TxnMaxEvents {
-				return s.commitKafka() // a large transaction is split across Kafka transactions
-			}
-		}
+		return s.d.Event(s.dec.Event(), s.lastLSN)
 	case decoder.KindCommit:
-		if s.txn == nil {
+		if s.pgTxn == nil {
 			return fmt.Errorf("decode pgoutput message at %s: %w: commit without begin", s.lastLSN, decoder.ErrMalformed)
 		}
 		c := s.dec.Commit()
-		s.tr.Commit(s.txn, c.EndLSN)
-		s.txn = nil
-		if e := s.eos; e != nil {
-			e.lastFull, e.curEvents, e.inPG = c.EndLSN, 0, false
-			if s.commitDue(time.Now()) {
-				return s.commitKafka()
-			}
-		}
+		s.tr.Commit(s.pgTxn, c.EndLSN)
+		s.pgTxn = nil
+		return s.d.Commit(c.EndLSN)
 	case decoder.KindMessage:
 		// A heartbeat (or any non-transactional message): everything
 		// before it was received, so it is a marker like a keepalive.
@@ -410,31 +310,31 @@ func (r *Relay) unmappedInsert(t decoder.Table, oid uint32) {
 	c.Inc()
 }
 
-// eosErrorOr maps a fenced producer to the fatal error, and passes other
-// errors on.
-func (s *session) eosErrorOr(err error) error {
-	if s.eos != nil && errors.Is(err, router.ErrFenced) {
-		return s.eosError(err)
+// wait blocks until done is closed, while still sending status updates:
+// the walsender disconnects a client that stays silent for
+// wal_sender_timeout, and Kafka may be slow for longer than that. When
+// interruptible, it also returns when Kafka refused a record or ctx ended.
+// It is the session's one waitFunc.
+func (s *session) wait(done <-chan struct{}, interruptible bool) error {
+	var failed <-chan error
+	var ctxDone <-chan struct{}
+	if interruptible {
+		failed, ctxDone = s.failed, s.ctx.Done()
+		// Waiting for room, the socket is not read: the server's
+		// silence is ours. (A Kafka commit is bounded by its own
+		// timeout; a drain ends the session.)
+		defer func() { s.lastRecv, s.pinged, s.heard = time.Now(), false, false }()
 	}
-	return err
-}
-
-// await blocks until ch delivers, while still sending status updates: the
-// walsender disconnects a client that stays silent for wal_sender_timeout,
-// and Kafka may be slow for longer than that.
-func (s *session) await(ch <-chan struct{}) error {
-	// The socket is not read meanwhile: the server's silence is ours.
-	defer func() { s.lastRecv, s.pinged, s.heard = time.Now(), false, false }()
 	for {
 		s.timer.Reset(time.Until(s.nextTick))
 		select {
-		case <-ch:
+		case <-done:
 			return nil
 		case <-s.timer.C:
 			s.housekeep(false)
-		case err := <-s.failed:
+		case err := <-failed:
 			return err
-		case <-s.ctx.Done():
+		case <-ctxDone:
 			return s.ctx.Err()
 		}
 	}
@@ -475,7 +375,6 @@ func (s *session) housekeep(force bool) {
 	}
 	s.r.lag.Store(int64(lag))
 	m.ReplicationLag.Set(lag.Seconds())
-	s.r.updateReady()
 	if !s.status.Due(now, pos.LSN, force) {
 		return
 	}
@@ -501,54 +400,39 @@ func (s *session) housekeep(force bool) {
 // the final Kafka commit (exactly-once) and the acks together.
 func (s *session) finish(cause error) error {
 	stopping := s.ctx.Err() != nil
-	if s.eos != nil {
-		// Exactly-once: commit what the open Kafka transaction holds on a
-		// clean stop, else abort it; nothing else is in flight after.
-		if err := s.endEOS(stopping && cause != nil && errors.Is(cause, context.Canceled)); err != nil {
-			s.r.log.Warn("ending the Kafka transaction failed; the next start resumes from the last checkpoint", zap.Error(err))
-			if isFatal(err) {
-				cause = err
-				stopping = false
-			}
+	// Exactly-once: commit what the open Kafka transaction holds on a
+	// clean stop, else abort it.
+	if err := s.d.Close(stopping && cause != nil && errors.Is(cause, context.Canceled)); err != nil {
+		s.r.log.Warn("ending the Kafka transaction failed; the next start resumes from the last checkpoint", zap.Error(err))
+		if isFatal(err) {
+			cause = err
+			stopping = false
 		}
 	}
-	flushCtx := context.Background()
+	var flushCtx context.Context
+	var cancel context.CancelFunc
 	if stopping {
-		var cancel context.CancelFunc
-		flushCtx, cancel = context.WithDeadline(flushCtx, s.stopDeadline())
-		defer cancel()
-		s.r.log.Info("stopping: waiting for outstanding acks", zap.Int64("inflight_events", s.rt.Inflight()),
+		flushCtx, cancel = context.WithDeadline(context.Background(), s.stopDeadline())
+		s.r.log.Info("stopping: waiting for outstanding acks", zap.Int64("inflight_events", s.d.Inflight()),
 			zap.Duration("timeout", max(time.Until(s.stopDeadline()), 0)))
 	} else {
-		var cancel context.CancelFunc
+		// Unbounded but cancellable, so the next session starts from an
+		// exact position.
 		flushCtx, cancel = context.WithCancel(s.ctx)
-		defer cancel()
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.rt.Flush(flushCtx) }()
-	ctx := s.ctx
-	if stopping {
-		ctx = context.Background() // keep confirming while draining
-	}
+	defer cancel()
+	done := make(chan struct{})
 	var flushErr error
-wait:
-	for {
-		s.timer.Reset(time.Until(s.nextTick))
-		select {
-		case flushErr = <-done:
-			break wait
-		case <-s.timer.C:
-			s.housekeep(false)
-		case <-ctx.Done():
-			flushErr = <-done
-			break wait
-		}
-	}
+	go func() {
+		defer close(done)
+		flushErr = s.d.Flush(flushCtx)
+	}()
+	s.wait(done, false) // keep confirming while draining
 	s.housekeep(true)
 	if stopping {
 		if flushErr != nil {
 			s.r.log.Warn("stopped before every event was acknowledged; they will be sent again on restart",
-				zap.Int64("inflight_events", s.rt.Inflight()), zap.Error(flushErr))
+				zap.Int64("inflight_events", s.d.Inflight()), zap.Error(flushErr))
 		}
 		s.r.log.Info("stopped", zap.Stringer("confirmed_lsn", s.r.Confirmed()))
 	}

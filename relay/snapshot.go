@@ -34,9 +34,9 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 			zap.String("order", r.cfg.SnapshotOrder))
 		res, err := runSnapshot(ctx, r.cfg, name, s, r.log, r.metrics)
 		if err != nil {
-			if s.eos != nil && rt.InTxn() {
+			if s.eos != nil && rt.KafkaTxnOpen() {
 				abortCtx, cancel := context.WithTimeout(context.Background(), r.cfg.Router.TransactionTimeout)
-				rt.AbortTxn(abortCtx) // a failure marks the router for replacement
+				rt.AbortKafkaTxn(abortCtx) // a failure marks the router for replacement
 				cancel()
 			}
 			r.log.Warn("initial snapshot failed; the slot is not created, the next attempt snapshots again",
@@ -74,7 +74,7 @@ func PublishSnapshot(ctx context.Context, cfg Config, log *zap.Logger, m *metric
 	}
 	defer rt.Close()
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = rt.Client().Ping(pingCtx)
+	err = rt.Ping(pingCtx)
 	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("reach kafka brokers: %w", err)
@@ -138,13 +138,20 @@ func byTable(tables []decoder.Table, rows []int64) map[string]int64 {
 // streamed rows (topics, dead letters, the in-flight gate), every record
 // counted by one acker.
 type snapshotSender struct {
-	rt    *router.Router
+	rt    snapshotProducer
 	lsn   decoder.LSN // named in dead letters: the slot's consistent point
 	m     *metrics.Metrics
 	acks  checkpoint.Counter
 	eos   *snapshotEOS // nil with at-least-once delivery
 	began time.Time
 	timer *time.Timer
+}
+
+// snapshotProducer is what a snapshot uses of *router.Router.
+type snapshotProducer interface {
+	producer
+	Failed() bool
+	Err() error
 }
 
 // snapshotEOS commits the snapshot's Kafka transactions.
@@ -165,7 +172,7 @@ func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
 	if s.timer == nil {
 		s.timer = time.NewTimer(time.Hour)
 	}
-	if s.eos != nil && !s.rt.InTxn() {
+	if s.eos != nil && !s.rt.KafkaTxnOpen() {
 		s.eos.txnStart = time.Now()
 	}
 	for {
@@ -195,7 +202,7 @@ func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
 	s.m.SnapshotRows.Inc()
 	if e := s.eos; e != nil {
 		cfg := e.r.cfg
-		if s.rt.TxnEvents() >= cfg.TxnMaxEvents || time.Since(e.txnStart) >= cfg.TxnMaxInterval {
+		if s.rt.KafkaTxnRecords() >= cfg.TxnMaxEvents || time.Since(e.txnStart) >= cfg.TxnMaxInterval {
 			return s.commit(ctx)
 		}
 	}
@@ -219,7 +226,7 @@ func (s *snapshotSender) commit(ctx context.Context) error {
 	d := checkpoint.Durable{Slot: r.cfg.Slot, SystemID: s.eos.systemID, LSN: s.lsn, Time: time.Now()}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Router.TransactionTimeout)
 	defer cancel()
-	if err := s.rt.CommitTxn(cctx, []byte(r.cfg.Slot), d.Marshal()); err != nil {
+	if err := s.rt.CommitKafkaTxn(cctx, []byte(r.cfg.Slot), d.Marshal()); err != nil {
 		return r.eosError(err)
 	}
 	r.metrics.KafkaTransactions.Inc()
@@ -229,7 +236,7 @@ func (s *snapshotSender) commit(ctx context.Context) error {
 // finish commits the last Kafka transaction (exactly-once) and waits until
 // Kafka acknowledged every record sent.
 func (s *snapshotSender) finish(ctx context.Context) error {
-	if s.eos != nil && s.rt.InTxn() {
+	if s.eos != nil && s.rt.KafkaTxnOpen() {
 		if err := s.commit(ctx); err != nil {
 			return err
 		}

@@ -28,16 +28,19 @@ type prepared struct {
 // startPrepare readies t in the background: creates it when topic creation
 // is on, then reads its max.message.bytes so that records it would refuse
 // are dead-lettered instead of failing in the producer. t.ready closes when
-// the attempt is over; settle must then run on the sending goroutine.
+// the attempt is over; settle must then run on the sending goroutine. The
+// attempt ends with ctx, or when the router closes: Close waits for it, so
+// no admin request outlives the producer it belongs to.
 func (r *Router) startPrepare(ctx context.Context, t *topic) {
 	t.state = topicCreating
 	t.ready = make(chan struct{})
 	res := &prepared{}
 	t.result = res
-	go func() {
+	r.bg.Go(func() {
 		defer close(t.ready)
 		ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 		defer cancel()
+		defer context.AfterFunc(r.closing, cancel)()
 		if r.cfg.CreateTopics {
 			_, err := r.admin.CreateTopic(ctx, r.cfg.TopicPartitions, r.cfg.TopicReplicationFactor, nil, t.name)
 			if notAllowed(err) {
@@ -59,7 +62,7 @@ func (r *Router) startPrepare(ctx context.Context, t *topic) {
 			}
 		}
 		res.maxBytes = r.topicLimit(ctx, t.name)
-	}()
+	})
 }
 
 // topicLimit reads the topic's max.message.bytes; 0 when it cannot (not

@@ -28,8 +28,10 @@ const (
 	ReasonTooManyTopics   Reason = "too_many_topics"   // past Config.MaxTopics
 )
 
-// Reasons lists every Reason.
-var Reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge, ReasonUnmappable,
+// Reasons lists every Reason (a new slice each call).
+func Reasons() []Reason { return append([]Reason(nil), reasons...) }
+
+var reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge, ReasonUnmappable,
 	ReasonTopicNotAllowed, ReasonTooManyTopics}
 
 // Dead-letter header names. The event's own id and type headers keep their
@@ -54,6 +56,9 @@ type InvalidEventError struct {
 	LSN    decoder.LSN
 	ID     string
 }
+
+// Fatal is true: the same row stops the relay again after a restart.
+func (e *InvalidEventError) Fatal() bool { return true }
 
 func (e *InvalidEventError) Error() string {
 	return fmt.Sprintf("invalid outbox event (id %q, table %s, LSN %s): %s: %s", e.ID, e.Table, e.LSN, e.Reason, e.Detail)

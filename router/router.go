@@ -115,7 +115,7 @@ type Config struct {
 	OnPublished func(*kgo.Record)
 
 	// TransactionalID, when set, makes delivery exactly-once: records are
-	// produced in Kafka transactions, each closed by CommitTxn with a
+	// produced in Kafka transactions, each closed by CommitKafkaTxn with a
 	// checkpoint record, and a record's transaction is acked only when its
 	// Kafka transaction commits.
 	TransactionalID string
@@ -124,13 +124,18 @@ type Config struct {
 	// "walrelay.checkpoints".
 	CheckpointTopic string
 	// TransactionTimeout is how long the broker lets a Kafka transaction
-	// stay open before aborting it. Default DefaultTransactionTimeout.
+	// stay open before aborting it. Default 60s.
 	TransactionTimeout time.Duration
 }
 
-// DefaultTransactionTimeout is Config.TransactionTimeout's default, and
-// what callers that bound a commit by it should use for a zero value.
-const DefaultTransactionTimeout = 60 * time.Second
+// WithDefaults returns c with every field left zero set to the default its
+// documentation names: what New will use. Callers that depend on a value
+// (a commit bounded by TransactionTimeout, a limit derived from
+// MaxRecordBytes) read it here rather than repeat the default.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
 
 func (c *Config) setDefaults() {
 	if c.TopicTemplate == "" {
@@ -176,14 +181,14 @@ func (c *Config) setDefaults() {
 		c.CheckpointTopic = "walrelay.checkpoints"
 	}
 	if c.TransactionTimeout <= 0 {
-		c.TransactionTimeout = DefaultTransactionTimeout
+		c.TransactionTimeout = 60 * time.Second
 	}
 }
 
 // Router produces outbox events to Kafka. Send, Start and the Kafka
-// transaction methods (InTxn, TxnEvents, CommitTxn, AbortTxn,
+// transaction methods (KafkaTxnOpen, KafkaTxnRecords, CommitKafkaTxn, AbortKafkaTxn,
 // ReadCheckpoint) belong to one goroutine, the one that sends, or to one
-// goroutine it waits for; Flush, Inflight, Failed, Client, HeartbeatClient
+// goroutine it waits for; Flush, Inflight, Failed, Err, Ping, ProduceHeartbeat
 // and Close are safe for concurrent use.
 type Router struct {
 	cfg       Config
@@ -204,7 +209,13 @@ type Router struct {
 	failErr   atomic.Pointer[error]
 	limits    sync.Map // topic name → max.message.bytes, for batchLimit
 
-	// Exactly-once delivery (see txn.go).
+	// Topic preparations run in the background (bg) until done or until
+	// Close cancels closing.
+	closing context.Context
+	close   context.CancelFunc
+	bg      sync.WaitGroup
+
+	// Exactly-once delivery (see kafkatxn.go).
 	eos       bool
 	connOpts  []kgo.Opt // the caller's connection options, for side clients
 	inTxn     bool
@@ -255,6 +266,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		byAggType: make(map[string]*topic),
 		byName:    make(map[string]*topic),
 	}
+	r.closing, r.close = context.WithCancel(context.Background())
 	r.connOpts = opts
 	all := append([]kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -276,7 +288,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 	}
 	r.admin = kadm.NewClient(r.client)
 	r.gate.init(cfg.MaxInflightEvents, cfg.MaxInflightBytes, m)
-	for _, reason := range Reasons {
+	for _, reason := range reasons {
 		m.EventsDeadLettered.WithLabelValues(string(reason)) // export zeros: alerts see the series
 	}
 	r.promise = r.onPromise
@@ -358,7 +370,7 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 			if time.Now().Before(t.retryAt) {
 				return t.retryWait(), nil
 			}
-			r.startPrepare(context.Background(), t)
+			r.startPrepare(r.closing, t)
 			return t.ready, nil
 		case topicCreating:
 			select {
@@ -582,11 +594,16 @@ func (r *Router) Flush(ctx context.Context) error { return r.client.Flush(ctx) }
 // Inflight returns how many records are produced and not yet acknowledged.
 func (r *Router) Inflight() int64 { return r.gate.events.Load() }
 
-// Client returns the Kafka client, for health checks.
-func (r *Router) Client() *kgo.Client { return r.client }
+// Ping reaches a broker with the producer's connection settings: an
+// unreachable broker, a wrong SASL password or an untrusted certificate
+// fails here rather than later, in a produce.
+func (r *Router) Ping(ctx context.Context) error { return r.client.Ping(ctx) }
 
-// Close closes the Kafka clients; records not yet acknowledged fail.
+// Close ends the topic preparations in progress and waits for them, then
+// closes the Kafka clients; records not yet acknowledged fail.
 func (r *Router) Close() {
+	r.close()
+	r.bg.Wait()
 	r.client.Close()
 	r.hbMu.Lock()
 	if r.hbClient != nil {

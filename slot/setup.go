@@ -168,7 +168,7 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.L
 	case info.Database != db:
 		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another --slot", cfg.Slot, info.Database, db)
 	case info.WALStatus == "lost":
-		return setupErrorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone and events written meanwhile cannot be recovered from it; walrelay never recreates a slot silently. Re-publish what was lost from the outbox source, then drop and recreate the slot (walrelay drop, walrelay setup)", cfg.Slot)
+		return InvalidatedError(cfg.Slot)
 	}
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // StreamOptions are the pgoutput options of a stream.
@@ -194,13 +196,6 @@ func (s *Stream) Receive(deadline time.Time) (Message, error) {
 	}
 }
 
-// pgEpoch is PostgreSQL's time origin.
-var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-
-func pgTime(micros uint64) time.Time {
-	return pgEpoch.Add(time.Duration(int64(micros)) * time.Microsecond)
-}
-
 func parseCopyData(b []byte) (Message, error) {
 	if len(b) == 0 {
 		return Message{}, errors.New("replication stream: empty CopyData")
@@ -214,7 +209,7 @@ func parseCopyData(b []byte) (Message, error) {
 			Kind:         XLogData,
 			WALStart:     LSN(binary.BigEndian.Uint64(b[1:])),
 			ServerWALEnd: LSN(binary.BigEndian.Uint64(b[9:])),
-			ServerTime:   pgTime(binary.BigEndian.Uint64(b[17:])),
+			ServerTime:   decoder.PGTime(binary.BigEndian.Uint64(b[17:])),
 			Data:         b[25:],
 		}, nil
 	case pglogrepl.PrimaryKeepaliveMessageByteID:
@@ -224,7 +219,7 @@ func parseCopyData(b []byte) (Message, error) {
 		return Message{
 			Kind:           Keepalive,
 			ServerWALEnd:   LSN(binary.BigEndian.Uint64(b[1:])),
-			ServerTime:     pgTime(binary.BigEndian.Uint64(b[9:])),
+			ServerTime:     decoder.PGTime(binary.BigEndian.Uint64(b[9:])),
 			ReplyRequested: b[17] != 0,
 		}, nil
 	default:

@@ -207,15 +207,8 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 			}
 		}
 	}
-	cols := []string{m.ID, m.AggregateType, m.AggregateID, m.Payload}
-	if m.Type != "" {
-		cols = append(cols, m.Type)
-	}
-	for _, h := range m.Headers {
-		cols = append(cols, h.Column)
-	}
 	err = slot.Prepare(ctx, slot.SetupConfig{
-		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: cols,
+		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: m.Columns(),
 		CreatePublication: true, CreateSlot: true, AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,
 	}, log)
 	if err != nil {

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/metrics"
@@ -95,7 +96,7 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		log.Warn(w)
 	}
 	if err := r.Run(ctx); err != nil {
-		if c.KafkaSASLMechanism != "" && strings.Contains(err.Error(), "EOF") {
+		if c.KafkaSASLMechanism != "" && closedByBroker(err) {
 			// Some brokers close the connection instead of answering a
 			// failed authentication.
 			err = fmt.Errorf("%w (the broker closed the connection: check the --kafka-sasl-* credentials and mechanism)", err)
@@ -107,4 +108,12 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return &exitError{code: exitFailed, err: err}
 	}
 	return nil
+}
+
+// closedByBroker reports a broker that closed the connection instead of
+// answering: franz-go's guess for a first read (ErrFirstReadEOF) or a
+// plain end of stream wrapped in the error.
+func closedByBroker(err error) bool {
+	var first *kgo.ErrFirstReadEOF
+	return errors.As(err, &first) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }

@@ -377,7 +377,7 @@ func TestInvalidEventsDeadLettered(t *testing.T) {
 	}
 
 	got := gathered(reg, "walrelay_events_dead_lettered_total")
-	for _, reason := range router.Reasons {
+	for _, reason := range router.Reasons() {
 		if got[string(reason)] != wantCounts[string(reason)] {
 			t.Errorf("walrelay_events_dead_lettered_total{reason=%q} = %v, want %v", reason, got[string(reason)], wantCounts[string(reason)])
 		}

@@ -77,8 +77,8 @@ func (e *env) commitTxn(key, value string) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	if err := e.r.CommitTxn(ctx, []byte(key), []byte(value)); err != nil {
-		e.t.Fatalf("CommitTxn: %v", err)
+	if err := e.r.CommitKafkaTxn(ctx, []byte(key), []byte(value)); err != nil {
+		e.t.Fatalf("CommitKafkaTxn: %v", err)
 	}
 }
 
@@ -86,8 +86,8 @@ func (e *env) abortTxn() {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	if err := e.r.AbortTxn(ctx); err != nil {
-		e.t.Fatalf("AbortTxn: %v", err)
+	if err := e.r.AbortKafkaTxn(ctx); err != nil {
+		e.t.Fatalf("AbortKafkaTxn: %v", err)
 	}
 }
 
@@ -224,7 +224,7 @@ func ids(recs []*kgo.Record, topic string) []string {
 
 // Records of an open Kafka transaction are in the log, acknowledged by
 // Kafka, and still neither visible read_committed nor acked to their
-// PostgreSQL transaction; CommitTxn makes them and its checkpoint record
+// PostgreSQL transaction; CommitKafkaTxn makes them and its checkpoint record
 // visible together and only then acks them.
 func TestCommitTxnAcksAfterCommit(t *testing.T) {
 	e := newEOSEnv(t)
@@ -232,8 +232,8 @@ func TestCommitTxnAcksAfterCommit(t *testing.T) {
 	for i := range 3 {
 		e.mustSend(event(fmt.Sprintf("a%d", i), "order", "k", "{}"), lsnOf(i), a)
 	}
-	if !e.r.InTxn() || e.r.TxnEvents() != 3 {
-		t.Fatalf("after 3 sends InTxn() = %v, TxnEvents() = %d; want true, 3", e.r.InTxn(), e.r.TxnEvents())
+	if !e.r.KafkaTxnOpen() || e.r.KafkaTxnRecords() != 3 {
+		t.Fatalf("after 3 sends KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want true, 3", e.r.KafkaTxnOpen(), e.r.KafkaTxnRecords())
 	}
 	e.flush()
 	if n := e.endOffsets(eosTopic)[eosTopic]; n != 3 {
@@ -250,8 +250,8 @@ func TestCommitTxnAcksAfterCommit(t *testing.T) {
 	if got := a.acks.Load(); got != 3 {
 		t.Errorf("%d acks after the commit; want 3", got)
 	}
-	if e.r.InTxn() || e.r.TxnEvents() != 0 {
-		t.Errorf("after CommitTxn InTxn() = %v, TxnEvents() = %d; want false, 0", e.r.InTxn(), e.r.TxnEvents())
+	if e.r.KafkaTxnOpen() || e.r.KafkaTxnRecords() != 0 {
+		t.Errorf("after CommitKafkaTxn KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want false, 0", e.r.KafkaTxnOpen(), e.r.KafkaTxnRecords())
 	}
 	recs := e.readCommitted(func(r *kgo.Record) bool { return bytes.Equal(idOf(r), []byte("a2")) }, eosTopic)
 	if got := strings.Join(ids(recs, eosTopic), ","); got != "a0,a1,a2" {
@@ -265,12 +265,12 @@ func TestCommitTxnAcksAfterCommit(t *testing.T) {
 		t.Errorf("ReadCheckpoint = %q, %v; want ck-1, true", v, found)
 	}
 
-	// With nothing sent since, CommitTxn has nothing to close: no
+	// With nothing sent since, CommitKafkaTxn has nothing to close: no
 	// checkpoint record is written.
 	before := e.endOffsets(eosCkTopic)[eosCkTopic]
 	e.commitTxn("slot", "ck-empty")
 	if after := e.endOffsets(eosCkTopic)[eosCkTopic]; after != before {
-		t.Errorf("CommitTxn with no transaction open wrote %d records", after-before)
+		t.Errorf("CommitKafkaTxn with no transaction open wrote %d records", after-before)
 	}
 }
 
@@ -283,7 +283,7 @@ func idOf(r *kgo.Record) []byte {
 	return nil
 }
 
-// AbortTxn drops an open transaction: its records are never visible
+// AbortKafkaTxn drops an open transaction: its records are never visible
 // read_committed and never acked, and the next transaction commits and is
 // read normally.
 func TestAbortTxnDropsTheTransaction(t *testing.T) {
@@ -294,8 +294,8 @@ func TestAbortTxnDropsTheTransaction(t *testing.T) {
 	}
 	e.flush()
 	e.abortTxn()
-	if e.r.InTxn() || e.r.TxnEvents() != 0 {
-		t.Errorf("after AbortTxn InTxn() = %v, TxnEvents() = %d; want false, 0", e.r.InTxn(), e.r.TxnEvents())
+	if e.r.KafkaTxnOpen() || e.r.KafkaTxnRecords() != 0 {
+		t.Errorf("after AbortKafkaTxn KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want false, 0", e.r.KafkaTxnOpen(), e.r.KafkaTxnRecords())
 	}
 	if e.r.Failed() {
 		t.Fatalf("a clean abort left the router Failed: %v", e.r.Err())
@@ -432,12 +432,12 @@ func TestCommitTxnFenced(t *testing.T) {
 	if _, _, err := newer.ProducerID(ctx); err != nil {
 		t.Fatal(err)
 	}
-	err := e.r.CommitTxn(ctx, []byte("slot"), []byte("ck-fenced"))
+	err := e.r.CommitKafkaTxn(ctx, []byte("slot"), []byte("ck-fenced"))
 	if err == nil {
-		t.Fatal("CommitTxn succeeded after a newer producer took the transactional id")
+		t.Fatal("CommitKafkaTxn succeeded after a newer producer took the transactional id")
 	}
 	if !errors.Is(err, ErrFenced) && !errors.Is(err, kerr.InvalidProducerEpoch) {
-		t.Errorf("CommitTxn after a newer producer took the id: %v; want ErrFenced or INVALID_PRODUCER_EPOCH", err)
+		t.Errorf("CommitKafkaTxn after a newer producer took the id: %v; want ErrFenced or INVALID_PRODUCER_EPOCH", err)
 	}
 	if got := a.acks.Load(); got != 0 {
 		t.Errorf("a fenced transaction was acked %d times", got)
@@ -462,7 +462,7 @@ func TestCommitTxnFenced(t *testing.T) {
 }
 
 // The broker refuses the commit itself (EndTxn answered PRODUCER_FENCED
-// while the transaction is young): CommitTxn says fenced and acks nothing,
+// while the transaction is young): CommitKafkaTxn says fenced and acks nothing,
 // though Kafka acknowledged every record of the transaction.
 func TestCommitTxnRefusedCommitAcksNothing(t *testing.T) {
 	e := newEOSEnv(t)
@@ -477,9 +477,9 @@ func TestCommitTxnRefusedCommitAcksNothing(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	err := e.r.CommitTxn(ctx, []byte("slot"), []byte("ck-refused"))
+	err := e.r.CommitKafkaTxn(ctx, []byte("slot"), []byte("ck-refused"))
 	if !errors.Is(err, ErrFenced) {
-		t.Errorf("CommitTxn with the commit refused: %v; want ErrFenced", err)
+		t.Errorf("CommitKafkaTxn with the commit refused: %v; want ErrFenced", err)
 	}
 	if got := a.acks.Load(); got != 0 {
 		t.Errorf("a transaction whose commit was refused was acked %d times", got)

@@ -2,18 +2,18 @@ package router
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/walrelay/walrelay/checkpointtopic"
 )
 
 // Exactly-once delivery: the producer is transactional. The first record
-// after a commit begins a Kafka transaction; CommitTxn closes it with a
+// after a commit begins a Kafka transaction; CommitKafkaTxn closes it with a
 // checkpoint record that says how far it reaches in the PostgreSQL stream,
 // waits for every record, commits, and only then acks the records'
 // transactions, so the slot is confirmed only past committed Kafka
@@ -58,19 +58,19 @@ func (r *Router) txnAck(a Acker) {
 	r.txnAcks = append(r.txnAcks, ackRun{a: a, n: 1})
 }
 
-// TxnEvents is how many records the open Kafka transaction holds (0 when
+// KafkaTxnRecords is how many records the open Kafka transaction holds (0 when
 // none is open).
-func (r *Router) TxnEvents() int { return r.txnEvents }
+func (r *Router) KafkaTxnRecords() int { return r.txnEvents }
 
-// InTxn reports whether a Kafka transaction is open.
-func (r *Router) InTxn() bool { return r.inTxn }
+// KafkaTxnOpen reports whether a Kafka transaction is open.
+func (r *Router) KafkaTxnOpen() bool { return r.inTxn }
 
-// CommitTxn adds the checkpoint record (key, value) to the open Kafka
+// CommitKafkaTxn adds the checkpoint record (key, value) to the open Kafka
 // transaction, waits until Kafka has every record, commits, and then acks
 // the records' transactions. With no transaction open it does nothing. An
-// error leaves the transaction to AbortTxn; errors.Is(err, ErrFenced) means
+// error leaves the transaction to AbortKafkaTxn; errors.Is(err, ErrFenced) means
 // stop.
-func (r *Router) CommitTxn(ctx context.Context, key, value []byte) error {
+func (r *Router) CommitKafkaTxn(ctx context.Context, key, value []byte) error {
 	if !r.inTxn {
 		return nil
 	}
@@ -101,9 +101,9 @@ func (r *Router) CommitTxn(ctx context.Context, key, value []byte) error {
 	return nil
 }
 
-// AbortTxn drops the open Kafka transaction: its records are never visible
+// AbortKafkaTxn drops the open Kafka transaction: its records are never visible
 // to read_committed consumers and their transactions are never acked.
-func (r *Router) AbortTxn(ctx context.Context) error {
+func (r *Router) AbortKafkaTxn(ctx context.Context) error {
 	clear(r.txnAcks)
 	r.txnAcks, r.txnEvents = r.txnAcks[:0], 0
 	if err := r.client.AbortBufferedRecords(ctx); err != nil {
@@ -152,33 +152,10 @@ func (r *Router) InitTransactions(ctx context.Context) error {
 	return nil
 }
 
-// prepareCheckpointTopic creates the checkpoint topic (compacted, one
-// partition) when topic creation is on, and checks it has one partition:
-// reading a checkpoint relies on the order of one partition.
+// prepareCheckpointTopic creates (when topic creation is on) and checks
+// the checkpoint topic.
 func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
-	name := r.cfg.CheckpointTopic
-	if r.cfg.CreateTopics {
-		compact, segment := "compact", "3600000"
-		_, err := r.admin.CreateTopic(ctx, 1, r.cfg.TopicReplicationFactor, map[string]*string{
-			"cleanup.policy": &compact,
-			"segment.ms":     &segment, // let compaction reach recent checkpoints
-		}, name)
-		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) && !notAllowed(err) {
-			return fmt.Errorf("create checkpoint topic %q: %w", name, err)
-		}
-	}
-	details, err := r.admin.ListTopics(ctx, name)
-	if err != nil {
-		return fmt.Errorf("describe checkpoint topic %q: %w", name, err)
-	}
-	d, ok := details[name]
-	if !ok || d.Err != nil {
-		return fmt.Errorf("checkpoint topic %q does not exist: create it (compacted, one partition) or allow --create-topics", name)
-	}
-	if n := len(d.Partitions); n != 1 {
-		return fmt.Errorf("checkpoint topic %q has %d partitions: it needs exactly one", name, n)
-	}
-	return nil
+	return checkpointtopic.Prepare(ctx, r.admin, r.cfg.CheckpointTopic, r.cfg.CreateTopics, r.cfg.TopicReplicationFactor)
 }
 
 // ReadCheckpoint returns the newest committed checkpoint record for key.
@@ -188,14 +165,12 @@ func (r *Router) prepareCheckpointTopic(ctx context.Context) error {
 // markers or aborted records lie in between. Call InitTransactions first,
 // so that no older producer can commit after the probe.
 func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, found bool, err error) {
-	nonce := make([]byte, 16)
-	rand.Read(nonce)
-	probeKey, probe := append(append([]byte(nil), key...), "/probe"...), []byte(hex.EncodeToString(nonce))
+	probeKey, probe := checkpointtopic.Probe(key)
 	if err := r.beginTxn(); err != nil {
 		return nil, false, err
 	}
 	if err := r.client.ProduceSync(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: probeKey, Value: probe}).FirstErr(); err != nil {
-		r.AbortTxn(context.Background())
+		r.AbortKafkaTxn(context.Background())
 		return nil, false, r.txnError(fmt.Errorf("write checkpoint probe: %w", err))
 	}
 	if err := r.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
@@ -203,56 +178,27 @@ func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, 
 		return nil, false, r.txnError(fmt.Errorf("commit checkpoint probe: %w", err))
 	}
 	r.inTxn = false
-
-	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), r.connOpts...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.cfg.CheckpointTopic: {0: kgo.NewOffset().AtStart()}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-	)...)
-	if err != nil {
-		return nil, false, err
-	}
-	defer cl.Close()
-	for {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", r.cfg.CheckpointTopic, err)
-		}
-		var fetchErr error
-		fs.EachError(func(_ string, _ int32, err error) { fetchErr = err })
-		if fetchErr != nil {
-			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", r.cfg.CheckpointTopic, fetchErr)
-		}
-		done := false
-		fs.EachRecord(func(rec *kgo.Record) {
-			switch {
-			case done:
-			case string(rec.Key) == string(key):
-				value, found = rec.Value, true
-			case string(rec.Key) == string(probeKey) && string(rec.Value) == string(probe):
-				done = true
-			}
-		})
-		if done {
-			return value, found, nil
-		}
-	}
+	return checkpointtopic.Read(ctx, r.connOpts, r.cfg.CheckpointTopic, key, probeKey, probe)
 }
 
-// HeartbeatClient is a client heartbeat records can be produced with
-// outside any transaction: the router's own client, or with exactly-once
-// delivery a non-transactional one.
-func (r *Router) HeartbeatClient() (*kgo.Client, error) {
-	if !r.eos {
-		return r.client, nil
-	}
-	r.hbMu.Lock()
-	defer r.hbMu.Unlock()
-	if r.hbClient == nil {
-		cl, err := kgo.NewClient(r.connOpts...)
-		if err != nil {
-			return nil, err
+// ProduceHeartbeat produces one heartbeat record and waits for Kafka's
+// answer. It never joins a Kafka transaction: with exactly-once delivery it
+// goes through a non-transactional client of its own, made on first use.
+// It is safe for concurrent use with everything else.
+func (r *Router) ProduceHeartbeat(ctx context.Context, topic string, key, value []byte) error {
+	cl := r.client
+	if r.eos {
+		r.hbMu.Lock()
+		if r.hbClient == nil {
+			c, err := kgo.NewClient(r.connOpts...)
+			if err != nil {
+				r.hbMu.Unlock()
+				return err
+			}
+			r.hbClient = c
 		}
-		r.hbClient = cl
+		cl = r.hbClient
+		r.hbMu.Unlock()
 	}
-	return r.hbClient, nil
+	return cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}).FirstErr()
 }

@@ -1,0 +1,105 @@
+// Package checkpointtopic is the Kafka topic of exactly-once checkpoints:
+// preparing it (compacted, one partition) and reading the newest committed
+// checkpoint of a key from it.
+//
+// The records themselves are written by the relay's transactional producer,
+// one in each Kafka transaction (see checkpoint.Durable for their format).
+// Reading relies on the order of the single partition: a reader first
+// commits a probe record of its own (Probe gives its key and value), then
+// reads read_committed from the start up to the probe. Every checkpoint
+// committed before the probe has then been seen, whatever transaction
+// markers or aborted records lie in between.
+package checkpointtopic
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Prepare creates the checkpoint topic name (compacted, one partition,
+// replicationFactor; -1 for the broker's default) when create is set, and
+// checks that it exists with exactly one partition. Creation that is not
+// authorized is fine when an administrator created the topic.
+func Prepare(ctx context.Context, admin *kadm.Client, name string, create bool, replicationFactor int16) error {
+	if create {
+		compact, segment := "compact", "3600000"
+		_, err := admin.CreateTopic(ctx, 1, replicationFactor, map[string]*string{
+			"cleanup.policy": &compact,
+			"segment.ms":     &segment, // let compaction reach recent checkpoints
+		}, name)
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) && !notAllowed(err) {
+			return fmt.Errorf("create checkpoint topic %q: %w", name, err)
+		}
+	}
+	details, err := admin.ListTopics(ctx, name)
+	if err != nil {
+		return fmt.Errorf("describe checkpoint topic %q: %w", name, err)
+	}
+	d, ok := details[name]
+	if !ok || d.Err != nil {
+		return fmt.Errorf("checkpoint topic %q does not exist: create it (compacted, one partition) or allow --create-topics", name)
+	}
+	if n := len(d.Partitions); n != 1 {
+		return fmt.Errorf("checkpoint topic %q has %d partitions: it needs exactly one", name, n)
+	}
+	return nil
+}
+
+func notAllowed(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// Probe returns the key ("<key>/probe") and a fresh random value of a probe
+// record for key: commit it to the topic, then call Read.
+func Probe(key []byte) (probeKey, probe []byte) {
+	nonce := make([]byte, 16)
+	rand.Read(nonce)
+	return append(append([]byte(nil), key...), "/probe"...), []byte(hex.EncodeToString(nonce))
+}
+
+// Read returns the value of the newest committed record of key in topic
+// that comes before the probe record (probeKey, probe), reading
+// read_committed with a client built from opts (the connection options:
+// seed brokers, TLS, SASL). The probe must be committed before Read is
+// called; Read returns when it reaches it, or when ctx ends.
+func Read(ctx context.Context, opts []kgo.Opt, topic string, key, probeKey, probe []byte) (value []byte, found bool, err error) {
+	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), opts...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	)...)
+	if err != nil {
+		return nil, false, err
+	}
+	defer cl.Close()
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", topic, err)
+		}
+		var fetchErr error
+		fs.EachError(func(_ string, _ int32, err error) { fetchErr = err })
+		if fetchErr != nil {
+			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", topic, fetchErr)
+		}
+		done := false
+		fs.EachRecord(func(rec *kgo.Record) {
+			switch {
+			case done:
+			case string(rec.Key) == string(key):
+				value, found = rec.Value, true
+			case string(rec.Key) == string(probeKey) && string(rec.Value) == string(probe):
+				done = true
+			}
+		})
+		if done {
+			return value, found, nil
+		}
+	}
+}

@@ -1,0 +1,98 @@
+package checkpointtopic
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func cluster(t *testing.T) []kgo.Opt {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
+}
+
+// commit produces recs in one Kafka transaction and commits it, or aborts
+// it when abort is set.
+func commit(t *testing.T, ctx context.Context, cl *kgo.Client, abort bool, recs ...*kgo.Record) {
+	t.Helper()
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	end := kgo.TryCommit
+	if abort {
+		end = kgo.TryAbort
+	}
+	if err := cl.EndTransaction(ctx, end); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadSeesTheNewestCommittedCheckpointBeforeTheProbe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	opts := cluster(t)
+	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID("walrelay-test"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const topic = "walrelay.checkpoints"
+	if err := Prepare(ctx, kadm.NewClient(cl), topic, true, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := Prepare(ctx, kadm.NewClient(cl), topic, true, -1); err != nil {
+		t.Fatalf("preparing an existing topic again: %v", err)
+	}
+	key := []byte("slot_a")
+	rec := func(k, v string) *kgo.Record { return &kgo.Record{Topic: topic, Key: []byte(k), Value: []byte(v)} }
+
+	probeKey, probe := Probe(key)
+	commit(t, ctx, cl, false, rec(string(probeKey), string(probe)))
+	if v, found, err := Read(ctx, opts, topic, key, probeKey, probe); err != nil || found {
+		t.Fatalf("empty topic: %q, %v, %v; want nothing found", v, found, err)
+	}
+
+	commit(t, ctx, cl, false, rec("slot_a", "first"), rec("slot_b", "other slot"))
+	commit(t, ctx, cl, false, rec("slot_a", "second"))
+	commit(t, ctx, cl, true, rec("slot_a", "aborted"))
+	probeKey, probe = Probe(key)
+	commit(t, ctx, cl, false, rec(string(probeKey), string(probe)))
+	commit(t, ctx, cl, false, rec("slot_a", "after the probe"))
+	v, found, err := Read(ctx, opts, topic, key, probeKey, probe)
+	if err != nil || !found || string(v) != "second" {
+		t.Fatalf("Read = %q, %v, %v; want the newest committed checkpoint before the probe, \"second\"", v, found, err)
+	}
+}
+
+func TestPrepareRefusesAMissingOrPartitionedTopic(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(cluster(t)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	admin := kadm.NewClient(cl)
+	if err := Prepare(ctx, admin, "missing", false, -1); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("missing topic without creation: %v", err)
+	}
+	if _, err := admin.CreateTopic(ctx, 3, -1, nil, "three"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Prepare(ctx, admin, "three", true, -1); err == nil || !strings.Contains(err.Error(), "exactly one") {
+		t.Fatalf("three partitions: %v", err)
+	}
+}

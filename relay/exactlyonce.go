@@ -1,0 +1,220 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/router"
+)
+
+// resumePoint is the checkpoint an exactly-once session found at start:
+// PostgreSQL may resend from before it (the slot is confirmed after the
+// Kafka commit, so a crash in between leaves it behind), and the events it
+// covers are skipped.
+type resumePoint struct {
+	found bool
+	ckpt  checkpoint.Durable
+}
+
+// readCheckpoint reads the newest committed checkpoint of the slot. It runs
+// before the stream starts: the router's InitTransactions already fenced
+// any older producer, so the checkpoint cannot move any more, and a stream
+// left unread meanwhile would make the walsender wait for us.
+func (r *Relay) readCheckpoint(ctx context.Context, rt *router.Router) (resumePoint, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	value, found, err := rt.ReadCheckpoint(ctx, []byte(r.cfg.Slot))
+	if err != nil {
+		return resumePoint{}, r.eosError(err)
+	}
+	var d checkpoint.Durable
+	if found {
+		if d, err = checkpoint.UnmarshalDurable(value); err != nil {
+			return resumePoint{}, &fatalError{fmt.Errorf("checkpoint of slot %q: %w", r.cfg.Slot, err)}
+		}
+	}
+	fields := []zap.Field{zap.Bool("found", found), zap.Stringer("checkpoint_lsn", d.LSN)}
+	if d.Partial != nil {
+		fields = append(fields, zap.Stringer("partial_commit_lsn", d.Partial.CommitLSN), zap.Int("partial_events", d.Partial.Events))
+	}
+	r.log.Info("exactly-once: resuming after the newest committed checkpoint", fields...)
+	return resumePoint{found: found, ckpt: d}, nil
+}
+
+// verifyCheckpoint checks the checkpoint found at start against the
+// stream's IDENTIFY_SYSTEM result before anything is skipped on its word: a
+// checkpoint of another slot or cluster, or ahead of the server's WAL, is
+// refused (fatal); one written before walrelay stored the system
+// identifier is accepted with a warning.
+func (r *Relay) verifyCheckpoint(p resumePoint, sys pglogrepl.IdentifySystemResult) error {
+	if !p.found {
+		return nil
+	}
+	legacy, err := p.ckpt.Verify(r.cfg.Slot, sys.SystemID, sys.XLogPos)
+	if err != nil {
+		return &fatalError{fmt.Errorf("exactly-once: checkpoint topic %q: %w", r.cfg.Router.CheckpointTopic, err)}
+	}
+	if legacy {
+		r.log.Warn("exactly-once: the checkpoint does not name its PostgreSQL system (written by an older walrelay); trusting it once, the next checkpoint will",
+			zap.String("slot", r.cfg.Slot), zap.Stringer("checkpoint_lsn", p.ckpt.LSN), zap.String("system_id", sys.SystemID))
+	}
+	return nil
+}
+
+// kafkaTxnFailure is a failed Kafka transaction (begin, commit, abort, checkpoint
+// read): the session ends and the next resumes from the last checkpoint.
+type kafkaTxnFailure struct{ err error }
+
+func (e *kafkaTxnFailure) Error() string { return e.err.Error() }
+func (e *kafkaTxnFailure) Unwrap() error { return e.err }
+
+// eosError turns a fenced producer into the documented fatal error, and
+// marks other errors as Kafka's.
+func (r *Relay) eosError(err error) error {
+	return kafkaTxnError(err, r.cfg.Router.TransactionalID, r.cfg.Slot)
+}
+
+func kafkaTxnError(err error, txnID, slotName string) error {
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, router.ErrFenced) {
+		return &kafkaTxnFailure{err}
+	}
+	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (a newer relay for slot %q started); this one stops so that only one writes: %w",
+		txnID, slotName, err)}
+}
+
+// exactlyOnce delivers through Kafka transactions. Each is closed by a
+// checkpoint record saying exactly how far it reaches in the PostgreSQL
+// stream, and a PostgreSQL transaction is acked (the slot may move past
+// it) only when the Kafka transactions holding its events committed.
+// Events the checkpoint found at start covers are skipped.
+type exactlyOnce struct {
+	p        producer
+	wait     waitFunc
+	kafkaCtx func() (context.Context, context.CancelFunc) // bounds a commit or an abort
+	metrics  *metrics.Metrics
+	slot     string
+	txnID    string // the transactional id, named when fenced
+	systemID string // the PostgreSQL system identifier, written in every checkpoint
+	key      []byte // checkpoint record key: the slot name
+
+	maxEvents   int           // commit once the Kafka transaction holds this many events
+	maxInterval time.Duration // or is this old
+
+	pgTxn     *checkpoint.Txn  // the PostgreSQL transaction in progress
+	skip      *checkpoint.Skip // what the checkpoint found at start covers
+	lastFull  decoder.LSN      // end LSN of the newest PostgreSQL transaction wholly in Kafka transactions
+	curCommit decoder.LSN      // commit LSN of the PostgreSQL transaction in progress
+	curEvents int              // its outbox events so far, sent or skipped
+	inPG      bool             // between a Begin and its Commit
+	txnStart  time.Time        // when the open Kafka transaction began
+}
+
+func (e *exactlyOnce) Begin(b decoder.Begin, pgTxn *checkpoint.Txn) {
+	e.pgTxn = pgTxn
+	e.skip.Begin(b.FinalLSN)
+	e.curCommit, e.curEvents, e.inPG = b.FinalLSN, 0, true
+}
+
+func (e *exactlyOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
+	if e.skip.Event() {
+		e.curEvents++
+		return nil // in Kafka already, by the checkpoint found at start
+	}
+	if !e.p.KafkaTxnOpen() {
+		e.txnStart = time.Now()
+	}
+	if err := send(e.p, e.wait, ev, lsn, e.pgTxn); err != nil {
+		if errors.Is(err, router.ErrFenced) {
+			return e.error(err)
+		}
+		return err
+	}
+	// Counted once in the Kafka transaction, not before: a stop while
+	// waiting for room commits a checkpoint that must not claim an event
+	// never sent.
+	e.curEvents++
+	if e.p.KafkaTxnRecords() >= e.maxEvents {
+		return e.commit() // a large transaction is split across Kafka transactions
+	}
+	return nil
+}
+
+func (e *exactlyOnce) Commit(end decoder.LSN) error {
+	e.pgTxn = nil
+	e.lastFull, e.curEvents, e.inPG = end, 0, false
+	return e.Tick(time.Now())
+}
+
+func (e *exactlyOnce) Tick(now time.Time) error {
+	if e.commitDue(now) {
+		return e.commit()
+	}
+	return nil
+}
+
+func (e *exactlyOnce) Busy() bool                      { return e.p.KafkaTxnOpen() }
+func (e *exactlyOnce) Flush(ctx context.Context) error { return e.p.Flush(ctx) }
+func (e *exactlyOnce) Inflight() int64                 { return e.p.Inflight() }
+
+// Close ends the open Kafka transaction: committed when the relay stops
+// cleanly, aborted otherwise (the next session resends from the last
+// checkpoint). Nothing else is in flight after.
+func (e *exactlyOnce) Close(commit bool) error {
+	if !e.p.KafkaTxnOpen() {
+		return nil
+	}
+	if commit {
+		return e.commit()
+	}
+	ctx, cancel := e.kafkaCtx()
+	defer cancel()
+	return e.error(e.p.AbortKafkaTxn(ctx))
+}
+
+func (e *exactlyOnce) error(err error) error { return kafkaTxnError(err, e.txnID, e.slot) }
+
+// commitDue reports whether the open Kafka transaction should commit now.
+func (e *exactlyOnce) commitDue(now time.Time) bool {
+	if !e.p.KafkaTxnOpen() {
+		return false
+	}
+	return e.p.KafkaTxnRecords() >= e.maxEvents || now.Sub(e.txnStart) >= e.maxInterval
+}
+
+// commit closes the open Kafka transaction with a checkpoint record saying
+// exactly how far it reaches, and waits for the commit while still
+// answering PostgreSQL. The commit is never abandoned half-way while the
+// relay runs: it waits for CommitKafkaTxn to return, which takes at most the
+// transaction timeout, or once the relay stops, until the stop deadline
+// (see session.kafkaCtx).
+func (e *exactlyOnce) commit() error {
+	d := checkpoint.Durable{Slot: e.slot, SystemID: e.systemID, LSN: e.lastFull, Time: time.Now()}
+	if e.inPG && e.curEvents > 0 {
+		d.Partial = &checkpoint.Partial{CommitLSN: e.curCommit, Events: e.curEvents}
+	}
+	ctx, cancel := e.kafkaCtx()
+	defer cancel()
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = e.p.CommitKafkaTxn(ctx, e.key, d.Marshal())
+	}()
+	e.wait(done, false) // not interruptible: returns once done
+	if err != nil {
+		return e.error(err)
+	}
+	e.metrics.KafkaTransactions.Inc()
+	return nil
+}

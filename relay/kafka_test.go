@@ -1,0 +1,178 @@
+package relay
+
+// kafka_test.go runs the relay's Kafka side against kfake, the in-process
+// broker, with a PostgreSQL nobody listens on: what the relay does before
+// and around a stream.
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/internal/fakenet"
+	"github.com/walrelay/walrelay/metrics"
+)
+
+// kafkaConfig is a valid relay configuration producing to a fresh kfake
+// cluster, with a PostgreSQL URL that refuses connections.
+func kafkaConfig(t *testing.T) Config {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	cfg := validConfig()
+	cfg.PGURL = "postgres://walrelay:secret@" + closed + "/app?sslmode=disable&connect_timeout=5"
+	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
+	cfg.Router.CreateTopics = true
+	cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
+	cfg.StartupTimeout = 500 * time.Millisecond
+	return cfg
+}
+
+func TestRunGivesUpOnAnUnreachableDatabaseAtTheStartupTimeout(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		cfg := kafkaConfig(t)
+		cfg.ExactlyOnce = eos
+		cfg.HeartbeatInterval, cfg.HeartbeatTopic = time.Second, "walrelay.heartbeat"
+		r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = r.Run(ctx)
+		cancel()
+		if !isFatal(err) || !strings.Contains(err.Error(), "--startup-timeout") {
+			t.Fatalf("exactly-once %v: Run returned %v, want a give-up naming --startup-timeout", eos, err)
+		}
+		if r.Streaming() || r.Ready() == nil {
+			t.Fatalf("exactly-once %v: streaming or ready without a stream", eos)
+		}
+	}
+}
+
+func TestRunStopsCleanlyWhenCancelledWhileRetrying(t *testing.T) {
+	cfg := kafkaConfig(t)
+	cfg.StartupTimeout = -1 // retry forever
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatalf("Run stopped by its context returned %v, want nil", err)
+	}
+}
+
+func TestNewRouterRefusesWhatIsNotKafka(t *testing.T) {
+	// A peer that answers every connection with PostgreSQL-like bytes.
+	peer := fakenet.Listen(t, func(c net.Conn) {
+		c.Write([]byte("E\x00\x00\x00\x10SFATAL\x00\x00\x00\x00\x00\x00\x00\x00"))
+		c.Close()
+	})
+	cfg := kafkaConfig(t)
+	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(peer)}
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := r.newRouter(ctx); err == nil {
+		t.Fatal("newRouter accepted a peer that is not a Kafka broker")
+	}
+}
+
+func TestReadCheckpointThroughKafka(t *testing.T) {
+	cfg := kafkaConfig(t)
+	cfg.ExactlyOnce = true
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rt, err := r.newRouter(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	resume, err := r.readCheckpoint(ctx, rt)
+	if err != nil || resume.found {
+		t.Fatalf("first read: %+v, %v; want no checkpoint", resume, err)
+	}
+	// The delivery of an exactly-once session: the checkpoint is read
+	// before the stream, and the delivery made after it opened.
+	open, err := r.prepareDelivery(ctx, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := r.newSession(ctx, newFakeStream(), nil, start)
+	d, err := open(slotSystem("1", 1<<40), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := d.(*exactlyOnce); !ok {
+		t.Fatalf("exactly-once session got a %T", d)
+	}
+}
+
+func TestPrepareDeliveryAtLeastOnce(t *testing.T) {
+	r, err := New(validConfig(), zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := r.prepareDelivery(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := open(slotSystem("1", 1), r.newSession(context.Background(), newFakeStream(), nil, start))
+	if _, ok := d.(*atLeastOnce); !ok || err != nil {
+		t.Fatalf("at-least-once session got a %T (%v)", d, err)
+	}
+}
+
+func TestPublishSnapshotNeedsTheDatabase(t *testing.T) {
+	cfg := kafkaConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := PublishSnapshot(ctx, cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err == nil || n != 0 {
+		t.Fatalf("PublishSnapshot with no database: %d rows, %v; want an error", n, err)
+	}
+}
+
+func TestWatchSlotEndsWithItsContext(t *testing.T) {
+	cfg := kafkaConfig(t)
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.watchSlot(ctx, cancel)
+	}()
+	cancel(errors.New("test over"))
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("watchSlot did not end with its context")
+	}
+}

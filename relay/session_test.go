@@ -1,0 +1,655 @@
+package relay
+
+// session_test.go drives the session loop with a fake replication stream
+// and a fake producer under both deliveries: what it confirms, when, and
+// how it ends.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// pgoutput messages (protocol version 1), just enough for the loop.
+
+const outboxOID = 16384
+
+func relationMsg(oid uint32, name string) []byte {
+	b := append([]byte{'R'}, binary.BigEndian.AppendUint32(nil, oid)...)
+	b = append(append(b, "public"...), 0)
+	b = append(append(b, name...), 0)
+	cols := []string{"id", "aggregate_type", "aggregate_id", "type", "payload"}
+	b = binary.BigEndian.AppendUint16(append(b, 'd'), uint16(len(cols)))
+	for _, c := range cols {
+		b = append(append(append(b, 0), c...), 0)
+		b = binary.BigEndian.AppendUint32(b, 25) // text
+		b = binary.BigEndian.AppendUint32(b, 0xffffffff)
+	}
+	return b
+}
+
+func beginMsg(final uint64) []byte {
+	b := binary.BigEndian.AppendUint64([]byte{'B'}, final)
+	b = binary.BigEndian.AppendUint64(b, 0)
+	return binary.BigEndian.AppendUint32(b, 7)
+}
+
+func insertMsg(oid uint32, id string) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{'I'}, oid)
+	vals := []string{id, "order", "a1", "created", `{}`}
+	b = binary.BigEndian.AppendUint16(append(b, 'N'), uint16(len(vals)))
+	for _, v := range vals {
+		b = binary.BigEndian.AppendUint32(append(b, 't'), uint32(len(v)))
+		b = append(b, v...)
+	}
+	return b
+}
+
+func commitMsg(commit, end uint64) []byte {
+	b := binary.BigEndian.AppendUint64([]byte{'C', 0}, commit)
+	b = binary.BigEndian.AppendUint64(b, end)
+	return binary.BigEndian.AppendUint64(b, 0)
+}
+
+func heartbeatMsg(lsn uint64) []byte {
+	b := binary.BigEndian.AppendUint64([]byte{'M', 0}, lsn)
+	b = append(append(b, "walrelay.heartbeat"...), 0)
+	return binary.BigEndian.AppendUint32(b, 0)
+}
+
+func data(at uint64, b []byte) slot.Message {
+	return slot.Message{Kind: slot.XLogData, WALStart: decoder.LSN(at), ServerWALEnd: decoder.LSN(at), Data: b}
+}
+
+func keepalive(end uint64, reply bool) slot.Message {
+	return slot.Message{Kind: slot.Keepalive, ServerWALEnd: decoder.LSN(end), ReplyRequested: reply}
+}
+
+// txnMsgs is one PostgreSQL transaction with an outbox insert per id: its
+// commit record at commit, ending at commit+8.
+func txnMsgs(commit uint64, ids ...string) []slot.Message {
+	m := []slot.Message{data(commit-100, beginMsg(commit))}
+	for i, id := range ids {
+		m = append(m, data(commit-90+uint64(i), insertMsg(outboxOID, id)))
+	}
+	return append(m, data(commit, commitMsg(commit, commit+8)))
+}
+
+// fakeStream is a replication stream fed by the test.
+type fakeStream struct {
+	msgs   chan slot.Message
+	intr   chan struct{}
+	mu     sync.Mutex
+	status []statusUpdate
+	closed bool
+}
+
+type statusUpdate struct {
+	lsn   decoder.LSN
+	reply bool
+}
+
+func newFakeStream() *fakeStream {
+	return &fakeStream{msgs: make(chan slot.Message, 100), intr: make(chan struct{}, 1)}
+}
+
+func (f *fakeStream) Receive(deadline time.Time) (slot.Message, error) {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case m := <-f.msgs:
+		return m, nil
+	case <-f.intr:
+		return slot.Message{}, slot.ErrInterrupted
+	case <-t.C:
+		return slot.Message{}, slot.ErrTimeout
+	}
+}
+
+func (f *fakeStream) SendStatus(lsn decoder.LSN, reply bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.status = append(f.status, statusUpdate{lsn, reply})
+	return nil
+}
+
+func (f *fakeStream) Interrupt() {
+	select {
+	case f.intr <- struct{}{}:
+	default:
+	}
+}
+
+func (f *fakeStream) Close(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	return nil
+}
+
+func (f *fakeStream) send(ms ...slot.Message) {
+	for _, m := range ms {
+		f.msgs <- m
+	}
+}
+
+// confirmed is the last position sent to the server (0 before any).
+func (f *fakeStream) confirmed() decoder.LSN {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.status) == 0 {
+		return 0
+	}
+	return f.status[len(f.status)-1].lsn
+}
+
+func (f *fakeStream) updates() []statusUpdate {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]statusUpdate(nil), f.status...)
+}
+
+// fakeProducer is a Kafka producer whose acks the test controls.
+type fakeProducer struct {
+	mu        sync.Mutex
+	events    []string       // ids, in Send order
+	pending   []router.Acker // produced, not yet acked by "Kafka"
+	autoAck   bool           // ack at once (at-least-once)
+	eos       bool           // acks wait for CommitKafkaTxn
+	room      chan struct{}  // while set, Send returns it: no room
+	sendErr   error
+	flushHold bool // Flush acks nothing and waits for ctx
+	refused   bool // Kafka refused what is pending: Flush acks nothing
+
+	inTxn     bool
+	txnAcks   []router.Acker
+	commits   []checkpoint.Durable
+	aborts    int
+	commitErr error
+}
+
+func (p *fakeProducer) Send(ev *decoder.Event, _ decoder.LSN, a router.Acker) (<-chan struct{}, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.room != nil {
+		return p.room, nil
+	}
+	if p.sendErr != nil {
+		return nil, p.sendErr
+	}
+	a.Add()
+	p.events = append(p.events, string(ev.ID))
+	switch {
+	case p.eos:
+		p.inTxn = true
+		p.txnAcks = append(p.txnAcks, a)
+	case p.autoAck:
+		a.Ack()
+	default:
+		p.pending = append(p.pending, a)
+	}
+	return nil, nil
+}
+
+func (p *fakeProducer) ackAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.pending {
+		a.Ack()
+	}
+	p.pending = nil
+}
+
+func (p *fakeProducer) Flush(ctx context.Context) error {
+	if p.flushHold {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	p.mu.Lock()
+	refused := p.refused
+	p.mu.Unlock()
+	if !refused {
+		p.ackAll()
+	}
+	return nil
+}
+
+func (p *fakeProducer) Inflight() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int64(len(p.pending))
+}
+
+func (p *fakeProducer) KafkaTxnOpen() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inTxn
+}
+
+func (p *fakeProducer) KafkaTxnRecords() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.txnAcks)
+}
+
+func (p *fakeProducer) CommitKafkaTxn(_ context.Context, key, value []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.inTxn {
+		return nil
+	}
+	if p.commitErr != nil {
+		return p.commitErr
+	}
+	d, err := checkpoint.UnmarshalDurable(value)
+	if err != nil || string(key) != d.Slot {
+		panic(fmt.Sprintf("bad checkpoint record %q: %v", value, err))
+	}
+	p.commits = append(p.commits, d)
+	for _, a := range p.txnAcks {
+		a.Ack()
+	}
+	p.txnAcks, p.inTxn = nil, false
+	return nil
+}
+
+func (p *fakeProducer) AbortKafkaTxn(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.aborts++
+	p.txnAcks, p.inTxn = nil, false
+	return nil
+}
+
+func (p *fakeProducer) sent() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.events...)
+}
+
+func (p *fakeProducer) checkpoints() []checkpoint.Durable {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]checkpoint.Durable(nil), p.commits...)
+}
+
+// harness is a running session.
+type harness struct {
+	r      *Relay
+	st     *fakeStream
+	p      *fakeProducer
+	s      *session
+	cancel context.CancelFunc
+	done   chan error
+}
+
+const start = 1000
+
+// startSession runs a session from LSN start on a fake stream and p; with
+// resume, exactly-once from that checkpoint.
+func startSession(t *testing.T, change func(*Config), p *fakeProducer, resume *resumePoint) *harness {
+	t.Helper()
+	cfg := validConfig()
+	cfg.StatusInterval, cfg.ConfirmDelay = 50*time.Millisecond, 10*time.Millisecond
+	if resume != nil {
+		cfg.ExactlyOnce = true
+		p.eos = true
+	}
+	if change != nil {
+		change(&cfg)
+	}
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st := newFakeStream()
+	s := r.newSession(ctx, st, dec, start)
+	s.system.SystemID, s.system.XLogPos = "7000000000000000001", 1<<40
+	if resume != nil {
+		if err := r.verifyCheckpoint(*resume, s.system); err != nil {
+			t.Fatal(err)
+		}
+		s.d = r.newExactlyOnce(p, *resume, s.system.SystemID, s)
+	} else {
+		s.d = newAtLeastOnce(p, s.wait)
+	}
+	h := &harness{r: r, st: st, p: p, s: s, cancel: cancel, done: make(chan error, 1)}
+	st.send(data(start, relationMsg(outboxOID, "outbox")))
+	go func() { h.done <- s.run() }()
+	t.Cleanup(func() {
+		cancel()
+		<-h.done
+	})
+	return h
+}
+
+// waitFor polls cond until it holds, failing the test after 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// end waits for the session to end and returns its error.
+func (h *harness) end(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-h.done:
+		h.done <- err // for the cleanup
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session did not end")
+		return nil
+	}
+}
+
+func TestSessionConfirmsACommittedTransactionOnceKafkaHasIt(t *testing.T) {
+	p := &fakeProducer{}
+	h := startSession(t, nil, p, nil)
+	h.st.send(txnMsgs(2000, "e1", "e2")...)
+	waitFor(t, "both events sent", func() bool { return len(p.sent()) == 2 })
+	h.st.send(keepalive(2008, true))
+	waitFor(t, "a reply to the keepalive", func() bool {
+		for _, u := range h.st.updates() {
+			if !u.reply && u.lsn == start {
+				return true
+			}
+		}
+		return false
+	})
+	if got := h.st.confirmed(); got != start {
+		t.Fatalf("confirmed %s before Kafka acked the transaction, want %s", got, decoder.LSN(start))
+	}
+	p.ackAll()
+	waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
+	if got := p.sent(); got[0] != "e1" || got[1] != "e2" {
+		t.Fatalf("events sent %v, want e1, e2 in stream order", got)
+	}
+	h.cancel()
+	if err := h.end(t); err != nil {
+		t.Fatalf("a stop returned %v, want nil", err)
+	}
+	if !h.st.closed {
+		t.Fatal("the stream was not closed")
+	}
+}
+
+func TestSessionMarkerWaitsBehindInflightData(t *testing.T) {
+	p := &fakeProducer{}
+	h := startSession(t, nil, p, nil)
+	h.st.send(txnMsgs(2000, "e1")...)
+	h.st.send(data(3000, heartbeatMsg(3000)), keepalive(4000, true))
+	waitFor(t, "a reply", func() bool { return len(h.st.updates()) > 0 })
+	waitFor(t, "the keepalive read", func() bool { return len(h.st.msgs) == 0 })
+	h.st.send(keepalive(4000, true))
+	waitFor(t, "two replies", func() bool { return len(h.st.updates()) >= 2 })
+	if got := h.st.confirmed(); got != start {
+		t.Fatalf("confirmed %s past a transaction Kafka has not acked (marker at 4000)", got)
+	}
+	p.ackAll()
+	waitFor(t, "the marker confirmed", func() bool { return h.st.confirmed() == 4000 })
+}
+
+func TestSessionNoIdleAdvanceIgnoresKeepalives(t *testing.T) {
+	p := &fakeProducer{autoAck: true}
+	h := startSession(t, func(c *Config) { c.NoIdleAdvance = true }, p, nil)
+	h.st.send(keepalive(5000, true))
+	h.st.send(txnMsgs(2000, "e1")...)
+	waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
+	h.st.send(keepalive(6000, true))
+	waitFor(t, "the reply", func() bool { return len(h.st.msgs) == 0 && len(h.st.updates()) >= 2 })
+	if got := h.st.confirmed(); got != 2008 {
+		t.Fatalf("confirmed %s with --no-idle-advance, want the commit's 2008", got)
+	}
+}
+
+func TestSessionBackpressureKeepsSendingStatus(t *testing.T) {
+	room := make(chan struct{})
+	p := &fakeProducer{autoAck: true, room: room}
+	h := startSession(t, nil, p, nil)
+	h.st.send(txnMsgs(2000, "e1")...)
+	// No room: the session waits in Send, and still tells PostgreSQL it
+	// is alive every StatusInterval.
+	waitFor(t, "status updates while blocked", func() bool { return len(h.st.updates()) >= 3 })
+	if len(p.sent()) != 0 {
+		t.Fatal("an event was sent without room")
+	}
+	p.mu.Lock()
+	p.room = nil
+	p.mu.Unlock()
+	close(room)
+	waitFor(t, "the event sent once there is room", func() bool { return len(p.sent()) == 1 })
+	waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
+}
+
+func TestSessionEndsOnAProduceFailure(t *testing.T) {
+	p := &fakeProducer{}
+	h := startSession(t, nil, p, nil)
+	h.st.send(txnMsgs(2000, "e1")...)
+	waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
+	refused := errors.New("MESSAGE_TOO_LARGE")
+	p.mu.Lock()
+	p.refused = true
+	p.mu.Unlock()
+	h.r.onProduceError(refused)
+	err := h.end(t)
+	if !errors.Is(err, refused) || causeOf(err) != "kafka" {
+		t.Fatalf("session ended with %v (cause %s), want the refusal counted as kafka", err, causeOf(err))
+	}
+	if got := h.st.confirmed(); got == 2008 {
+		t.Fatal("a transaction whose event Kafka refused was confirmed")
+	}
+}
+
+func TestSessionEndsOnAnInvalidEventRefusal(t *testing.T) {
+	refused := &router.InvalidEventError{}
+	p := &fakeProducer{sendErr: refused}
+	h := startSession(t, nil, p, nil)
+	h.st.send(txnMsgs(2000, "e1")...)
+	if err := h.end(t); !isFatal(err) {
+		t.Fatalf("session ended with %v, want a fatal error", err)
+	}
+}
+
+func TestSessionStopDrainsOutstandingAcks(t *testing.T) {
+	p := &fakeProducer{}
+	h := startSession(t, nil, p, nil)
+	h.st.send(txnMsgs(2000, "e1")...)
+	waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
+	h.cancel() // Flush acks what is outstanding
+	if err := h.end(t); err != nil {
+		t.Fatalf("stop returned %v", err)
+	}
+	if got := h.st.confirmed(); got != 2008 {
+		t.Fatalf("confirmed %s after the drain, want 2008", got)
+	}
+}
+
+func TestSessionStopGivesUpOnAcksAfterTheShutdownTimeout(t *testing.T) {
+	p := &fakeProducer{flushHold: true}
+	h := startSession(t, func(c *Config) { c.ShutdownTimeout = 100 * time.Millisecond }, p, nil)
+	h.st.send(txnMsgs(2000, "e1")...)
+	waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
+	began := time.Now()
+	h.cancel()
+	if err := h.end(t); err != nil {
+		t.Fatalf("stop returned %v", err)
+	}
+	if took := time.Since(began); took > 2*time.Second {
+		t.Fatalf("stop took %s with a 100ms shutdown timeout", took)
+	}
+	if got := h.st.confirmed(); got == 2008 {
+		t.Fatal("confirmed a transaction Kafka never acked")
+	}
+}
+
+func TestSessionSilentServer(t *testing.T) {
+	p := &fakeProducer{}
+	h := startSession(t, func(c *Config) { c.ReceiveTimeout = 200 * time.Millisecond }, p, nil)
+	err := h.end(t)
+	if !errors.Is(err, errServerSilent) || causeOf(err) != "silent" {
+		t.Fatalf("session ended with %v, want a silent server", err)
+	}
+	pinged := false
+	for _, u := range h.st.updates() {
+		pinged = pinged || u.reply
+	}
+	if !pinged {
+		t.Fatal("no reply was requested at half the receive timeout")
+	}
+}
+
+func TestSessionMalformedStream(t *testing.T) {
+	for name, msg := range map[string][]byte{
+		"insert outside a transaction": insertMsg(outboxOID, "e1"),
+		"commit without begin":         commitMsg(2000, 2008),
+		"garbage":                      {'I', 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := startSession(t, nil, &fakeProducer{}, nil)
+			h.st.send(data(1500, msg))
+			if err := h.end(t); !errors.Is(err, decoder.ErrMalformed) || causeOf(err) != "decode" {
+				t.Fatalf("session ended with %v, want a malformed message", err)
+			}
+		})
+	}
+}
+
+func TestSessionCountsUnmappedInserts(t *testing.T) {
+	p := &fakeProducer{autoAck: true}
+	h := startSession(t, func(c *Config) {
+		c.Tables = append(c.Tables, decoder.Table{Schema: "public", Name: "outbox2"})
+	}, p, nil)
+	msgs := []slot.Message{data(1100, relationMsg(outboxOID+1, "other")), data(1900, beginMsg(2000)),
+		data(1910, insertMsg(outboxOID+1, "x")), data(1920, insertMsg(outboxOID+1, "y")), data(2000, commitMsg(2000, 2008))}
+	h.st.send(msgs...)
+	waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
+	if len(p.sent()) != 0 {
+		t.Fatalf("inserts of an unmapped table were sent: %v", p.sent())
+	}
+	if n := len(h.r.unmapped); n != 1 {
+		t.Fatalf("%d unmapped tables counted, want 1", n)
+	}
+}
+
+func TestExactlyOnceSkipsWhatTheCheckpointCovers(t *testing.T) {
+	// The previous relay committed transactions up to 2008 wholly and the
+	// first event of the one committing at 3000, then crashed before the
+	// slot was confirmed: PostgreSQL resends both.
+	resume := &resumePoint{found: true, ckpt: checkpoint.Durable{
+		Slot: "walrelay", SystemID: "7000000000000000001", LSN: 2008,
+		Partial: &checkpoint.Partial{CommitLSN: 3000, Events: 1},
+	}}
+	p := &fakeProducer{}
+	h := startSession(t, nil, p, resume)
+	h.st.send(txnMsgs(2000, "old1", "old2")...)
+	h.st.send(txnMsgs(3000, "half1", "half2", "half3")...)
+	h.st.send(txnMsgs(4000, "new1")...)
+	waitFor(t, "the last transaction committed in Kafka", func() bool {
+		c := p.checkpoints()
+		return len(c) > 0 && c[len(c)-1].LSN == 4008
+	})
+	if got := fmt.Sprint(p.sent()); got != "[half2 half3 new1]" {
+		t.Fatalf("sent %s, want what the checkpoint does not cover: [half2 half3 new1]", got)
+	}
+	for _, c := range p.checkpoints() {
+		if c.Slot != "walrelay" || c.SystemID != "7000000000000000001" {
+			t.Fatalf("checkpoint %+v does not name the slot and system", c)
+		}
+	}
+	waitFor(t, "the slot confirmed after the Kafka commit", func() bool { return h.st.confirmed() == 4008 })
+}
+
+func TestExactlyOnceSplitsALargeTransactionWithAPartialCheckpoint(t *testing.T) {
+	p := &fakeProducer{}
+	h := startSession(t, func(c *Config) { c.TxnMaxEvents = 2 }, p, &resumePoint{})
+	h.st.send(txnMsgs(2000, "e1", "e2", "e3")...)
+	waitFor(t, "two Kafka transactions", func() bool { return len(p.checkpoints()) >= 2 })
+	first := p.checkpoints()[0]
+	if first.Partial == nil || first.Partial.CommitLSN != 2000 || first.Partial.Events != 2 || first.LSN != 0 {
+		t.Fatalf("first checkpoint %+v, want 2 events of the transaction committing at 2000", first)
+	}
+	waitFor(t, "the transaction confirmed", func() bool { return h.st.confirmed() == 2008 })
+}
+
+func TestExactlyOnceStop(t *testing.T) {
+	t.Run("a clean stop commits the open Kafka transaction", func(t *testing.T) {
+		p := &fakeProducer{}
+		h := startSession(t, func(c *Config) { c.TxnMaxInterval = time.Hour; c.Router.TransactionTimeout = 3 * time.Hour }, p, &resumePoint{})
+		h.st.send(data(1900, beginMsg(2000)), data(1910, insertMsg(outboxOID, "e1")))
+		waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
+		h.cancel()
+		if err := h.end(t); err != nil {
+			t.Fatalf("stop returned %v", err)
+		}
+		c := p.checkpoints()
+		if len(c) != 1 || c[0].Partial == nil || c[0].Partial.Events != 1 {
+			t.Fatalf("checkpoints %+v, want one covering the event sent", c)
+		}
+	})
+	t.Run("a failed session aborts it", func(t *testing.T) {
+		p := &fakeProducer{}
+		h := startSession(t, func(c *Config) { c.TxnMaxInterval = time.Hour; c.Router.TransactionTimeout = 3 * time.Hour }, p, &resumePoint{})
+		h.st.send(data(1900, beginMsg(2000)), data(1910, insertMsg(outboxOID, "e1")))
+		waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
+		h.r.onProduceError(errors.New("refused"))
+		if err := h.end(t); causeOf(err) != "kafka" {
+			t.Fatalf("session ended with %v", err)
+		}
+		if p.aborts != 1 || len(p.checkpoints()) != 0 {
+			t.Fatalf("%d aborts and checkpoints %v, want one abort, no commit", p.aborts, p.checkpoints())
+		}
+	})
+}
+
+func TestExactlyOnceFencedIsFatal(t *testing.T) {
+	p := &fakeProducer{commitErr: fmt.Errorf("commit: %w", router.ErrFenced)}
+	h := startSession(t, nil, p, &resumePoint{})
+	h.st.send(txnMsgs(2000, "e1")...)
+	if err := h.end(t); !isFatal(err) {
+		t.Fatalf("session ended with %v, want fatal when fenced", err)
+	}
+}
+
+func TestExactlyOnceRefusesAForeignCheckpoint(t *testing.T) {
+	r, err := New(validConfig(), zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := resumePoint{found: true, ckpt: checkpoint.Durable{Slot: "walrelay", SystemID: "1", LSN: 10}}
+	sys := slotSystem("2", 100)
+	if err := r.verifyCheckpoint(resume, sys); !isFatal(err) {
+		t.Fatalf("a checkpoint of another system gave %v, want fatal", err)
+	}
+	resume.ckpt.SystemID = ""
+	if err := r.verifyCheckpoint(resume, sys); err != nil {
+		t.Fatalf("a legacy checkpoint gave %v, want accepted", err)
+	}
+}
+
+func slotSystem(id string, walEnd decoder.LSN) pglogrepl.IdentifySystemResult {
+	return pglogrepl.IdentifySystemResult{SystemID: id, XLogPos: walEnd}
+}

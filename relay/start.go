@@ -1,0 +1,132 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// start.go opens a session: where its stream starts, the stream itself and
+// the delivery of the configured mode. The session loop is in session.go.
+
+// errSlotBusy means another client streams from the slot: this relay waits
+// as a standby and tries again after a backoff.
+var errSlotBusy = errors.New("replication slot is in use by another process")
+
+// session streams until the connection breaks, Kafka refuses a record, or
+// ctx ends; then it drains acks and confirms what it can.
+func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
+	start, version, err := r.startPosition(ctx)
+	if err != nil {
+		return err
+	}
+	open, err := r.prepareDelivery(ctx, rt)
+	if err != nil {
+		return err
+	}
+	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
+		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
+		// Heartbeat messages come through the stream as markers (pgoutput
+		// sends logical decoding messages from PostgreSQL 14 on).
+		Messages: version >= 140000,
+		Read:     r.cfg.Read,
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+			return fmt.Errorf("%w: %s", errSlotBusy, pgErr.Message)
+		}
+		return err
+	}
+	r.slotSeen = true
+	// A mapped value over the record limit could never be produced: the
+	// decoder leaves it out instead of copying it (the event is then
+	// dead-lettered as too large).
+	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping, Binary: r.cfg.Binary, MaxValueBytes: r.cfg.Router.MaxRecordBytes})
+	if err != nil {
+		stream.Close(context.Background())
+		return &fatalError{err}
+	}
+	s := r.newSession(ctx, stream, dec, start)
+	if s.d, err = open(stream.System, s); err != nil {
+		stream.Close(context.Background())
+		return err
+	}
+	s.system = stream.System
+	return s.run()
+}
+
+// openDelivery makes a session's delivery once its stream is open: sys is
+// what the stream's IDENTIFY_SYSTEM reported, s the session it serves.
+type openDelivery func(sys pglogrepl.IdentifySystemResult, s *session) (delivery, error)
+
+// prepareDelivery does what the delivery mode needs before the stream
+// starts (exactly-once: read the checkpoint), and returns how to make the
+// session's delivery after. It is the one place that tells the modes apart.
+func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router) (openDelivery, error) {
+	if !r.cfg.ExactlyOnce {
+		return func(_ pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
+			return newAtLeastOnce(rt, s.wait), nil
+		}, nil
+	}
+	resume, err := r.readCheckpoint(ctx, rt)
+	if err != nil {
+		return nil, err
+	}
+	return func(sys pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
+		if err := r.verifyCheckpoint(resume, sys); err != nil {
+			return nil, err
+		}
+		return r.newExactlyOnce(rt, resume, sys.SystemID, s), nil
+	}, nil
+}
+
+// newExactlyOnce is the exactly-once delivery of session s through p,
+// resuming after the checkpoint found at start.
+func (r *Relay) newExactlyOnce(p producer, resume resumePoint, systemID string, s *session) *exactlyOnce {
+	return &exactlyOnce{
+		p: p, wait: s.wait, kafkaCtx: s.kafkaCtx, metrics: r.metrics,
+		slot: r.cfg.Slot, txnID: r.cfg.Router.TransactionalID, systemID: systemID, key: []byte(r.cfg.Slot),
+		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval,
+		skip: checkpoint.NewSkip(resume.ckpt, resume.found), lastFull: resume.ckpt.LSN,
+	}
+}
+
+// startPosition is where the next stream starts: the later of what this
+// process confirmed and the slot's confirmed_flush_lsn. It also returns the
+// server's version number.
+func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
+	conn, err := slot.Connect(ctx, r.cfg.PGURL)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close(context.Background())
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return 0, 0, fmt.Errorf("read server version: %w", err)
+	}
+	info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
+	switch {
+	case errors.Is(err, slot.ErrNoSlot) && r.slotSeen:
+		return 0, 0, &fatalError{fmt.Errorf("replication slot %q was dropped while walrelay used it; walrelay never recreates a slot silently (a new slot would skip everything written meanwhile): recreate it deliberately with walrelay setup after recovering the gap", r.cfg.Slot)}
+	case errors.Is(err, slot.ErrNoSlot):
+		return 0, 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
+	case err != nil:
+		return 0, 0, err
+	case info.WALStatus == "lost":
+		return 0, 0, slot.InvalidatedError(r.cfg.Slot)
+	}
+	r.recordSlot(info)
+	// A session that ended on a broken connection may have had acks the
+	// slot never heard of: start after them (PostgreSQL skips transactions
+	// that end before the requested start) and confirm them at once.
+	return max(info.ConfirmedLSN, decoder.LSN(r.acked.Load())), version, nil
+}
