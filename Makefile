@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-kafka lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka
+.PHONY: all build test test-kafka lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium
 
 all: build
 
@@ -24,7 +24,9 @@ test: deps lint
 
 # The integration suite (and internal/kafkacluster's own tests) on Apache
 # Kafka instead of kfake: one broker JVM for the package (needs OpenJDK 17+
-# and Maven; deps-kafka resolves the broker's jars).
+# and Maven; deps-kafka resolves the broker's jars). The Debezium
+# comparison tests run here too (deps-debezium resolves Kafka Connect's and
+# Debezium's jars).
 test-kafka: deps
 	WALRELAY_TEST_KAFKA=apache $(GO) test -race -count=1 -p 1 -timeout 30m ./internal/kafkacluster ./test/integration
 
@@ -52,7 +54,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka
+DEPS := deps-postgres deps-kafka deps-debezium
 
 deps: $(DEPS)
 
@@ -77,6 +79,25 @@ deps-kafka:
 	    echo "== resolving Apache Kafka's jars (Maven, into ~/.m2)"; \
 	    if ! { mkdir -p "$$(dirname "$$cp")" && mvn -q -B -f $(KAFKA_POM) dependency:build-classpath -Dmdep.outputFile="$$cp.tmp" && mv "$$cp.tmp" "$$cp"; }; then \
 	      echo "deps-kafka: Maven could not resolve Apache Kafka's jars (is Maven Central reachable?); only make test-kafka needs them"; \
+	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
+	    fi; \
+	  fi; \
+	fi
+
+# Kafka Connect and Debezium's PostgreSQL connector for the Debezium
+# comparison tests of `make test-kafka` (and the peer benchmark), resolved
+# from internal/debezium/pom.xml like deps-kafka: a classpath of its own,
+# cached under the name debezium.ClasspathFile reads.
+DEBEZIUM_POM := internal/debezium/pom.xml
+deps-debezium:
+	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
+	  echo "deps-debezium: java or mvn not found; the Debezium comparison tests need them (apt-get install openjdk-17-jre-headless maven)"; \
+	else \
+	  cp="$${XDG_CACHE_HOME:-$$HOME/.cache}/walrelay/debezium-$$(sha256sum $(DEBEZIUM_POM) | cut -c1-16).classpath"; \
+	  if [ ! -s "$$cp" ]; then \
+	    echo "== resolving Kafka Connect's and Debezium's jars (Maven, into ~/.m2)"; \
+	    if ! { mkdir -p "$$(dirname "$$cp")" && mvn -q -B -f $(DEBEZIUM_POM) dependency:build-classpath -Dmdep.outputFile="$$cp.tmp" && mv "$$cp.tmp" "$$cp"; }; then \
+	      echo "deps-debezium: Maven could not resolve Debezium's jars (is Maven Central reachable?); only make test-kafka needs them"; \
 	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
 	    fi; \
 	  fi; \

@@ -93,10 +93,36 @@ type ColumnFlags struct {
 	ColumnType          string   `default:"type" help:"Outbox column that becomes the type header; empty for none."`
 	ColumnPayload       string   `default:"payload" help:"Outbox column that becomes the record value (json/jsonb/text as is, bytea as raw bytes, NULL as a tombstone)."`
 	HeaderColumn        []string `placeholder:"COLUMN[=HEADER]" help:"Extra outbox column to send as a header (named HEADER, default the column name); repeatable."`
+	Preset              string   `default:"none" enum:"none,debezium" help:"debezium: the records of Debezium's Outbox Event Router with its defaults, for its outbox table (columns id, aggregatetype, aggregateid, payload; no type header). It changes only the column flags left at walrelay's defaults."`
+}
+
+// presets are the column flags each --preset changes, from walrelay's
+// default to the preset's. debezium: the Outbox Event Router's defaults
+// (route.by.field aggregatetype, table.field.event.key aggregateid, no
+// type header unless table.fields.additional.placement places one); its
+// id and payload columns, its topic (outbox.event.<aggregatetype>) and its
+// id header are walrelay's defaults already.
+var presets = map[string]func(c *ColumnFlags){
+	"debezium": func(c *ColumnFlags) {
+		preset(&c.ColumnAggregateType, "aggregate_type", "aggregatetype")
+		preset(&c.ColumnAggregateID, "aggregate_id", "aggregateid")
+		preset(&c.ColumnType, "type", "")
+	},
+}
+
+// preset sets *flag to value when it holds walrelay's default def: a flag
+// given another value explicitly wins over the preset.
+func preset(flag *string, def, value string) {
+	if *flag == def {
+		*flag = value
+	}
 }
 
 // mapping is the decoder's column mapping.
 func (c ColumnFlags) mapping() (decoder.Mapping, error) {
+	if apply, ok := presets[c.Preset]; ok {
+		apply(&c)
+	}
 	m := decoder.Mapping{
 		ID: c.ColumnID, AggregateType: c.ColumnAggregateType, AggregateID: c.ColumnAggregateID,
 		Type: c.ColumnType, Payload: c.ColumnPayload,

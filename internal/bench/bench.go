@@ -35,6 +35,8 @@ type Config struct {
 	Brokers      []string // "discard", "store" (in-process kfake modes), "apache" (Apache Kafka; latency too)
 	Deliveries   []string // "at-least-once", "exactly-once"
 	Rates        []int    // latency: commits per second
+	PeerRates    []int    // peer: commits per second of its latency runs
+	Peers        []string // peer: walrelay, debezium, debezium-tuned; empty: all
 	Duration     time.Duration
 	BigRows      []int
 	IdleFor      time.Duration
@@ -93,8 +95,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			rs, err = b.bigAll(ctx)
 		case "idle":
 			rs, err = b.idle(ctx)
+		case "peer":
+			rs, err = b.peerAll(ctx)
 		default:
-			err = fmt.Errorf("unknown scenario %q: want drain, latency, big or idle", sc)
+			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle or peer", sc)
 		}
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", sc, err)
@@ -323,6 +327,7 @@ var metricOrder = []string{
 	"alo_events_per_s", "eos_events_per_s", "eos_ratio",
 	"p50_ms", "p99_ms", "max_ms", "achieved_rate", "events",
 	"drain_s", "peak_rss_mb", "cpu_percent",
+	"first_new_record_s", "delivered_twice",
 }
 
 func formatValue(k string, v float64) string {
