@@ -29,6 +29,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -273,7 +274,7 @@ func TestInvalidEventsDeadLettered(t *testing.T) {
 		reason     router.Reason // "" for a valid event
 		topic      string        // valid events
 		id         string
-		from, upTo slot.LSN
+		from, upTo decoder.LSN
 	}
 	str := func(s string) *string { return &s }
 	agg := str("agg-1")

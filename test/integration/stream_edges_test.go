@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -39,7 +40,7 @@ func TestSchemaChangeWhileRunning(t *testing.T) {
 		id         string
 		unmappable bool
 		hasAggID   bool
-		from, upTo slot.LSN
+		from, upTo decoder.LSN
 	}
 	var rows []*row
 	insert := func(phase, sql string, unmappable, hasAggID bool) {
