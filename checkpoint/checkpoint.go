@@ -22,17 +22,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pglogrepl"
+	"github.com/walrelay/walrelay/decoder"
 )
-
-// LSN is a PostgreSQL WAL position.
-type LSN = pglogrepl.LSN
 
 // Position is a confirmable point in the stream: an LSN and the commit time
 // of the newest transaction at or before it (zero when it is only a
 // keepalive marker that no transaction preceded).
 type Position struct {
-	LSN        LSN
+	LSN        decoder.LSN
 	CommitTime time.Time
 }
 
@@ -43,7 +40,7 @@ type Txn struct {
 	// is open (its Commit not yet seen). It reaches zero exactly once.
 	pending    atomic.Int64
 	events     int // written by the owner only, before the atomic ops that publish it
-	end        LSN
+	end        decoder.LSN
 	commitTime time.Time
 	marker     bool
 	tracker    *Tracker
@@ -90,7 +87,7 @@ func OnComplete(fn func(commitTime time.Time)) Option {
 
 // New returns a Tracker whose watermark starts at start, the position the
 // stream was started from (everything before it is already confirmed).
-func New(start LSN, opts ...Option) *Tracker {
+func New(start decoder.LSN, opts ...Option) *Tracker {
 	t := &Tracker{confirmed: Position{LSN: start}}
 	for _, o := range opts {
 		o(t)
@@ -111,7 +108,7 @@ func (tr *Tracker) Begin(commitTime time.Time) *Txn {
 // Commit closes t: its end LSN (CommitMessage.TransactionEndLSN, never the
 // commit record's start) becomes confirmable once all of its events, and all
 // earlier transactions, are acknowledged.
-func (tr *Tracker) Commit(t *Txn, end LSN) {
+func (tr *Tracker) Commit(t *Txn, end decoder.LSN) {
 	// The store of end happens before the decrement; Advance reads end
 	// only after observing pending == 0, so the atomic orders them.
 	t.end = end
@@ -132,7 +129,7 @@ func (tr *Tracker) complete(t *Txn) {
 // It becomes confirmable once every transaction before it is complete; with
 // nothing in flight that is at once. A keepalive may arrive in the middle of
 // a transaction; its marker then waits for that transaction too.
-func (tr *Tracker) Marker(walEnd LSN) {
+func (tr *Tracker) Marker(walEnd decoder.LSN) {
 	n := len(tr.queue)
 	if n == 0 {
 		if walEnd > tr.confirmed.LSN {

@@ -6,22 +6,24 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // step is one action in a scripted scenario. Transactions are referred to by
 // their index in Begin order.
 type step struct {
-	begin  int // Begin a transaction with begin-1 events (Add each)
-	ack    int // Ack one event of transaction ack-1 (0: no ack)
-	commit int // Commit transaction commit-1 at LSN 100*(commit)
-	marker LSN // queue a keepalive marker
-	want   LSN // expected watermark after Advance (checked when nonzero)
+	begin  int         // Begin a transaction with begin-1 events (Add each)
+	ack    int         // Ack one event of transaction ack-1 (0: no ack)
+	commit int         // Commit transaction commit-1 at LSN 100*(commit)
+	marker decoder.LSN // queue a keepalive marker
+	want   decoder.LSN // expected watermark after Advance (checked when nonzero)
 }
 
 func TestWatermark(t *testing.T) {
 	tests := []struct {
 		name  string
-		start LSN
+		start decoder.LSN
 		steps []step
 	}{
 		{
@@ -100,7 +102,7 @@ func TestWatermark(t *testing.T) {
 				case s.ack > 0:
 					txns[s.ack-1].Ack()
 				case s.commit > 0:
-					tr.Commit(txns[s.commit-1], LSN(100*s.commit))
+					tr.Commit(txns[s.commit-1], decoder.LSN(100*s.commit))
 				case s.marker > 0:
 					tr.Marker(s.marker)
 				}
@@ -177,7 +179,7 @@ func TestManyInFlightConcurrentAcks(t *testing.T) {
 		idx int
 	}
 	var events []ev
-	ends := make([]LSN, txns)
+	ends := make([]decoder.LSN, txns)
 	for i := range txns {
 		x := tr.Begin(time.Unix(int64(i+1), 0))
 		n := i % 4 // some transactions have no events
@@ -185,7 +187,7 @@ func TestManyInFlightConcurrentAcks(t *testing.T) {
 			x.Add()
 			events = append(events, ev{x, i})
 		}
-		ends[i] = LSN(10 * (i + 1))
+		ends[i] = decoder.LSN(10 * (i + 1))
 		tr.Commit(x, ends[i])
 	}
 	rand.Shuffle(len(events), func(i, j int) { events[i], events[j] = events[j], events[i] })
@@ -245,7 +247,7 @@ func BenchmarkTrackOneEventTxn(b *testing.B) {
 	for i := range b.N {
 		x := tr.Begin(time.Unix(1, 0))
 		x.Add()
-		tr.Commit(x, LSN(i+1))
+		tr.Commit(x, decoder.LSN(i+1))
 		x.Ack()
 		if i%64 == 0 {
 			tr.Advance()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // DurableVersion is the version of the checkpoint record format written
@@ -35,18 +36,18 @@ const DurableVersion = 1
 // it). LSNs are PostgreSQL's text form. "time" is when it was written, for
 // people.
 type Durable struct {
-	Version  int       `json:"version"`
-	Slot     string    `json:"slot"`
-	SystemID string    `json:"-"` // "" in records written before it was stored
-	LSN      LSN       `json:"-"`
-	Partial  *Partial  `json:"-"`
-	Time     time.Time `json:"time"`
+	Version  int         `json:"version"`
+	Slot     string      `json:"slot"`
+	SystemID string      `json:"-"` // "" in records written before it was stored
+	LSN      decoder.LSN `json:"-"`
+	Partial  *Partial    `json:"-"`
+	Time     time.Time   `json:"time"`
 }
 
 // Partial is the part of one PostgreSQL transaction already in Kafka.
 type Partial struct {
-	CommitLSN LSN // the transaction's commit record (Begin's final LSN)
-	Events    int // its first Events outbox events are in Kafka
+	CommitLSN decoder.LSN // the transaction's commit record (Begin's final LSN)
+	Events    int         // its first Events outbox events are in Kafka
 }
 
 type durableJSON struct {
@@ -107,7 +108,7 @@ func UnmarshalDurable(b []byte) (Durable, error) {
 // a record of another slot or cluster, or ahead of the server, is refused
 // with an error naming the fix. legacy reports a record without a system
 // identifier (written by an older walrelay): accepted, the caller warns.
-func (d Durable) Verify(slot, systemID string, serverWAL LSN) (legacy bool, err error) {
+func (d Durable) Verify(slot, systemID string, serverWAL decoder.LSN) (legacy bool, err error) {
 	const fix = "the relay refuses to skip events on its word: restrict WRITE on the checkpoint topic to the relay's principal, and if this checkpoint is not this slot's, start with a new --checkpoint-topic"
 	switch {
 	case d.Slot != slot:
@@ -138,7 +139,7 @@ func NewSkip(d Durable, ok bool) *Skip { return &Skip{d: d, valid: ok} }
 
 // Begin starts a transaction whose commit record is at commitLSN (the
 // Begin message's final LSN).
-func (s *Skip) Begin(commitLSN LSN) {
+func (s *Skip) Begin(commitLSN decoder.LSN) {
 	s.skipAll, s.skipN = false, 0
 	if !s.valid {
 		return

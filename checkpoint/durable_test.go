@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // TestDurableRoundTrip checks the documented record format both ways.
@@ -56,7 +58,7 @@ func TestSkip(t *testing.T) {
 	d := Durable{LSN: 210, Partial: &Partial{CommitLSN: 300, Events: 3}}
 	s := NewSkip(d, true)
 	type txn struct {
-		commit LSN
+		commit decoder.LSN
 		events int
 		want   []bool
 	}
@@ -123,7 +125,7 @@ func TestDurableVerify(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		d      Durable
-		server LSN
+		server decoder.LSN
 		want   string
 	}{
 		{"other slot", Durable{Slot: "t", SystemID: sys, LSN: 0x100}, 0x200, `slot "t"`},

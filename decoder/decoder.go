@@ -32,8 +32,11 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// LSN is a PostgreSQL log sequence number. It is pglogrepl's type so that
-// positions flow to standby status updates without conversion.
+// LSN is a PostgreSQL log sequence number, the one position type of
+// walrelay: the decoder is where stream positions are born, and every
+// package that keeps or confirms one (checkpoint, slot, heartbeat, relay,
+// router) uses this name. It is pglogrepl's type so that positions flow to
+// standby status updates and pglogrepl.ParseLSN without conversion.
 type LSN = pglogrepl.LSN
 
 // Error is the type of the decoder's sentinel errors: it says how to treat

@@ -3,6 +3,8 @@ package heartbeat
 import (
 	"testing"
 	"time"
+
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // TestSchedule walks one Schedule through the cases that decide whether a
@@ -13,7 +15,7 @@ func TestSchedule(t *testing.T) {
 	steps := []struct {
 		name  string
 		at    time.Duration
-		pos   LSN
+		pos   decoder.LSN
 		force bool
 		due   bool
 	}{

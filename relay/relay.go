@@ -46,6 +46,7 @@ import (
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/topics"
 )
 
 // Config configures a Relay. Zero durations mean their documented defaults.
@@ -239,10 +240,10 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if _, err := decoder.New(decoder.Config{Tables: cfg.Tables, Mapping: cfg.Mapping, Binary: cfg.Binary}); err != nil {
 		return nil, err
 	}
-	if _, err := router.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
+	if _, err := topics.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
 		return nil, err
 	}
-	if _, err := router.ParseTopicAllow(cfg.Router.TopicAllow); err != nil {
+	if _, err := topics.ParseAllow(cfg.Router.TopicAllow); err != nil {
 		return nil, err
 	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
@@ -592,7 +593,7 @@ func (e *fatalError) Unwrap() error { return e.err }
 func (e *fatalError) Fatal() bool { return true }
 
 // fataler is an error that says whether restarting can fix it: fatalError,
-// slot.SetupError, router.InvalidEventError, decoder.Error.
+// slot.SetupError, deadletter.InvalidEventError, decoder.Error.
 type fataler interface{ Fatal() bool }
 
 // isFatal reports whether any error in err's tree says restarting cannot

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
@@ -105,7 +106,7 @@ func TestErrorClassification(t *testing.T) {
 		{"plain I/O", errors.New("connection reset"), "connection", false, false},
 		{"unsupported stream", fmt.Errorf("x: %w", decoder.ErrUnsupported), "connection", true, false},
 		{"setup refusal", slot.InvalidatedError("s"), "connection", true, false},
-		{"invalid event with on-invalid=fail", fmt.Errorf("send: %w", &router.InvalidEventError{}), "connection", true, false},
+		{"invalid event with on-invalid=fail", fmt.Errorf("send: %w", &deadletter.InvalidEventError{}), "connection", true, false},
 		{"fatal inside a joined error", errors.Join(errors.New("a"), &fatalError{errors.New("b")}), "connection", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

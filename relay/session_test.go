@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
@@ -465,7 +466,7 @@ func TestSessionEndsOnAProduceFailure(t *testing.T) {
 }
 
 func TestSessionEndsOnAnInvalidEventRefusal(t *testing.T) {
-	refused := &router.InvalidEventError{}
+	refused := &deadletter.InvalidEventError{}
 	p := &fakeProducer{sendErr: refused}
 	h := startSession(t, nil, p, nil)
 	h.st.send(txnMsgs(2000, "e1")...)

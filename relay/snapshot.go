@@ -23,8 +23,8 @@ import (
 // then does slot.Prepare make the slot permanent, so a relay that dies
 // during the snapshot finds no slot on its next start and snapshots again:
 // duplicates, never loss.
-func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, name string, at slot.LSN) error {
-	return func(ctx context.Context, name string, at slot.LSN) error {
+func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, name string, at decoder.LSN) error {
+	return func(ctx context.Context, name string, at decoder.LSN) error {
 		s := &snapshotSender{rt: rt, lsn: at, m: r.metrics}
 		if r.cfg.ExactlyOnce {
 			s.eos = &snapshotEOS{r: r}

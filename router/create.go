@@ -2,12 +2,9 @@ package router
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strconv"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/walrelay/walrelay/topics"
 	"go.uber.org/zap"
 )
 
@@ -41,79 +38,8 @@ func (r *Router) startPrepare(ctx context.Context, t *topic) {
 		ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 		defer cancel()
 		defer context.AfterFunc(r.closing, cancel)()
-		if r.cfg.CreateTopics {
-			_, err := r.admin.CreateTopic(ctx, r.cfg.TopicPartitions, r.cfg.TopicReplicationFactor, nil, t.name)
-			if notAllowed(err) {
-				// Not allowed to create: fine if an administrator did;
-				// if the topic is missing (or hidden from us), its events
-				// can never be produced.
-				if exists, lerr := r.topicExists(ctx, t.name); lerr != nil {
-					res.err = lerr
-					return
-				} else if !exists {
-					res.err = fmt.Errorf("topic does not exist and creating it was refused: %w", err)
-					return
-				}
-				err = nil
-			}
-			if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-				res.err = err
-				return
-			}
-		}
-		res.maxBytes = r.topicLimit(ctx, t.name)
+		res.maxBytes, res.err = r.prep.Prepare(ctx, t.name)
 	})
-}
-
-// topicLimit reads the topic's max.message.bytes; 0 when it cannot (not
-// authorized, topic missing, an old broker): the configured limit applies.
-func (r *Router) topicLimit(ctx context.Context, name string) int {
-	rcs, err := r.admin.DescribeTopicConfigs(ctx, name)
-	if err != nil {
-		r.log.Debug("cannot read topic config; using --max-record-bytes", zap.String("topic", name), zap.Error(err))
-		return 0
-	}
-	for _, rc := range rcs {
-		if rc.Err != nil {
-			r.log.Debug("cannot read topic config; using --max-record-bytes", zap.String("topic", name), zap.Error(rc.Err))
-			return 0
-		}
-		for _, c := range rc.Configs {
-			if c.Key == "max.message.bytes" && c.Value != nil {
-				n, _ := strconv.Atoi(*c.Value)
-				return n
-			}
-		}
-	}
-	return 0
-}
-
-// rejects reports whether err means Kafka will never accept the topic
-// from this relay (an invalid name, a creation policy, no authorization to
-// create or use it), so its events belong on the dead-letter topic.
-func rejects(err error) bool {
-	return errors.Is(err, kerr.InvalidTopicException) || refusedForGood(err) || notAllowed(err)
-}
-
-// topicExists reports whether the broker lists topic name to this relay.
-// A topic it may not describe is listed with an authorization error and
-// counts as missing: the relay could not produce to it either.
-func (r *Router) topicExists(ctx context.Context, name string) (bool, error) {
-	details, err := r.admin.ListTopics(ctx, name)
-	if err != nil {
-		return false, err
-	}
-	d, ok := details[name]
-	if ok && d.Err != nil && !errors.Is(d.Err, kerr.UnknownTopicOrPartition) && !notAllowed(d.Err) {
-		return false, d.Err
-	}
-	return ok && d.Err == nil, nil
-}
-
-// notAllowed reports an authorization failure: the topic may exist
-// already (created by an administrator), and producing will tell.
-func notAllowed(err error) bool {
-	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
 }
 
 // settle applies the outcome of a finished preparation.
@@ -128,7 +54,7 @@ func (r *Router) settle(t *topic) {
 			r.limits.Store(t.name, res.maxBytes)
 		}
 		r.log.Info("topic ready", zap.String("topic", t.name), zap.Int("max_record_bytes", t.maxBytes))
-	case rejects(res.err):
+	case topics.Rejects(res.err):
 		t.state, t.rejectErr = topicRejected, res.err
 		r.log.Warn("Kafka rejects topic; its events go to the dead-letter topic", zap.String("topic", t.name), zap.Error(res.err))
 	default:

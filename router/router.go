@@ -20,6 +20,15 @@
 // topic with headers naming the reason, table, LSN and id, and count as
 // acknowledged once the dead-letter record is.
 //
+// The router routes and produces; it asks two packages for answers.
+// Package topics says what a topic accepts (the name an aggregate type
+// makes, the allowlist and bounds, creation, the size limit); the router
+// keeps one cache entry per destination (topic.go) and prepares new ones
+// in the background (create.go) so that Send need not wait. Package
+// deadletter says why an event is invalid and builds its dead letter; the
+// router applies the on-invalid policy and produces the dead letter in the
+// event's place (deadletter.go).
+//
 // Send never blocks: when the producer buffer is full, or a new topic is
 // being created, it returns a channel to wait on (so the caller can keep
 // answering PostgreSQL meanwhile) and should be called again afterwards.
@@ -40,8 +49,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/topics"
 )
 
 // Acker is the transaction a record belongs to; *checkpoint.Txn is one. Add
@@ -84,16 +95,16 @@ type Config struct {
 	TopicAllow string
 	// MaxTopics bounds the distinct event topics the relay produces to
 	// (and creates); events of further topics are dead-lettered
-	// (too_many_topics). Default DefaultMaxTopics; negative: no limit.
+	// (too_many_topics). Default topics.DefaultMaxTopics; negative: no limit.
 	MaxTopics int
 	// MaxTopicSeries bounds the topics with their own series of
 	// walrelay_events_published_total; the others count under "other".
-	// Default DefaultMaxTopicSeries; negative: no limit.
+	// Default topics.DefaultMaxSeries; negative: no limit.
 	MaxTopicSeries int
 	// Topics keeps what the bounds above have counted, and the topics
 	// Kafka refused, across routers; pass the same set to every router of
 	// a relay. Default: a set of this router's own.
-	Topics *TopicSet
+	Topics *topics.Set
 	// TopicPartitions and TopicReplicationFactor for created topics; -1
 	// (the default when zero) means the broker's default.
 	TopicPartitions        int32
@@ -148,13 +159,13 @@ func (c *Config) setDefaults() {
 		c.OnInvalid = InvalidDeadLetter
 	}
 	if c.MaxTopics == 0 {
-		c.MaxTopics = DefaultMaxTopics
+		c.MaxTopics = topics.DefaultMaxTopics
 	}
 	if c.MaxTopicSeries == 0 {
-		c.MaxTopicSeries = DefaultMaxTopicSeries
+		c.MaxTopicSeries = topics.DefaultMaxSeries
 	}
 	if c.Topics == nil {
-		c.Topics = NewTopicSet()
+		c.Topics = topics.NewSet()
 	}
 	if c.TopicPartitions == 0 {
 		c.TopicPartitions = -1
@@ -192,9 +203,10 @@ func (c *Config) setDefaults() {
 // and Close are safe for concurrent use.
 type Router struct {
 	cfg       Config
-	tmpl      Template
+	tmpl      topics.Template
 	client    *kgo.Client
 	admin     *kadm.Client
+	prep      *topics.Admin // creates topics, reads their size limits
 	log       *zap.Logger
 	metrics   *metrics.Metrics
 	fatal     func(error)
@@ -203,7 +215,7 @@ type Router struct {
 	byAggType map[string]*topic // key: aggregate_type value
 	byName    map[string]*topic
 	allow     *regexp.Regexp // Config.TopicAllow, anchored; nil allows all
-	topics    *TopicSet
+	topics    *topics.Set
 	dlq       *topic
 	failed    atomic.Bool
 	failErr   atomic.Pointer[error]
@@ -239,11 +251,11 @@ type Router struct {
 // its last confirmed position.
 func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal func(error)) (*Router, error) {
 	cfg.setDefaults()
-	tmpl, err := ParseTemplate(cfg.TopicTemplate)
+	tmpl, err := topics.ParseTemplate(cfg.TopicTemplate)
 	if err != nil {
 		return nil, err
 	}
-	if err := ValidTopic(cfg.DeadLetterTopic); err != nil {
+	if err := topics.ValidName(cfg.DeadLetterTopic); err != nil {
 		return nil, fmt.Errorf("dead-letter topic: %w", err)
 	}
 	switch cfg.OnInvalid {
@@ -251,7 +263,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 	default:
 		return nil, fmt.Errorf("on-invalid %q: want dlq, fail or skip", cfg.OnInvalid)
 	}
-	allow, err := ParseTopicAllow(cfg.TopicAllow)
+	allow, err := topics.ParseAllow(cfg.TopicAllow)
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +289,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		kgo.ProducerBatchMaxBytesFn(r.batchLimit),
 	}, opts...)
 	if cfg.TransactionalID != "" {
-		if err := ValidTopic(cfg.CheckpointTopic); err != nil {
+		if err := topics.ValidName(cfg.CheckpointTopic); err != nil {
 			return nil, fmt.Errorf("checkpoint topic: %w", err)
 		}
 		r.eos = true
@@ -287,8 +299,9 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
 	r.admin = kadm.NewClient(r.client)
+	r.prep = topics.NewAdmin(r.admin, cfg.CreateTopics, cfg.TopicPartitions, cfg.TopicReplicationFactor, log)
 	r.gate.init(cfg.MaxInflightEvents, cfg.MaxInflightBytes, m)
-	for _, reason := range reasons {
+	for _, reason := range deadletter.Reasons() {
 		m.EventsDeadLettered.WithLabelValues(string(reason)) // export zeros: alerts see the series
 	}
 	r.promise = r.onPromise
@@ -357,12 +370,12 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	if ev.Omitted > 0 {
 		// A value was too large to be read into memory: the event could
 		// never be produced, and it may lack its other fields.
-		return nil, r.invalid(ev, lsn, a, ReasonTooLarge, fmt.Sprintf("a value of %d bytes exceeds the record limit %d and was not read into memory", ev.Omitted, r.cfg.MaxRecordBytes))
+		return nil, r.invalid(ev, lsn, a, deadletter.ReasonTooLarge, fmt.Sprintf("a value of %d bytes exceeds the record limit %d and was not read into memory", ev.Omitted, r.cfg.MaxRecordBytes))
 	}
 	reason, t, detail := r.route(ev)
 	if t != nil && t.state != topicRejected && t.refused.Load() {
 		// Kafka refused a record of this topic for good (see redirect).
-		t.state, t.rejectErr = topicRejected, errors.New(r.topics.refusal(t.name))
+		t.state, t.rejectErr = topicRejected, errors.New(r.topics.Refusal(t.name))
 	}
 	if t != nil {
 		switch t.state {
@@ -381,14 +394,14 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 				return t.ready, nil
 			}
 		case topicRejected:
-			reason, detail = ReasonTopicRejected, t.rejectErr.Error()
+			reason, detail = deadletter.ReasonTopicRejected, t.rejectErr.Error()
 		}
 	}
 	if reason == "" {
 		o := r.newRecord(ev, t, a)
 		o.table, o.lsn = ev.Table, lsn
 		if o.size > t.maxBytes {
-			reason, detail = ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d, the limit of topic %s", o.size, t.maxBytes, t.name)
+			reason, detail = deadletter.ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d, the limit of topic %s", o.size, t.maxBytes, t.name)
 		} else {
 			if err := r.produce(o); err != nil {
 				return nil, err
@@ -400,29 +413,22 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 }
 
 // route finds the destination of ev, or why it has none.
-func (r *Router) route(ev *decoder.Event) (reason Reason, t *topic, detail string) {
-	switch {
-	case ev.Unmappable != nil:
-		return ReasonUnmappable, nil, ev.Unmappable.Error()
-	case len(ev.AggregateType) == 0 && !r.tmpl.fixed:
-		return ReasonNoAggregateType, nil, "aggregate type is NULL or empty"
-	case ev.AggregateID == nil:
-		return ReasonNoAggregateID, nil, "aggregate id is NULL"
-	case ev.ID == nil:
-		return ReasonNoID, nil, "id is NULL"
+func (r *Router) route(ev *decoder.Event) (reason deadletter.Reason, t *topic, detail string) {
+	if reason, detail := deadletter.Check(ev, r.tmpl.Fixed()); reason != "" {
+		return reason, nil, detail
 	}
 	// With a fixed template every aggregate type shares one entry: the
 	// cache must not grow with the values writers choose.
 	aggType := ev.AggregateType
-	if r.tmpl.fixed {
+	if r.tmpl.Fixed() {
 		aggType = nil
 	}
 	if t = r.byAggType[string(aggType)]; t != nil {
 		return "", t, ""
 	}
 	name := r.tmpl.Topic(aggType)
-	if err := ValidTopic(name); err != nil {
-		return ReasonInvalidTopic, nil, err.Error()
+	if err := topics.ValidName(name); err != nil {
+		return deadletter.ReasonInvalidTopic, nil, err.Error()
 	}
 	// Refused topics are not cached: the cache stays bounded by the
 	// topics allowed.
@@ -434,13 +440,26 @@ func (r *Router) route(ev *decoder.Event) (reason Reason, t *topic, detail strin
 	return "", t, ""
 }
 
+// checkNewTopic says why events may not go to name, a topic not used yet:
+// outside the allowlist, or one topic more than MaxTopics.
+func (r *Router) checkNewTopic(name string) (deadletter.Reason, string) {
+	if r.allow != nil && !r.allow.MatchString(name) {
+		return deadletter.ReasonTopicNotAllowed, fmt.Sprintf("topic %q does not match the topic allowlist %q", name, r.cfg.TopicAllow)
+	}
+	if !r.topics.Use(name, r.cfg.MaxTopics) {
+		return deadletter.ReasonTooManyTopics, fmt.Sprintf("topic %q would be one topic more than the limit of %d event topics (--max-topics)", name, r.cfg.MaxTopics)
+	}
+	return "", ""
+}
+
+// topicNamed is the cache entry of topic name, made on first use.
 func (r *Router) topicNamed(name string) *topic {
 	if t := r.byName[name]; t != nil {
 		return t
 	}
-	label := r.topics.label(name, r.cfg.MaxTopicSeries)
+	label := r.topics.Label(name, r.cfg.MaxTopicSeries)
 	t := &topic{name: name, published: r.metrics.EventsPublished.WithLabelValues(label), maxBytes: r.cfg.MaxRecordBytes}
-	if why := r.topics.refusal(name); why != "" {
+	if why := r.topics.Refusal(name); why != "" {
 		t.state, t.rejectErr = topicRejected, errors.New(why) // refused under an earlier router
 	}
 	r.byName[name] = t
@@ -462,43 +481,6 @@ type outRecord struct {
 
 func recordOf(r *kgo.Record) *outRecord { return (*outRecord)(unsafe.Pointer(r)) }
 
-// batchOverhead is what a record batch (format v2) adds around a lone
-// record: its 61-byte header and the 4-byte length the producer counts.
-const batchOverhead = 65
-
-// recordSize is the encoded size of a record alone in a batch, as the
-// broker compares it with max.message.bytes: varint lengths, attributes,
-// the largest timestamp and offset deltas, key, value and headers. It errs
-// high by a few bytes, never low: an event it passes must not fail in the
-// producer with MESSAGE_TOO_LARGE.
-func recordSize(key, value []byte, headers []kgo.RecordHeader) int {
-	n := 1 + 10 + 5 // attributes, timestamp delta, offset delta (varint maxima)
-	n += bytesField(key) + bytesField(value) + varintLen(len(headers))
-	for _, h := range headers {
-		n += varintLen(len(h.Key)) + len(h.Key) + bytesField(h.Value)
-	}
-	return batchOverhead + varintLen(n) + n
-}
-
-// bytesField is a varint length (-1 for nil) and the bytes.
-func bytesField(b []byte) int {
-	if b == nil {
-		return 1
-	}
-	return varintLen(len(b)) + len(b)
-}
-
-// varintLen is the size of n as a zig-zag varint.
-func varintLen(n int) int {
-	u := uint64(n) << 1
-	l := 1
-	for u >= 0x80 {
-		u >>= 7
-		l++
-	}
-	return l
-}
-
 func (r *Router) newRecord(ev *decoder.Event, t *topic, a Acker) *outRecord {
 	o := &outRecord{topic: t, ack: a}
 	o.rec.Topic = t.name
@@ -516,7 +498,7 @@ func (r *Router) newRecord(ev *decoder.Event, t *topic, a Acker) *outRecord {
 		}
 	}
 	o.rec.Headers = h
-	o.size = recordSize(o.rec.Key, o.rec.Value, h)
+	o.size = topics.RecordSize(o.rec.Key, o.rec.Value, h)
 	return o
 }
 
@@ -525,7 +507,7 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	o := recordOf(rec)
 	r.gate.release(o.size)
 	if err != nil {
-		if refusedForGood(err) && o.topic != r.dlq && o.table != nil {
+		if topics.RefusedForGood(err) && o.topic != r.dlq && o.table != nil {
 			r.redirect(o, err)
 			return
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
 )
@@ -325,7 +326,7 @@ func TestRoute(t *testing.T) {
 		name   string
 		tmpl   string
 		ev     *decoder.Event
-		reason Reason
+		reason deadletter.Reason
 		topic  string // when reason is ""
 		detail string // substring of detail, when reason is not ""
 	}{
@@ -333,20 +334,20 @@ func TestRoute(t *testing.T) {
 		{name: "empty aggregate id is valid", ev: valid(func(e *decoder.Event) { e.AggregateID = []byte{} }), topic: "outbox.event.order"},
 		{name: "empty id is valid", ev: valid(func(e *decoder.Event) { e.ID = []byte{} }), topic: "outbox.event.order"},
 		{name: "NULL payload is valid", ev: valid(func(e *decoder.Event) { e.Payload = nil }), topic: "outbox.event.order"},
-		{name: "NULL aggregate type", ev: valid(func(e *decoder.Event) { e.AggregateType = nil }), reason: ReasonNoAggregateType, detail: "NULL or empty"},
-		{name: "empty aggregate type", ev: valid(func(e *decoder.Event) { e.AggregateType = []byte{} }), reason: ReasonNoAggregateType, detail: "NULL or empty"},
-		{name: "NULL aggregate id", ev: valid(func(e *decoder.Event) { e.AggregateID = nil }), reason: ReasonNoAggregateID, detail: "aggregate id is NULL"},
-		{name: "NULL id", ev: valid(func(e *decoder.Event) { e.ID = nil }), reason: ReasonNoID, detail: "id is NULL"},
-		{name: "aggregate type before id", ev: valid(func(e *decoder.Event) { e.AggregateType, e.AggregateID, e.ID = nil, nil, nil }), reason: ReasonNoAggregateType},
-		{name: "aggregate id before id", ev: valid(func(e *decoder.Event) { e.AggregateID, e.ID = nil, nil }), reason: ReasonNoAggregateID},
-		{name: "invalid topic name", ev: valid(func(e *decoder.Event) { e.AggregateType = []byte("bad type!") }), reason: ReasonInvalidTopic, detail: `"outbox.event.bad type!"`},
-		{name: "topic too long", ev: valid(func(e *decoder.Event) { e.AggregateType = bytes.Repeat([]byte("a"), 250) }), reason: ReasonInvalidTopic, detail: "Kafka allows 249"},
-		{name: "aggregate type dot dot", tmpl: "{aggregate_type}", ev: valid(func(e *decoder.Event) { e.AggregateType = []byte("..") }), reason: ReasonInvalidTopic, detail: "not allowed"},
+		{name: "NULL aggregate type", ev: valid(func(e *decoder.Event) { e.AggregateType = nil }), reason: deadletter.ReasonNoAggregateType, detail: "NULL or empty"},
+		{name: "empty aggregate type", ev: valid(func(e *decoder.Event) { e.AggregateType = []byte{} }), reason: deadletter.ReasonNoAggregateType, detail: "NULL or empty"},
+		{name: "NULL aggregate id", ev: valid(func(e *decoder.Event) { e.AggregateID = nil }), reason: deadletter.ReasonNoAggregateID, detail: "aggregate id is NULL"},
+		{name: "NULL id", ev: valid(func(e *decoder.Event) { e.ID = nil }), reason: deadletter.ReasonNoID, detail: "id is NULL"},
+		{name: "aggregate type before id", ev: valid(func(e *decoder.Event) { e.AggregateType, e.AggregateID, e.ID = nil, nil, nil }), reason: deadletter.ReasonNoAggregateType},
+		{name: "aggregate id before id", ev: valid(func(e *decoder.Event) { e.AggregateID, e.ID = nil, nil }), reason: deadletter.ReasonNoAggregateID},
+		{name: "invalid topic name", ev: valid(func(e *decoder.Event) { e.AggregateType = []byte("bad type!") }), reason: deadletter.ReasonInvalidTopic, detail: `"outbox.event.bad type!"`},
+		{name: "topic too long", ev: valid(func(e *decoder.Event) { e.AggregateType = bytes.Repeat([]byte("a"), 250) }), reason: deadletter.ReasonInvalidTopic, detail: "Kafka allows 249"},
+		{name: "aggregate type dot dot", tmpl: "{aggregate_type}", ev: valid(func(e *decoder.Event) { e.AggregateType = []byte("..") }), reason: deadletter.ReasonInvalidTopic, detail: "not allowed"},
 		{name: "fixed template accepts empty aggregate type", tmpl: "outbox.all", ev: valid(func(e *decoder.Event) { e.AggregateType = []byte{} }), topic: "outbox.all"},
 		{name: "fixed template accepts NULL aggregate type", tmpl: "outbox.all", ev: valid(func(e *decoder.Event) { e.AggregateType = nil }), topic: "outbox.all"},
 		{name: "fixed template accepts any aggregate type", tmpl: "outbox.all", ev: valid(func(e *decoder.Event) { e.AggregateType = []byte("bad type!") }), topic: "outbox.all"},
-		{name: "fixed template still needs an aggregate id", tmpl: "outbox.all", ev: valid(func(e *decoder.Event) { e.AggregateID = nil }), reason: ReasonNoAggregateID},
-		{name: "fixed template still needs an id", tmpl: "outbox.all", ev: valid(func(e *decoder.Event) { e.ID = nil }), reason: ReasonNoID},
+		{name: "fixed template still needs an aggregate id", tmpl: "outbox.all", ev: valid(func(e *decoder.Event) { e.AggregateID = nil }), reason: deadletter.ReasonNoAggregateID},
+		{name: "fixed template still needs an id", tmpl: "outbox.all", ev: valid(func(e *decoder.Event) { e.ID = nil }), reason: deadletter.ReasonNoID},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
 )
@@ -208,7 +209,7 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
-func (e *env) deadLettered(reason Reason) float64 {
+func (e *env) deadLettered(reason deadletter.Reason) float64 {
 	return counterValue(e.t, e.m.EventsDeadLettered.WithLabelValues(string(reason)))
 }
 
@@ -377,7 +378,7 @@ func TestSendDeliversValidEvents(t *testing.T) {
 	if got := e.publishedTo("outbox.event.customer"); got != 3 {
 		t.Errorf("published{outbox.event.customer} = %v; want 3", got)
 	}
-	for _, reason := range []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge} {
+	for _, reason := range []deadletter.Reason{deadletter.ReasonNoAggregateType, deadletter.ReasonNoAggregateID, deadletter.ReasonNoID, deadletter.ReasonInvalidTopic, deadletter.ReasonTopicRejected, deadletter.ReasonTooLarge} {
 		if got := e.deadLettered(reason); got != 0 {
 			t.Errorf("dead_lettered{%s} = %v; want 0", reason, got)
 		}
@@ -399,7 +400,7 @@ func TestSendDeliversValidEvents(t *testing.T) {
 type deadLetterCase struct {
 	name    string
 	ev      *decoder.Event
-	reason  Reason
+	reason  deadletter.Reason
 	omitted bool   // payload too large to ride along
 	topic   string // walrelay.topic header, for topic reasons
 }
@@ -415,20 +416,20 @@ func invalidEvents() []deadLetterCase {
 		return ev
 	}
 	return []deadLetterCase{
-		{name: "NULL aggregate type", ev: mk("d1", "", "k1", func(ev *decoder.Event) { ev.AggregateType = nil }), reason: ReasonNoAggregateType},
-		{name: "empty aggregate type", ev: mk("d2", "", "k2", nil), reason: ReasonNoAggregateType},
-		{name: "NULL aggregate id", ev: mk("d3", "order", "", func(ev *decoder.Event) { ev.AggregateID = nil }), reason: ReasonNoAggregateID},
-		{name: "NULL id", ev: mk("", "order", "k4", func(ev *decoder.Event) { ev.ID = nil }), reason: ReasonNoID},
-		{name: "invalid topic name", ev: mk("d5", "bad type!", "k5", nil), reason: ReasonInvalidTopic, topic: "outbox.event.bad type!"},
-		{name: "topic the broker rejects", ev: mk("d6", "rejected", "k6", nil), reason: ReasonTopicRejected, topic: "outbox.event.rejected"},
+		{name: "NULL aggregate type", ev: mk("d1", "", "k1", func(ev *decoder.Event) { ev.AggregateType = nil }), reason: deadletter.ReasonNoAggregateType},
+		{name: "empty aggregate type", ev: mk("d2", "", "k2", nil), reason: deadletter.ReasonNoAggregateType},
+		{name: "NULL aggregate id", ev: mk("d3", "order", "", func(ev *decoder.Event) { ev.AggregateID = nil }), reason: deadletter.ReasonNoAggregateID},
+		{name: "NULL id", ev: mk("", "order", "k4", func(ev *decoder.Event) { ev.ID = nil }), reason: deadletter.ReasonNoID},
+		{name: "invalid topic name", ev: mk("d5", "bad type!", "k5", nil), reason: deadletter.ReasonInvalidTopic, topic: "outbox.event.bad type!"},
+		{name: "topic the broker rejects", ev: mk("d6", "rejected", "k6", nil), reason: deadletter.ReasonTopicRejected, topic: "outbox.event.rejected"},
 		{name: "record too large", ev: mk("d7", "order", "k7", func(ev *decoder.Event) {
 			ev.Payload = bytes.Repeat([]byte("x"), 5000)
 			ev.Headers = []decoder.Header{{Key: "trace", Value: []byte("t-7")}}
-		}), reason: ReasonTooLarge, omitted: true},
+		}), reason: deadletter.ReasonTooLarge, omitted: true},
 		{name: "unmappable row", ev: mk("d8", "order", "k8", func(ev *decoder.Event) {
 			ev.Payload = nil // the column was dropped
 			ev.Unmappable = fmt.Errorf(`outbox table public.outbox has no column "payload": %w`, decoder.ErrMissingColumn)
-		}), reason: ReasonUnmappable},
+		}), reason: deadletter.ReasonUnmappable},
 	}
 }
 
@@ -500,9 +501,9 @@ func TestSendDeadLettersInvalidEvents(t *testing.T) {
 				t.Errorf("timestamp %v; want %v", rec.Timestamp, commitTime)
 			}
 			want := map[string]string{
-				HeaderReason: string(tc.reason),
-				HeaderTable:  "public.outbox",
-				HeaderLSN:    lsns[ev].String(),
+				deadletter.HeaderReason: string(tc.reason),
+				deadletter.HeaderTable:  "public.outbox",
+				deadletter.HeaderLSN:    lsns[ev].String(),
 			}
 			if ev.ID != nil {
 				want["id"] = string(ev.ID)
@@ -511,19 +512,19 @@ func TestSendDeadLettersInvalidEvents(t *testing.T) {
 				want["type"] = string(ev.Type)
 			}
 			if ev.AggregateType != nil {
-				want[HeaderAggregateType] = string(ev.AggregateType)
+				want[deadletter.HeaderAggregateType] = string(ev.AggregateType)
 			}
 			if ev.AggregateID != nil {
-				want[HeaderAggregateID] = string(ev.AggregateID)
+				want[deadletter.HeaderAggregateID] = string(ev.AggregateID)
 			}
 			if tc.topic != "" {
-				want[HeaderTopic] = tc.topic
+				want[deadletter.HeaderTopic] = tc.topic
 			}
 			for _, h := range ev.Headers {
 				want[h.Key] = string(h.Value)
 			}
 			if tc.omitted {
-				want[HeaderPayloadOmit] = fmt.Sprint(len(ev.Payload))
+				want[deadletter.HeaderPayloadOmit] = fmt.Sprint(len(ev.Payload))
 			}
 			for k, v := range want {
 				got, ok := header(t, rec, k)
@@ -533,11 +534,11 @@ func TestSendDeadLettersInvalidEvents(t *testing.T) {
 					t.Errorf("header %q = %q; want %q", k, got, v)
 				}
 			}
-			if detail, _ := header(t, rec, HeaderDetail); len(detail) == 0 {
-				t.Errorf("header %q empty or missing", HeaderDetail)
+			if detail, _ := header(t, rec, deadletter.HeaderDetail); len(detail) == 0 {
+				t.Errorf("header %q empty or missing", deadletter.HeaderDetail)
 			}
 			if _, ok := header(t, rec, "walrelay.topic"); ok && tc.topic == "" {
-				t.Errorf("unexpected %q header", HeaderTopic)
+				t.Errorf("unexpected %q header", deadletter.HeaderTopic)
 			}
 			if _, ok := header(t, rec, "id"); ok && ev.ID == nil {
 				t.Error("id header on an event whose id is NULL")
@@ -546,21 +547,21 @@ func TestSendDeadLettersInvalidEvents(t *testing.T) {
 				if rec.Value != nil {
 					t.Errorf("value of %d bytes; want none (payload omitted)", len(rec.Value))
 				}
-				if _, ok := header(t, rec, HeaderPayloadOmit); !ok {
-					t.Errorf("header %q missing", HeaderPayloadOmit)
+				if _, ok := header(t, rec, deadletter.HeaderPayloadOmit); !ok {
+					t.Errorf("header %q missing", deadletter.HeaderPayloadOmit)
 				}
 			} else {
 				if !bytes.Equal(rec.Value, ev.Payload) {
 					t.Errorf("value %q; want the payload %q", rec.Value, ev.Payload)
 				}
-				if _, ok := header(t, rec, HeaderPayloadOmit); ok {
-					t.Errorf("header %q on a record whose payload fits", HeaderPayloadOmit)
+				if _, ok := header(t, rec, deadletter.HeaderPayloadOmit); ok {
+					t.Errorf("header %q on a record whose payload fits", deadletter.HeaderPayloadOmit)
 				}
 			}
 		})
 	}
 
-	counts := make(map[Reason]float64)
+	counts := make(map[deadletter.Reason]float64)
 	for _, tc := range cases {
 		counts[tc.reason]++
 	}
@@ -595,11 +596,11 @@ func TestSendInvalidPolicies(t *testing.T) {
 				err := e.send(tc.ev, lsnOf(i), a)
 				switch policy {
 				case InvalidFail:
-					var ie *InvalidEventError
+					var ie *deadletter.InvalidEventError
 					if !errors.As(err, &ie) {
-						t.Fatalf("%s: Send error = %v; want *InvalidEventError", tc.name, err)
+						t.Fatalf("%s: Send error = %v; want *deadletter.InvalidEventError", tc.name, err)
 					}
-					want := InvalidEventError{Reason: tc.reason, Table: "public.outbox", LSN: lsnOf(i), ID: string(tc.ev.ID)}
+					want := deadletter.InvalidEventError{Reason: tc.reason, Table: "public.outbox", LSN: lsnOf(i), ID: string(tc.ev.ID)}
 					if ie.Reason != want.Reason || ie.Table != want.Table || ie.LSN != want.LSN || ie.ID != want.ID || ie.Detail == "" {
 						t.Errorf("%s: error %+v; want %+v with a detail", tc.name, *ie, want)
 					}
@@ -624,7 +625,7 @@ func TestSendInvalidPolicies(t *testing.T) {
 				}
 			}
 			if policy == InvalidSkip {
-				counts := make(map[Reason]float64)
+				counts := make(map[deadletter.Reason]float64)
 				for _, tc := range invalidEvents() {
 					counts[tc.reason]++
 				}

@@ -9,6 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/walrelay/walrelay/deadletter"
+	"github.com/walrelay/walrelay/topics"
 )
 
 // topicsExist reports which of names the broker has.
@@ -34,7 +36,7 @@ func (e *env) dlqByID() map[string]string {
 	out := map[string]string{}
 	for _, rec := range e.consume("walrelay.dlq") {
 		id, _ := header(e.t, rec, "id")
-		reason, _ := header(e.t, rec, HeaderReason)
+		reason, _ := header(e.t, rec, deadletter.HeaderReason)
 		out[string(id)] = string(reason)
 	}
 	return out
@@ -51,8 +53,8 @@ func TestTopicAllowlist(t *testing.T) {
 	e.mustSend(event("3", "payment", "k", "p"), lsnOf(3), a)
 	e.mustSend(event("4", "x.order", "k", "p"), lsnOf(4), a) // anchored at the start too
 	e.flush()
-	if got := e.dlqByID(); got["2"] != string(ReasonTopicNotAllowed) || got["4"] != string(ReasonTopicNotAllowed) || len(got) != 2 {
-		t.Fatalf("dead letters = %v; want ids 2 and 4 as %s", got, ReasonTopicNotAllowed)
+	if got := e.dlqByID(); got["2"] != string(deadletter.ReasonTopicNotAllowed) || got["4"] != string(deadletter.ReasonTopicNotAllowed) || len(got) != 2 {
+		t.Fatalf("dead letters = %v; want ids 2 and 4 as %s", got, deadletter.ReasonTopicNotAllowed)
 	}
 	if got := e.topicsExist("outbox.event.order", "outbox.event.payment", "outbox.event.orderx", "outbox.event.x.order"); !got["outbox.event.order"] || !got["outbox.event.payment"] || got["outbox.event.orderx"] || got["outbox.event.x.order"] {
 		t.Fatalf("topics = %v; want only the allowed ones created", got)
@@ -67,10 +69,10 @@ func TestTopicAllowlist(t *testing.T) {
 
 // Past MaxTopics, events of new topics are dead-lettered as
 // too_many_topics (their topics not created) while topics already used
-// keep working; the count survives a new router sharing the TopicSet.
+// keep working; the count survives a new router sharing the topics.Set.
 // Past MaxTopicSeries, topics count under the "other" label.
 func TestMaxTopicsAndSeries(t *testing.T) {
-	set := NewTopicSet()
+	set := topics.NewSet()
 	// Series: the dead-letter topic, t0, t1; the rest is "other".
 	e := newEnv(t, Config{MaxTopics: 3, MaxTopicSeries: 3, Topics: set})
 	a := &testAcker{}
@@ -79,8 +81,8 @@ func TestMaxTopicsAndSeries(t *testing.T) {
 	}
 	e.mustSend(event("again", "t0", "k", "p"), lsnOf(6), a)
 	e.flush()
-	if got := e.dlqByID(); got["e3"] != string(ReasonTooManyTopics) || got["e4"] != string(ReasonTooManyTopics) || len(got) != 2 {
-		t.Fatalf("dead letters = %v; want e3 and e4 as %s", got, ReasonTooManyTopics)
+	if got := e.dlqByID(); got["e3"] != string(deadletter.ReasonTooManyTopics) || got["e4"] != string(deadletter.ReasonTooManyTopics) || len(got) != 2 {
+		t.Fatalf("dead letters = %v; want e3 and e4 as %s", got, deadletter.ReasonTooManyTopics)
 	}
 	if got := e.topicsExist("outbox.event.t2", "outbox.event.t3"); !got["outbox.event.t2"] || got["outbox.event.t3"] {
 		t.Fatalf("topics = %v; want t2 created, t3 not", got)
@@ -88,7 +90,7 @@ func TestMaxTopicsAndSeries(t *testing.T) {
 	if got := e.publishedTo("outbox.event.t0"); got != 2 {
 		t.Errorf("published{t0} = %v; want 2", got)
 	}
-	if got := e.publishedTo(OtherTopicLabel); got != 1 {
+	if got := e.publishedTo(topics.OtherLabel); got != 1 {
 		t.Errorf("published{other} = %v; want 1 (t2)", got)
 	}
 	if got := e.publishedTo("outbox.event.t2"); got != 0 {
@@ -101,8 +103,8 @@ func TestMaxTopicsAndSeries(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r2.Close()
-	if reason, _, _ := r2.route(event("n", "t9", "k", "p")); reason != ReasonTooManyTopics {
-		t.Errorf("new router: route to a fourth topic = %q; want %s", reason, ReasonTooManyTopics)
+	if reason, _, _ := r2.route(event("n", "t9", "k", "p")); reason != deadletter.ReasonTooManyTopics {
+		t.Errorf("new router: route to a fourth topic = %q; want %s", reason, deadletter.ReasonTooManyTopics)
 	}
 	if reason, _, _ := r2.route(event("n", "t1", "k", "p")); reason != "" {
 		t.Errorf("new router: route to a used topic = %q; want accepted", reason)
@@ -115,9 +117,9 @@ func TestMaxTopicsAndSeries(t *testing.T) {
 // authorization (a topic an administrator created but did not grant).
 // Events of other topics go on; nothing is fatal; every event is acked
 // once; a later event of a refused topic goes straight to the dead letters,
-// also under a new router sharing the TopicSet.
+// also under a new router sharing the topics.Set.
 func TestTopicRefusedForGood(t *testing.T) {
-	set := NewTopicSet()
+	set := topics.NewSet()
 	e := newEnv(t, Config{Topics: set})
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: "outbox.event.secret", Err: kerr.TopicAuthorizationFailed, Count: -1})
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: "outbox.event.policy", Err: kerr.PolicyViolation, Count: -1})
@@ -134,8 +136,8 @@ func TestTopicRefusedForGood(t *testing.T) {
 	}
 	got := e.dlqByID()
 	for _, id := range []string{"e0", "e2", "e3", "late"} {
-		if got[id] != string(ReasonTopicRejected) {
-			t.Errorf("dead letter %s: reason %q; want %s (all: %v)", id, got[id], ReasonTopicRejected, got)
+		if got[id] != string(deadletter.ReasonTopicRejected) {
+			t.Errorf("dead letter %s: reason %q; want %s (all: %v)", id, got[id], deadletter.ReasonTopicRejected, got)
 		}
 	}
 	if len(got) != 4 {
@@ -147,7 +149,7 @@ func TestTopicRefusedForGood(t *testing.T) {
 	if a.adds.Load() != 6 || a.acks.Load() != 6 {
 		t.Errorf("adds/acks = %d/%d; want 6/6", a.adds.Load(), a.acks.Load())
 	}
-	if got := e.deadLettered(ReasonTopicRejected); got != 4 {
+	if got := e.deadLettered(deadletter.ReasonTopicRejected); got != 4 {
 		t.Errorf("dead-lettered{topic_rejected} = %v; want 4", got)
 	}
 

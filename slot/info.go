@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // ErrNoSlot is returned by ReadInfo when the slot does not exist.
@@ -15,18 +16,18 @@ var ErrNoSlot = errors.New("replication slot does not exist")
 // Info is a slot's row of pg_replication_slots, with the server's current
 // WAL position and the lags derived from it.
 type Info struct {
-	Name       string `json:"slot_name"`
-	Plugin     string `json:"plugin"`
-	SlotType   string `json:"slot_type"`
-	Database   string `json:"database"`
-	Active     bool   `json:"active"`
-	ActivePID  *int32 `json:"active_pid"`
-	RestartLSN LSN    `json:"-"`
+	Name       string      `json:"slot_name"`
+	Plugin     string      `json:"plugin"`
+	SlotType   string      `json:"slot_type"`
+	Database   string      `json:"database"`
+	Active     bool        `json:"active"`
+	ActivePID  *int32      `json:"active_pid"`
+	RestartLSN decoder.LSN `json:"-"`
 	// ConfirmedLSN is confirmed_flush_lsn: PostgreSQL does not resend
 	// transactions that end at or before it.
-	ConfirmedLSN LSN    `json:"-"`
-	CurrentLSN   LSN    `json:"-"`
-	WALStatus    string `json:"wal_status"`
+	ConfirmedLSN decoder.LSN `json:"-"`
+	CurrentLSN   decoder.LSN `json:"-"`
+	WALStatus    string      `json:"wal_status"`
 	// SafeWALSize is how much more WAL may be written before the slot is
 	// in danger of invalidation; nil when max_slot_wal_keep_size is -1.
 	SafeWALSize *int64 `json:"safe_wal_size"`
@@ -57,7 +58,7 @@ func ReadInfo(ctx context.Context, conn *pgx.Conn, slot string) (Info, error) {
 	}
 	for _, f := range []struct {
 		s   *string
-		lsn *LSN
+		lsn *decoder.LSN
 	}{{restart, &i.RestartLSN}, {confirmed, &i.ConfirmedLSN}, {current, &i.CurrentLSN}} {
 		if f.s == nil {
 			continue
@@ -79,7 +80,7 @@ func ReadInfo(ctx context.Context, conn *pgx.Conn, slot string) (Info, error) {
 }
 
 // ParseLSN parses PostgreSQL's text form of an LSN ("16/B374D848").
-func ParseLSN(s string) (LSN, error) {
+func ParseLSN(s string) (decoder.LSN, error) {
 	l, err := pglogrepl.ParseLSN(s)
 	if err != nil {
 		return 0, fmt.Errorf("parse LSN %q: %w", s, err)

@@ -45,7 +45,7 @@ type SetupConfig struct {
 	// a temporary slot that vanishes with the connection, so a crash
 	// during the snapshot leaves no slot behind and the next start
 	// snapshots again.
-	Snapshot func(ctx context.Context, snapshotName string, consistentPoint LSN) error
+	Snapshot func(ctx context.Context, snapshotName string, consistentPoint decoder.LSN) error
 }
 
 // Connect opens a normal (non-replication) connection for checks and

@@ -15,13 +15,8 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/jackc/pglogrepl"
-
 	"github.com/walrelay/walrelay/decoder"
 )
-
-// LSN is a PostgreSQL WAL position.
-type LSN = pglogrepl.LSN
 
 // ParseTable parses "schema.table" or "table" (schema public). Names are
 // taken literally (case-sensitive, as PostgreSQL stores them).

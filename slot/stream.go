@@ -45,8 +45,8 @@ const (
 // until the next Receive: it points into the connection's read buffer.
 type Message struct {
 	Kind           MessageKind
-	WALStart       LSN // XLogData: position of the message's WAL record
-	ServerWALEnd   LSN // the server's WAL end when it sent the message
+	WALStart       decoder.LSN // XLogData: position of the message's WAL record
+	ServerWALEnd   decoder.LSN // the server's WAL end when it sent the message
 	ServerTime     time.Time
 	ReplyRequested bool   // Keepalive: reply now or be disconnected
 	Data           []byte // XLogData: the pgoutput message
@@ -75,7 +75,7 @@ type Stream struct {
 // Start opens a replication connection to url and starts streaming slot
 // from start (0 means the slot's confirmed position). PostgreSQL resumes
 // at the later of start and the slot's confirmed_flush_lsn.
-func Start(ctx context.Context, url string, start LSN, opts StreamOptions) (*Stream, error) {
+func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOptions) (*Stream, error) {
 	cfg, err := ReplicationConfig(url)
 	if err != nil {
 		return nil, err
@@ -207,8 +207,8 @@ func parseCopyData(b []byte) (Message, error) {
 		}
 		return Message{
 			Kind:         XLogData,
-			WALStart:     LSN(binary.BigEndian.Uint64(b[1:])),
-			ServerWALEnd: LSN(binary.BigEndian.Uint64(b[9:])),
+			WALStart:     decoder.LSN(binary.BigEndian.Uint64(b[1:])),
+			ServerWALEnd: decoder.LSN(binary.BigEndian.Uint64(b[9:])),
 			ServerTime:   decoder.PGTime(binary.BigEndian.Uint64(b[17:])),
 			Data:         b[25:],
 		}, nil
@@ -218,7 +218,7 @@ func parseCopyData(b []byte) (Message, error) {
 		}
 		return Message{
 			Kind:           Keepalive,
-			ServerWALEnd:   LSN(binary.BigEndian.Uint64(b[1:])),
+			ServerWALEnd:   decoder.LSN(binary.BigEndian.Uint64(b[1:])),
 			ServerTime:     decoder.PGTime(binary.BigEndian.Uint64(b[9:])),
 			ReplyRequested: b[17] != 0,
 		}, nil
@@ -243,7 +243,7 @@ func (s *Stream) Interrupt() {
 // Reporting the received position as written would look better in
 // pg_stat_replication, but the walsender only sends the keepalives that let
 // an idle slot advance while the reported write position is behind it.
-func (s *Stream) SendStatus(confirmed LSN, replyRequested bool) error {
+func (s *Stream) SendStatus(confirmed decoder.LSN, replyRequested bool) error {
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: confirmed,
 		WALFlushPosition: confirmed,

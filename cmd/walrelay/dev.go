@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/outbox"
@@ -147,11 +148,11 @@ func (c *devCmd) demo(ctx context.Context, url string, r *relay.Relay, pr *print
 		}
 		i += n
 	}
-	var target slot.LSN
+	var target decoder.LSN
 	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&target); err != nil {
 		return err
 	}
-	var confirmed slot.LSN
+	var confirmed decoder.LSN
 	err = devcluster.WaitFor(c.Timeout, 50*time.Millisecond, func() (bool, error) {
 		info, err := slot.ReadInfo(ctx, conn, c.Slot)
 		if err != nil {

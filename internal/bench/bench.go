@@ -22,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -190,8 +191,8 @@ func createSlot(ctx context.Context, conn *pgx.Conn, name string) error {
 	return err
 }
 
-func currentLSN(ctx context.Context, conn *pgx.Conn) (slot.LSN, error) {
-	var l slot.LSN
+func currentLSN(ctx context.Context, conn *pgx.Conn) (decoder.LSN, error) {
+	var l decoder.LSN
 	err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&l)
 	return l, err
 }
@@ -252,7 +253,7 @@ func (r *relay) stop() {
 }
 
 // waitConfirmed polls the slot until its confirmed_flush_lsn reaches end.
-func waitConfirmed(ctx context.Context, conn *pgx.Conn, slotName string, end slot.LSN, timeout time.Duration, alive func() error) error {
+func waitConfirmed(ctx context.Context, conn *pgx.Conn, slotName string, end decoder.LSN, timeout time.Duration, alive func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		info, err := slot.ReadInfo(ctx, conn, slotName)

@@ -8,8 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // setup is one measurement's infrastructure: a fresh database with an
@@ -108,7 +107,7 @@ func (s *setup) startRelay(ctx context.Context, delivery string) (int, error) {
 
 // waitRelayConfirmed waits until the relay's slot is confirmed at end, or
 // the relay exits.
-func (s *setup) waitRelayConfirmed(ctx context.Context, end slot.LSN) error {
+func (s *setup) waitRelayConfirmed(ctx context.Context, end decoder.LSN) error {
 	return waitConfirmed(ctx, s.conn, "relay", end, 30*time.Minute, func() error {
 		if s.relay.cmd.ProcessState != nil {
 			return errors.New("relay exited: " + s.relay.out.String())

@@ -23,8 +23,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/internal/kafkacluster"
-	"github.com/walrelay/walrelay/router"
 )
 
 // apacheOptions configures the package's Apache Kafka node: SCRAM and TLS
@@ -110,17 +110,17 @@ func TestApacheMaxMessageBytes(t *testing.T) {
 		case e.topic("small"):
 			inTopic = append(inTopic, string(r.Value))
 		case e.topic("dlq"):
-			reason, _ := header(r, router.HeaderReason)
+			reason, _ := header(r, deadletter.HeaderReason)
 			inDLQ = append(inDLQ, reason)
 		}
 	}
 	if len(inTopic) != 2 || inTopic[0] != `{"n": 1}` || inTopic[1] != `{"n": 3}` {
 		t.Errorf("topic holds %q, want the two small events in order", inTopic)
 	}
-	if len(inDLQ) != 1 || inDLQ[0] != string(router.ReasonTooLarge) {
-		t.Errorf("dead-letter topic holds reasons %q, want one %s", inDLQ, router.ReasonTooLarge)
+	if len(inDLQ) != 1 || inDLQ[0] != string(deadletter.ReasonTooLarge) {
+		t.Errorf("dead-letter topic holds reasons %q, want one %s", inDLQ, deadletter.ReasonTooLarge)
 	}
-	if got := gathered(reg, "walrelay_events_dead_lettered_total")[string(router.ReasonTooLarge)]; got != 1 {
+	if got := gathered(reg, "walrelay_events_dead_lettered_total")[string(deadletter.ReasonTooLarge)]; got != 1 {
 		t.Errorf("walrelay_events_dead_lettered_total{reason=record_too_large} = %v, want 1", got)
 	}
 	if ok, err := rr.returned(); ok {

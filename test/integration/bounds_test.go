@@ -15,8 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/deadletter"
 )
 
 // vmHWM is the peak resident set size of process pid, in bytes.
@@ -77,12 +76,12 @@ func TestHugeRowBoundedMemory(t *testing.T) {
 			if r.Topic != e.topicPrefix()+"dlq" {
 				t.Errorf("huge row on %s, want the dead-letter topic", r.Topic)
 			}
-			if got, _ := header(r, router.HeaderReason); got != string(router.ReasonTooLarge) {
-				t.Errorf("huge row reason %q, want %q", got, router.ReasonTooLarge)
+			if got, _ := header(r, deadletter.HeaderReason); got != string(deadletter.ReasonTooLarge) {
+				t.Errorf("huge row reason %q, want %q", got, deadletter.ReasonTooLarge)
 			}
-			size, _ := header(r, router.HeaderPayloadOmit)
+			size, _ := header(r, deadletter.HeaderPayloadOmit)
 			if n, _ := strconv.Atoi(size); n < payloadBytes {
-				t.Errorf("huge row %s = %q, want its size (at least %d)", router.HeaderPayloadOmit, size, payloadBytes)
+				t.Errorf("huge row %s = %q, want its size (at least %d)", deadletter.HeaderPayloadOmit, size, payloadBytes)
 			}
 			if len(r.Value) != 0 {
 				t.Errorf("huge row carries a %d-byte value", len(r.Value))
@@ -114,10 +113,10 @@ func TestTopicAllowlistAndMaxTopics(t *testing.T) {
 	_, reg := e.startRelayGathered(cfg)
 	rows := []struct{ id, agg, want string }{
 		{"00000000-0000-0000-0000-000000000001", "order", "order"},
-		{"00000000-0000-0000-0000-000000000002", "secret", string(router.ReasonTopicNotAllowed)},
+		{"00000000-0000-0000-0000-000000000002", "secret", string(deadletter.ReasonTopicNotAllowed)},
 		{"00000000-0000-0000-0000-000000000003", "payment", "payment"},
-		{"00000000-0000-0000-0000-000000000004", "invoice", string(router.ReasonTooManyTopics)},
-		{"00000000-0000-0000-0000-000000000005", "orderx", string(router.ReasonTopicNotAllowed)},
+		{"00000000-0000-0000-0000-000000000004", "invoice", string(deadletter.ReasonTooManyTopics)},
+		{"00000000-0000-0000-0000-000000000005", "orderx", string(deadletter.ReasonTopicNotAllowed)},
 		{"00000000-0000-0000-0000-000000000006", "order", "order"},
 	}
 	for _, r := range rows {
@@ -137,14 +136,14 @@ func TestTopicAllowlistAndMaxTopics(t *testing.T) {
 				t.Errorf("row %s (%s) on %s, want %s", r.id, r.agg, rec.Topic, e.topic(r.want))
 			}
 		default:
-			reason, _ := header(rec, router.HeaderReason)
+			reason, _ := header(rec, deadletter.HeaderReason)
 			if rec.Topic != e.topicPrefix()+"dlq" || reason != r.want {
 				t.Errorf("row %s (%s) on %s with reason %q, want the dead-letter topic with %q", r.id, r.agg, rec.Topic, reason, r.want)
 			}
 		}
 	}
 	dl := gathered(reg, "walrelay_events_dead_lettered_total")
-	if dl[string(router.ReasonTopicNotAllowed)] != 2 || dl[string(router.ReasonTooManyTopics)] != 1 {
+	if dl[string(deadletter.ReasonTopicNotAllowed)] != 2 || dl[string(deadletter.ReasonTooManyTopics)] != 1 {
 		t.Errorf("dead-lettered by reason = %v", dl)
 	}
 	adm := kadm.NewClient(c.client)
@@ -202,13 +201,13 @@ func TestTopicRefusedIsDeadLettered(t *testing.T) {
 			})
 			for _, r := range rows {
 				rec := byID[r.id]
-				reason, _ := header(rec, router.HeaderReason)
+				reason, _ := header(rec, deadletter.HeaderReason)
 				if r.agg == "order" {
 					if rec.Topic != e.topic("order") {
 						t.Errorf("row %s on %s, want %s", r.id, rec.Topic, e.topic("order"))
 					}
-				} else if rec.Topic != e.topicPrefix()+"dlq" || reason != string(router.ReasonTopicRejected) {
-					t.Errorf("row %s (%s) on %s with reason %q, want the dead-letter topic with %q", r.id, r.agg, rec.Topic, reason, router.ReasonTopicRejected)
+				} else if rec.Topic != e.topicPrefix()+"dlq" || reason != string(deadletter.ReasonTopicRejected) {
+					t.Errorf("row %s (%s) on %s with reason %q, want the dead-letter topic with %q", r.id, r.agg, rec.Topic, reason, deadletter.ReasonTopicRejected)
 				}
 			}
 			if ok, err := rr.returned(); ok {

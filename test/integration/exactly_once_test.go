@@ -30,8 +30,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/slot"
 )
 
 // TestExactlyOnceKills runs 8 paced writers (30,000 events in transactions
@@ -537,7 +537,7 @@ func TestExactlyOnceConfirmAfterCommit(t *testing.T) {
 	})
 
 	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.CoordinatorLoadInProgress, Count: -1})
-	var bound slot.LSN // at or after the end of the first transaction written during the hold
+	var bound decoder.LSN // at or after the end of the first transaction written during the hold
 	for i := 1; i <= 20; i++ {
 		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', jsonb_build_object('seq', $1::int), $1)`, i)
 		if i == 1 {
@@ -827,7 +827,7 @@ func (e *env) waitSlotStreamed(timeout time.Duration) {
 // committed Kafka transaction), then until the consumers have read
 // everything written so far (a fence): a late duplicate would be read by
 // then.
-func (e *env) settle(end slot.LSN, cs ...*eosConsumer) {
+func (e *env) settle(end decoder.LSN, cs ...*eosConsumer) {
 	e.t.Helper()
 	e.waitFor("slot confirmed past the end of the writes", 90*time.Second, func() (bool, error) {
 		got := e.slotInfo().ConfirmedLSN

@@ -392,9 +392,9 @@ func (e *env) slotInfo() slot.Info {
 }
 
 // currentLSN is the server's WAL insert position.
-func (e *env) currentLSN(c *pgx.Conn) slot.LSN {
+func (e *env) currentLSN(c *pgx.Conn) decoder.LSN {
 	e.t.Helper()
-	var l slot.LSN
+	var l decoder.LSN
 	if err := c.QueryRow(e.ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&l); err != nil {
 		e.t.Fatal(err)
 	}
@@ -404,9 +404,9 @@ func (e *env) currentLSN(c *pgx.Conn) slot.LSN {
 // writeNoiseFor writes to the table noise (which the test created) for d:
 // the walsender decodes it, finds nothing to send and reports its position
 // in keepalives. It returns the highest confirmed_flush_lsn seen meanwhile.
-func (e *env) writeNoiseFor(conn *pgx.Conn, d time.Duration) slot.LSN {
+func (e *env) writeNoiseFor(conn *pgx.Conn, d time.Duration) decoder.LSN {
 	e.t.Helper()
-	var maxConfirmed slot.LSN
+	var maxConfirmed decoder.LSN
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
 		if _, err := conn.Exec(e.ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 200)`); err != nil {
 			e.t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -61,7 +62,7 @@ func noise(ctx context.Context, t *testing.T, url string) *sync.WaitGroup {
 type slotTrace struct {
 	mu      sync.Mutex
 	moves   []time.Time
-	last    slot.LSN
+	last    decoder.LSN
 	samples int
 
 	stopOnce sync.Once

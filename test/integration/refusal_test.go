@@ -29,8 +29,9 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/walrelay/walrelay/deadletter"
+	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -270,10 +271,10 @@ func TestInvalidEventsDeadLettered(t *testing.T) {
 		aggType    *string
 		aggID      *string
 		payload    string
-		reason     router.Reason // "" for a valid event
-		topic      string        // valid events
+		reason     deadletter.Reason // "" for a valid event
+		topic      string            // valid events
 		id         string
-		from, upTo slot.LSN
+		from, upTo decoder.LSN
 	}
 	str := func(s string) *string { return &s }
 	agg := str("agg-1")
@@ -283,15 +284,15 @@ func TestInvalidEventsDeadLettered(t *testing.T) {
 	}
 	rows = append(rows,
 		valid(0),
-		&row{name: "NULL aggregate_type", aggType: nil, aggID: agg, payload: `{"bad": "null type"}`, reason: router.ReasonNoAggregateType},
+		&row{name: "NULL aggregate_type", aggType: nil, aggID: agg, payload: `{"bad": "null type"}`, reason: deadletter.ReasonNoAggregateType},
 		valid(1),
-		&row{name: "empty aggregate_type", aggType: str(""), aggID: agg, payload: `{"bad": "empty type"}`, reason: router.ReasonNoAggregateType},
+		&row{name: "empty aggregate_type", aggType: str(""), aggID: agg, payload: `{"bad": "empty type"}`, reason: deadletter.ReasonNoAggregateType},
 		valid(2),
-		&row{name: "invalid topic name", aggType: str("bad type!"), aggID: agg, payload: `{"bad": "topic"}`, reason: router.ReasonInvalidTopic},
+		&row{name: "invalid topic name", aggType: str("bad type!"), aggID: agg, payload: `{"bad": "topic"}`, reason: deadletter.ReasonInvalidTopic},
 		valid(3),
-		&row{name: "NULL aggregate_id", aggType: str("order"), aggID: nil, payload: `{"bad": "null id"}`, reason: router.ReasonNoAggregateID},
+		&row{name: "NULL aggregate_id", aggType: str("order"), aggID: nil, payload: `{"bad": "null id"}`, reason: deadletter.ReasonNoAggregateID},
 		valid(4),
-		&row{name: "over the topic's limit", aggType: str("big"), aggID: agg, payload: tooBig, reason: router.ReasonTooLarge},
+		&row{name: "over the topic's limit", aggType: str("big"), aggID: agg, payload: tooBig, reason: deadletter.ReasonTooLarge},
 		valid(5),
 		&row{name: "just under the topic's limit", aggType: str("big"), aggID: agg, payload: fits, topic: e.topic("big")},
 		valid(6),
@@ -340,27 +341,27 @@ func TestInvalidEventsDeadLettered(t *testing.T) {
 			t.Errorf("%s: on topic %q, want the dead-letter topic %q", r.name, rec.Topic, dlq)
 			continue
 		}
-		if got, _ := header(rec, router.HeaderReason); got != string(r.reason) {
-			t.Errorf("%s: %s = %q, want %q", r.name, router.HeaderReason, got, r.reason)
+		if got, _ := header(rec, deadletter.HeaderReason); got != string(r.reason) {
+			t.Errorf("%s: %s = %q, want %q", r.name, deadletter.HeaderReason, got, r.reason)
 		}
-		if got, _ := header(rec, router.HeaderTable); got != "public.outbox" {
-			t.Errorf("%s: %s = %q, want public.outbox", r.name, router.HeaderTable, got)
+		if got, _ := header(rec, deadletter.HeaderTable); got != "public.outbox" {
+			t.Errorf("%s: %s = %q, want public.outbox", r.name, deadletter.HeaderTable, got)
 		}
-		if d, _ := header(rec, router.HeaderDetail); d == "" {
-			t.Errorf("%s: no %s header", r.name, router.HeaderDetail)
+		if d, _ := header(rec, deadletter.HeaderDetail); d == "" {
+			t.Errorf("%s: no %s header", r.name, deadletter.HeaderDetail)
 		}
-		lsnText, _ := header(rec, router.HeaderLSN)
+		lsnText, _ := header(rec, deadletter.HeaderLSN)
 		if lsn, err := slot.ParseLSN(lsnText); err != nil || lsn == 0 {
-			t.Errorf("%s: %s = %q: %v", r.name, router.HeaderLSN, lsnText, err)
+			t.Errorf("%s: %s = %q: %v", r.name, deadletter.HeaderLSN, lsnText, err)
 		} else if lsn < r.from || lsn > r.upTo {
-			t.Errorf("%s: %s = %s, outside the WAL its transaction wrote [%s, %s]", r.name, router.HeaderLSN, lsn, r.from, r.upTo)
+			t.Errorf("%s: %s = %s, outside the WAL its transaction wrote [%s, %s]", r.name, deadletter.HeaderLSN, lsn, r.from, r.upTo)
 		}
 		if r.aggID != nil && string(rec.Key) != *r.aggID {
 			t.Errorf("%s: dead-letter key %q, want the aggregate id %q", r.name, rec.Key, *r.aggID)
 		}
-		if r.reason == router.ReasonInvalidTopic {
-			if got, _ := header(rec, router.HeaderTopic); got != e.topic("bad type!") {
-				t.Errorf("%s: %s = %q, want %q", r.name, router.HeaderTopic, got, e.topic("bad type!"))
+		if r.reason == deadletter.ReasonInvalidTopic {
+			if got, _ := header(rec, deadletter.HeaderTopic); got != e.topic("bad type!") {
+				t.Errorf("%s: %s = %q, want %q", r.name, deadletter.HeaderTopic, got, e.topic("bad type!"))
 			}
 		}
 	}
@@ -377,7 +378,7 @@ func TestInvalidEventsDeadLettered(t *testing.T) {
 	}
 
 	got := gathered(reg, "walrelay_events_dead_lettered_total")
-	for _, reason := range router.Reasons() {
+	for _, reason := range deadletter.Reasons() {
 		if got[string(reason)] != wantCounts[string(reason)] {
 			t.Errorf("walrelay_events_dead_lettered_total{reason=%q} = %v, want %v", reason, got[string(reason)], wantCounts[string(reason)])
 		}
@@ -436,12 +437,12 @@ func TestOnInvalidFailAndSkip(t *testing.T) {
 		}
 		var line string
 		for _, l := range strings.Split(out, "\n") {
-			if strings.Contains(l, string(router.ReasonNoAggregateID)) && strings.Contains(l, bad) {
+			if strings.Contains(l, string(deadletter.ReasonNoAggregateID)) && strings.Contains(l, bad) {
 				line = l
 			}
 		}
 		if line == "" {
-			t.Errorf("no output line names reason %s and id %s:\n%s", router.ReasonNoAggregateID, bad, out)
+			t.Errorf("no output line names reason %s and id %s:\n%s", deadletter.ReasonNoAggregateID, bad, out)
 		}
 		e.fence("", c) // what the stopped relay published is read by now
 		for _, r := range c.records() {
@@ -461,8 +462,8 @@ func TestOnInvalidFailAndSkip(t *testing.T) {
 		}
 		if r := byID[bad]; r == nil || r.Topic != e.topicPrefix()+"dlq" {
 			t.Errorf("invalid row %s after restart with dlq: %v, want on the dead-letter topic", bad, r)
-		} else if reason, _ := header(r, router.HeaderReason); reason != string(router.ReasonNoAggregateID) {
-			t.Errorf("dead-letter reason %q, want %s", reason, router.ReasonNoAggregateID)
+		} else if reason, _ := header(r, deadletter.HeaderReason); reason != string(deadletter.ReasonNoAggregateID) {
+			t.Errorf("dead-letter reason %q, want %s", reason, deadletter.ReasonNoAggregateID)
 		}
 		if r := byID[after]; r == nil || r.Topic != e.topic("o") {
 			t.Errorf("event %s after the invalid row: %v, want on %s", after, r, e.topic("o"))
@@ -506,7 +507,7 @@ func TestOnInvalidFailAndSkip(t *testing.T) {
 		if want := []string{v1, v2, v3}; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("delivered %v, want %v", got, want)
 		}
-		series := fmt.Sprintf(`walrelay_events_dead_lettered_total{reason=%q}`, router.ReasonNoAggregateID)
+		series := fmt.Sprintf(`walrelay_events_dead_lettered_total{reason=%q}`, deadletter.ReasonNoAggregateID)
 		var body string
 		e.waitFor("skipped event counted", 30*time.Second, func() (bool, error) {
 			resp, err := http.Get("http://" + addr + "/metrics")

@@ -283,7 +283,7 @@ func TestAckGating(t *testing.T) {
 	})
 
 	fault := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
-	var firstUnacked slot.LSN // an upper bound of the end LSN of the first refused transaction
+	var firstUnacked decoder.LSN // an upper bound of the end LSN of the first refused transaction
 	for i := 1; i <= 5; i++ {
 		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('o', 'k', 'T', jsonb_build_object('n', $1::int))`, i)
 		if i == 1 {

@@ -17,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/walrelay/walrelay/deadletter"
+	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -39,7 +41,7 @@ func TestSchemaChangeWhileRunning(t *testing.T) {
 		id         string
 		unmappable bool
 		hasAggID   bool
-		from, upTo slot.LSN
+		from, upTo decoder.LSN
 	}
 	var rows []*row
 	insert := func(phase, sql string, unmappable, hasAggID bool) {
@@ -100,22 +102,22 @@ func TestSchemaChangeWhileRunning(t *testing.T) {
 				t.Errorf("%s: row %s on %s, want the dead-letter topic", r.phase, r.id, rec.Topic)
 				continue
 			}
-			if got, _ := header(rec, router.HeaderReason); got != string(router.ReasonUnmappable) {
-				t.Errorf("%s: %s = %q, want %q", r.phase, router.HeaderReason, got, router.ReasonUnmappable)
+			if got, _ := header(rec, deadletter.HeaderReason); got != string(deadletter.ReasonUnmappable) {
+				t.Errorf("%s: %s = %q, want %q", r.phase, deadletter.HeaderReason, got, deadletter.ReasonUnmappable)
 			}
-			if d, _ := header(rec, router.HeaderDetail); !strings.Contains(d, "public.outbox") {
-				t.Errorf("%s: %s = %q does not name the table", r.phase, router.HeaderDetail, d)
+			if d, _ := header(rec, deadletter.HeaderDetail); !strings.Contains(d, "public.outbox") {
+				t.Errorf("%s: %s = %q does not name the table", r.phase, deadletter.HeaderDetail, d)
 			}
-			aggID, ok := header(rec, router.HeaderAggregateID)
+			aggID, ok := header(rec, deadletter.HeaderAggregateID)
 			if r.hasAggID && aggID != "agg-1" {
-				t.Errorf("%s: %s = %q, want agg-1", r.phase, router.HeaderAggregateID, aggID)
+				t.Errorf("%s: %s = %q, want agg-1", r.phase, deadletter.HeaderAggregateID, aggID)
 			}
 			if !r.hasAggID && ok {
-				t.Errorf("%s: %s = %q for a row whose table had no aggregate_id", r.phase, router.HeaderAggregateID, aggID)
+				t.Errorf("%s: %s = %q for a row whose table had no aggregate_id", r.phase, deadletter.HeaderAggregateID, aggID)
 			}
-			lsnText, _ := header(rec, router.HeaderLSN)
+			lsnText, _ := header(rec, deadletter.HeaderLSN)
 			if lsn, err := slot.ParseLSN(lsnText); err != nil || lsn < r.from || lsn > r.upTo {
-				t.Errorf("%s: %s = %q (%v), want inside the WAL its transaction wrote [%s, %s]", r.phase, router.HeaderLSN, lsnText, err, r.from, r.upTo)
+				t.Errorf("%s: %s = %q (%v), want inside the WAL its transaction wrote [%s, %s]", r.phase, deadletter.HeaderLSN, lsnText, err, r.from, r.upTo)
 			}
 		}
 	}
@@ -128,7 +130,7 @@ func TestSchemaChangeWhileRunning(t *testing.T) {
 	if fmt.Sprint(gotOrder) != fmt.Sprint(wantOrder) {
 		t.Errorf("rows on %s in order %v, want %v", e.topic("order"), gotOrder, wantOrder)
 	}
-	if got := gathered(reg, "walrelay_events_dead_lettered_total")[string(router.ReasonUnmappable)]; got != float64(unmappable) {
+	if got := gathered(reg, "walrelay_events_dead_lettered_total")[string(deadletter.ReasonUnmappable)]; got != float64(unmappable) {
 		t.Errorf("walrelay_events_dead_lettered_total{reason=unmappable} = %v, want %d", got, unmappable)
 	}
 	if restarts := gathered(reg, "walrelay_stream_restarts_total"); len(restarts) != 0 {
@@ -164,12 +166,12 @@ func TestSchemaChangeOnInvalidFail(t *testing.T) {
 		ok, err = rr.returned()
 		return ok, nil
 	})
-	var ie *router.InvalidEventError
+	var ie *deadletter.InvalidEventError
 	if !errors.As(err, &ie) {
 		t.Fatalf("Run returned %v, want an *InvalidEventError", err)
 	}
-	if ie.Reason != router.ReasonUnmappable || ie.ID != id || ie.LSN < from || ie.LSN > upTo {
-		t.Errorf("error %+v: want reason %s, id %s, LSN in [%s, %s]", *ie, router.ReasonUnmappable, id, from, upTo)
+	if ie.Reason != deadletter.ReasonUnmappable || ie.ID != id || ie.LSN < from || ie.LSN > upTo {
+		t.Errorf("error %+v: want reason %s, id %s, LSN in [%s, %s]", *ie, deadletter.ReasonUnmappable, id, from, upTo)
 	}
 	if msg := err.Error(); strings.Contains(msg, "0/0") || !strings.Contains(msg, ie.LSN.String()) || !strings.Contains(msg, `"payload"`) {
 		t.Errorf("error %q: want the row's LSN (never 0/0) and the missing column", msg)
@@ -229,11 +231,11 @@ func TestDeadLetterOverDeadLetterTopicLimit(t *testing.T) {
 			if rec.Value != nil {
 				t.Errorf("dead-letter value of %d bytes, want none: it does not fit the topic's %d", len(rec.Value), dlqLimit)
 			}
-			if got, _ := header(rec, router.HeaderPayloadOmit); got != fmt.Sprint(len(payload)) {
-				t.Errorf("%s = %q, want %d", router.HeaderPayloadOmit, got, len(payload))
+			if got, _ := header(rec, deadletter.HeaderPayloadOmit); got != fmt.Sprint(len(payload)) {
+				t.Errorf("%s = %q, want %d", deadletter.HeaderPayloadOmit, got, len(payload))
 			}
-			if got, _ := header(rec, router.HeaderReason); got != string(router.ReasonNoAggregateID) {
-				t.Errorf("%s = %q, want %s", router.HeaderReason, got, router.ReasonNoAggregateID)
+			if got, _ := header(rec, deadletter.HeaderReason); got != string(deadletter.ReasonNoAggregateID) {
+				t.Errorf("%s = %q, want %s", deadletter.HeaderReason, got, deadletter.ReasonNoAggregateID)
 			}
 		case good:
 			if rec.Topic != e.topic("order") {

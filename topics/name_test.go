@@ -1,4 +1,4 @@
-package router
+package topics
 
 import (
 	"strings"
@@ -66,11 +66,11 @@ func TestParseTemplate(t *testing.T) {
 // dead-lettering every event.
 func TestParseTemplateRejectsInvalidStaticParts(t *testing.T) {
 	for _, in := range []string{
-		"outbox event.{aggregate_type}",                        // space
-		"outbox/{aggregate_type}",                              // slash
-		"é.{aggregate_type}",                                   // non-ASCII
-		strings.Repeat("a", 249) + "{aggregate_type}",          // no room left for any aggregate type
-		"{aggregate_type}." + strings.Repeat("b", maxTopicLen), // same, in the suffix
+		"outbox event.{aggregate_type}",                       // space
+		"outbox/{aggregate_type}",                             // slash
+		"é.{aggregate_type}",                                  // non-ASCII
+		strings.Repeat("a", 249) + "{aggregate_type}",         // no room left for any aggregate type
+		"{aggregate_type}." + strings.Repeat("b", maxNameLen), // same, in the suffix
 	} {
 		if tmpl, err := ParseTemplate(in); err == nil {
 			t.Errorf("ParseTemplate(%q) = %+v, nil; want an error (no event can ever get a valid topic)", in, tmpl)
@@ -110,9 +110,9 @@ func TestTemplateTopic(t *testing.T) {
 	}
 }
 
-// TestValidTopic proves that ValidTopic accepts exactly Kafka's topic names:
+// TestValidName proves that ValidName accepts exactly Kafka's topic names:
 // 1 to 249 characters of [a-zA-Z0-9._-], except "." and "..".
-func TestValidTopic(t *testing.T) {
+func TestValidName(t *testing.T) {
 	tests := []struct {
 		name  string
 		topic string
@@ -149,34 +149,34 @@ func TestValidTopic(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := ValidTopic(tt.topic)
+			err := ValidName(tt.topic)
 			if tt.ok && err != nil {
-				t.Fatalf("ValidTopic(%q) = %v; want nil", tt.topic, err)
+				t.Fatalf("ValidName(%q) = %v; want nil", tt.topic, err)
 			}
 			if !tt.ok && err == nil {
-				t.Fatalf("ValidTopic(%q) = nil; want an error", tt.topic)
+				t.Fatalf("ValidName(%q) = nil; want an error", tt.topic)
 			}
 		})
 	}
 }
 
-// TestValidTopicEveryByte proves the character class byte by byte: every
+// TestValidNameEveryByte proves the character class byte by byte: every
 // byte value is accepted alone exactly when it is in [a-zA-Z0-9._-] and
 // the name is not ".".
-func TestValidTopicEveryByte(t *testing.T) {
+func TestValidNameEveryByte(t *testing.T) {
 	allowed := "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 	for c := 0; c < 256; c++ {
 		name := "x" + string([]byte{byte(c)}) // "x" prefix keeps "." from being the whole name
 		want := strings.IndexByte(allowed, byte(c)) >= 0
-		if got := ValidTopic(name) == nil; got != want {
-			t.Errorf("ValidTopic(%q) ok = %v; want %v", name, got, want)
+		if got := ValidName(name) == nil; got != want {
+			t.Errorf("ValidName(%q) ok = %v; want %v", name, got, want)
 		}
 	}
 }
 
-// TestValidTopicQuotesTheCharacter checks that the error names the
+// TestValidNameQuotesTheCharacter checks that the error names the
 // offending character as the writer typed it, not its first UTF-8 byte.
-func TestValidTopicQuotesTheCharacter(t *testing.T) {
+func TestValidNameQuotesTheCharacter(t *testing.T) {
 	tests := []struct{ topic, want string }{
 		{"order.заказ", `character 'з'`},
 		{"café", `character 'é'`},
@@ -184,9 +184,9 @@ func TestValidTopicQuotesTheCharacter(t *testing.T) {
 		{"bad\xffutf8", `byte 0xff`},
 	}
 	for _, tt := range tests {
-		err := ValidTopic(tt.topic)
+		err := ValidName(tt.topic)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("ValidTopic(%q) = %v; want an error containing %s", tt.topic, err, tt.want)
+			t.Errorf("ValidName(%q) = %v; want an error containing %s", tt.topic, err, tt.want)
 		}
 	}
 }

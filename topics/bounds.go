@@ -1,0 +1,108 @@
+package topics
+
+// The topic of an event comes from a column applications write, so
+// without bounds a writer chooses how many topics the relay creates and
+// how many metric series it exports. Here: an allowlist (ParseAllow), a
+// cap on the event topics used and a cap on the per-topic metric series
+// (the rest count under OtherLabel), kept in a Set.
+//
+// What is learned is kept in a Set that outlives a producer: the relay
+// replaces its router after a Kafka failure, and the bounds must hold for
+// the process, not per router.
+
+import (
+	"fmt"
+	"regexp"
+	"sync"
+)
+
+// DefaultMaxTopics is the default bound on the event topics a relay uses
+// (router.Config.MaxTopics). An outbox's topics follow the aggregate types
+// of a domain model: tens, rarely hundreds. A thousand leaves room for
+// that while stopping a runaway writer long before the topics, partitions
+// and producer buffers it would create burden the cluster.
+const DefaultMaxTopics = 1000
+
+// DefaultMaxSeries is the default bound on the topics with their own
+// metric series (router.Config.MaxTopicSeries): enough for every topic of
+// a usual outbox, few enough for any Prometheus.
+const DefaultMaxSeries = 100
+
+// OtherLabel is the topic label of events published to topics past the
+// series bound.
+const OtherLabel = "other"
+
+// Set is what a relay remembers about topics across producers: the event
+// topics used (for the topic bound), the topics with their own metric
+// series, and the topics Kafka refused for good. It is safe for concurrent
+// use; its size is bounded by the two bounds passed to Use and Label.
+type Set struct {
+	mu      sync.Mutex
+	used    map[string]bool
+	series  map[string]bool
+	refused map[string]string // topic → why
+}
+
+// NewSet returns an empty Set.
+func NewSet() *Set {
+	return &Set{used: map[string]bool{}, series: map[string]bool{}, refused: map[string]string{}}
+}
+
+// Use records name as an event topic; false when that would exceed max
+// (max < 0: no limit). A topic used once stays usable.
+func (s *Set) Use(name string, max int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used[name] {
+		return true
+	}
+	if max >= 0 && len(s.used) >= max {
+		return false
+	}
+	s.used[name] = true
+	return true
+}
+
+// Label is the metric label of topic name: itself while fewer than max
+// topics have their own series (max < 0: no limit), else OtherLabel.
+func (s *Set) Label(name string, max int) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.series[name] {
+		return name
+	}
+	if max >= 0 && len(s.series) >= max {
+		return OtherLabel
+	}
+	s.series[name] = true
+	return name
+}
+
+// Refuse remembers that Kafka refused topic name for good, and why: later
+// producers dead-letter its events without trying it again.
+func (s *Set) Refuse(name, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refused[name] = why
+}
+
+// Refusal is why Kafka refused topic name for good, or "".
+func (s *Set) Refusal(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused[name]
+}
+
+// ParseAllow compiles a topic allowlist (router.Config.TopicAllow),
+// anchored at both ends so that "orders|payments" cannot match
+// "orders-secret"; nil for "" (every topic allowed).
+func ParseAllow(expr string) (*regexp.Regexp, error) {
+	if expr == "" {
+		return nil, nil
+	}
+	re, err := regexp.Compile(`^(?:` + expr + `)$`)
+	if err != nil {
+		return nil, fmt.Errorf("topic allowlist %q: %w", expr, err)
+	}
+	return re, nil
+}
