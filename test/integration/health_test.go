@@ -195,7 +195,10 @@ func TestQuietOutboxBusyDatabase(t *testing.T) {
 				if moves > 0 {
 					t.Errorf("confirmed_flush_lsn moved %d times with idle advance and heartbeats off", moves)
 				}
-				if atEnd.RestartLSN != startRestart || atEnd.RetainedWALBytes < written*9/10 {
+				// restart_lsn may still settle once after the relay's first
+				// status update (which may land after startRestart was
+				// read), but never past the WAL written under the test.
+				if atEnd.RestartLSN > max(startRestart, startLSN) || atEnd.RetainedWALBytes < written*9/10 {
 					t.Errorf("control run: retained %d bytes of %d written; want the slot to hold it all", atEnd.RetainedWALBytes, written)
 				}
 				return
