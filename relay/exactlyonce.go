@@ -108,6 +108,10 @@ type exactlyOnce struct {
 	systemID string // the PostgreSQL system identifier, written in every checkpoint
 	key      []byte // checkpoint record key: the slot name
 
+	// A Kafka transaction commits as soon as the stream runs dry at a
+	// PostgreSQL transaction boundary (Idle), so a commit is visible
+	// within a Kafka round trip at low rates; under load the stream never
+	// runs dry between commits and the transactions grow. These bound it.
 	maxEvents   int           // commit once the Kafka transaction holds this many events
 	maxInterval time.Duration // or is this old
 
@@ -163,7 +167,23 @@ func (e *exactlyOnce) Tick(now time.Time) error {
 	return nil
 }
 
-func (e *exactlyOnce) Busy() bool                      { return e.p.KafkaTxnOpen() }
+func (e *exactlyOnce) Busy() bool { return e.p.KafkaTxnOpen() }
+
+// WantsIdle is true between PostgreSQL transactions while a Kafka
+// transaction is open: it commits as soon as nothing more is waiting.
+func (e *exactlyOnce) WantsIdle() bool { return !e.inPG && e.p.KafkaTxnOpen() }
+
+// Idle commits the open Kafka transaction when it ends at a PostgreSQL
+// transaction boundary: nothing more is there to join it, so waiting for
+// the interval would only delay it. Mid-transaction it waits for the rest
+// (or the bounds). The commit is synchronous, so at most one is in flight;
+// what arrives meanwhile waits in the socket and joins the next one.
+func (e *exactlyOnce) Idle() error {
+	if e.WantsIdle() {
+		return e.commit()
+	}
+	return nil
+}
 func (e *exactlyOnce) Flush(ctx context.Context) error { return e.p.Flush(ctx) }
 func (e *exactlyOnce) Inflight() int64                 { return e.p.Inflight() }
 

@@ -25,6 +25,12 @@ var errServerSilent = errors.New("replication connection silent")
 // confirm them promptly once acknowledged.
 const tick = 50 * time.Millisecond
 
+// expired is a Receive deadline already past: Receive returns a message
+// only when one is complete in the read buffers, else slot.ErrTimeout at
+// once, which tells the delivery the stream ran dry (delivery.WantsIdle).
+// One constant, so that consecutive probes do not re-arm the socket.
+var expired = time.Unix(1, 0)
+
 // stream is what a session uses of *slot.Stream.
 type stream interface {
 	// Receive returns the next message, slot.ErrTimeout at deadline, or
@@ -173,6 +179,10 @@ func (s *session) loop() error {
 			if err := s.d.Tick(time.Now()); err != nil {
 				return err
 			}
+			// Nothing complete to read right now.
+			if err := s.d.Idle(); err != nil {
+				return err
+			}
 			continue
 		case errors.Is(err, slot.ErrInterrupted):
 			continue // the checks at the top say why
@@ -209,8 +219,12 @@ func (s *session) loop() error {
 
 // deadline is when Receive should give the loop a chance to send a status
 // update: soon while transactions are in flight or a new position waits to
-// be confirmed, else at the next periodic update.
+// be confirmed, else at the next periodic update; at once when the delivery
+// waits for the stream to run dry.
 func (s *session) deadline() time.Time {
+	if s.d.WantsIdle() {
+		return expired
+	}
 	d := s.status.Next()
 	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || s.d.Busy() {
 		d = s.nextTick
