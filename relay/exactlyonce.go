@@ -25,9 +25,9 @@ type resumePoint struct {
 }
 
 // readCheckpoint reads the newest committed checkpoint of the slot. It runs
-// before the stream starts: the router's InitTransactions already fenced
-// any older producer, so the checkpoint cannot move any more, and a stream
-// left unread meanwhile would make the walsender wait for us.
+// once the slot is held and before the stream is read: initTransactions
+// already fenced any older producer, so the checkpoint cannot move any
+// more (answeringServer keeps the walsender content meanwhile).
 func (r *Relay) readCheckpoint(ctx context.Context, rt *router.Router) (resumePoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

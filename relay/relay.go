@@ -487,17 +487,8 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		rt.Close()
 		return nil, err
 	}
-	if r.cfg.ExactlyOnce {
-		// Fence any older relay holding the transactional id now: from
-		// here on it cannot commit, so the checkpoint read later is final.
-		if err := rt.InitTransactions(ctx); err != nil {
-			rt.Close()
-			if errors.Is(err, router.ErrFenced) || kafkaConfigError(err) {
-				return nil, &fatalError{err}
-			}
-			return nil, err
-		}
-	}
+	// With exactly-once delivery the transactional id is taken only once
+	// the slot is held (initTransactions): a standby fences nobody.
 	return rt, nil
 }
 

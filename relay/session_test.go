@@ -726,3 +726,29 @@ func TestExactlyOnceRefusesAForeignCheckpoint(t *testing.T) {
 func slotSystem(id string, walEnd decoder.LSN) pglogrepl.IdentifySystemResult {
 	return pglogrepl.IdentifySystemResult{SystemID: id, XLogPos: walEnd}
 }
+
+func TestAnsweringServerSendsStatusWhileKafkaIsSlow(t *testing.T) {
+	// Exactly-once takes the transactional id and reads the checkpoint with
+	// the slot held and its stream unread: the walsender must keep hearing
+	// from the relay meanwhile, or it drops it after wal_sender_timeout.
+	cfg := validConfig()
+	cfg.StatusInterval, cfg.ConfirmDelay = 10*time.Millisecond, time.Millisecond
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStream()
+	err = r.answeringServer(st, start, func() error {
+		// Slow Kafka: returns once the server heard from us twice.
+		waitFor(t, "status updates during the Kafka work", func() bool { return len(st.updates()) >= 2 })
+		return errors.New("kafka answered")
+	})
+	if err == nil || err.Error() != "kafka answered" {
+		t.Fatalf("answeringServer returned %v, want f's error", err)
+	}
+	for _, u := range st.updates() {
+		if u.lsn != start {
+			t.Fatalf("status update %+v, want the start position %d", u, start)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -28,10 +30,8 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	if err != nil {
 		return err
 	}
-	open, err := r.prepareDelivery(ctx, rt)
-	if err != nil {
-		return err
-	}
+	// The slot first, Kafka's transactional id after: a relay that finds
+	// the slot busy waits as a standby without fencing the active one.
 	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
 		// Heartbeat messages come through the stream as markers (pgoutput
@@ -47,6 +47,11 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return err
 	}
 	r.slotSeen = true
+	open, err := r.prepareDelivery(ctx, rt, stream, start)
+	if err != nil {
+		stream.Close(context.Background())
+		return err
+	}
 	// A mapped value over the record limit could never be produced: the
 	// decoder leaves it out instead of copying it (the event is then
 	// dead-lettered as too large).
@@ -68,16 +73,26 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 // what the stream's IDENTIFY_SYSTEM reported, s the session it serves.
 type openDelivery func(sys pglogrepl.IdentifySystemResult, s *session) (delivery, error)
 
-// prepareDelivery does what the delivery mode needs before the stream
-// starts (exactly-once: read the checkpoint), and returns how to make the
-// session's delivery after. It is the one place that tells the modes apart.
-func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router) (openDelivery, error) {
+// prepareDelivery does what the delivery mode needs once the slot is
+// held and before the stream is read (exactly-once: take the
+// transactional id, fencing any older relay, and read the checkpoint), and
+// returns how to make the session's delivery after. It is the one place
+// that tells the modes apart.
+func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st stream, start decoder.LSN) (openDelivery, error) {
 	if !r.cfg.ExactlyOnce {
 		return func(_ pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
 			return newAtLeastOnce(rt, s.wait), nil
 		}, nil
 	}
-	resume, err := r.readCheckpoint(ctx, rt)
+	var resume resumePoint
+	err := r.answeringServer(st, start, func() error {
+		if err := r.initTransactions(ctx, rt); err != nil {
+			return err
+		}
+		var err error
+		resume, err = r.readCheckpoint(ctx, rt)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -129,4 +144,45 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	// slot never heard of: start after them (PostgreSQL skips transactions
 	// that end before the requested start) and confirm them at once.
 	return max(info.ConfirmedLSN, decoder.LSN(r.acked.Load())), version, nil
+}
+
+// answeringServer runs f while the stream, just started and not read yet,
+// sends a status update (confirming start, which the session confirms
+// first anyway) every StatusInterval: the walsender disconnects a client
+// silent for wal_sender_timeout, and taking the transactional id and
+// reading the checkpoint wait on Kafka. Only writes: what the server sends
+// meanwhile waits in the socket for the session.
+func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) error {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(r.cfg.StatusInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := st.SendStatus(start, false); err != nil {
+					return // the session's first Receive fails on the same connection
+				}
+			}
+		}
+	})
+	err := f()
+	close(done)
+	wg.Wait()
+	return err
+}
+
+// initTransactions takes the transactional id once this relay holds the
+// slot: it fences any older relay that still holds the id (one that lost
+// the slot without noticing), so the checkpoint read after is final. A
+// standby never gets here, so it fences nobody.
+func (r *Relay) initTransactions(ctx context.Context, rt *router.Router) error {
+	err := rt.InitTransactions(ctx)
+	if err != nil && (errors.Is(err, router.ErrFenced) || kafkaConfigError(err)) {
+		return &fatalError{err}
+	}
+	return err
 }
