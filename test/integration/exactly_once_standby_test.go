@@ -15,8 +15,9 @@ import (
 // exactly-once mode, as two supervised relays would, while 8 writers
 // commit 12,000 events: one streams, the other waits as a standby without
 // taking the transactional id. The active one is SIGKILLed 4 times
-// (WALRELAY_TEST_STANDBY_KILLS overrides): each time the standby takes
-// over, and the killed one, restarted as a supervisor would once the other
+// (WALRELAY_TEST_STANDBY_KILLS overrides), every second kill after a cut
+// of the active relay's replication connection (either relay may win the
+// slot then): each time the standby takes over, and the killed one, restarted as a supervisor would once the other
 // streams, becomes the standby; neither exits (a relay that took the id from
 // the active one at start would make it exit 3, fenced). In the end a
 // read_committed consumer has read every committed id exactly once, per
@@ -77,6 +78,33 @@ func TestExactlyOnceStandby(t *testing.T) {
 	wr := e.startWriters(writers, 0, perWriter, 20*time.Millisecond)
 	var takeovers []string
 	for k := range kills {
+		if k%2 == 1 {
+			// Before every second kill, cut the active relay's
+			// replication connection instead (again, up to 20 times,
+			// until the other relay wins the slot): the cut relay lives
+			// on as the standby, its producer's epoch stale once the
+			// other took the id. At the next kill it must take over
+			// without being fenced.
+			cuts := 0
+			for from := oneActive("one relay active before a cut"); ; cuts++ {
+				if cuts == 20 {
+					t.Fatalf("relay %d won the slot back after each of 20 cuts", from)
+				}
+				pid := e.slotInfo().ActivePID
+				if pid == nil {
+					t.Fatal("no walsender on the slot before a cut")
+				}
+				e.exec("SELECT pg_terminate_backend($1)", *pid)
+				e.waitFor("a new walsender on the slot", 30*time.Second, func() (bool, error) {
+					i := e.slotInfo()
+					return i.ActivePID != nil && *i.ActivePID != *pid, fmt.Errorf("slot active_pid %v", deref(i.ActivePID))
+				})
+				if oneActive("one relay active after a cut") != from {
+					break
+				}
+			}
+			takeovers = append(takeovers, fmt.Sprintf("(%d connection cuts)", cuts+1))
+		}
 		// Kill at evenly spread points of the writers' progress.
 		target := int64(total * (k + 1) / (kills + 1))
 		e.waitFor(fmt.Sprintf("%d rows written", target), 3*time.Minute, func() (bool, error) {
