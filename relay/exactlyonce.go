@@ -89,7 +89,7 @@ func kafkaTxnError(err error, txnID, slotName string) error {
 	if !errors.Is(err, router.ErrFenced) {
 		return &kafkaTxnFailure{err}
 	}
-	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (a newer relay for slot %q started); this one stops so that only one writes: %w",
+	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (one that took slot %q while this one had lost it, or a relay of another slot configured with the same id); this one stops so that only one writes (restarting it is safe: it waits as a standby): %w",
 		txnID, slotName, err)}
 }
 
