@@ -27,7 +27,8 @@ type resumePoint struct {
 // readCheckpoint reads the newest committed checkpoint of the slot. It runs
 // once the slot is held and before the stream is read: initTransactions
 // already fenced any older producer, so the checkpoint cannot move any
-// more (answeringServer keeps the walsender content meanwhile).
+// more (answeringServer reads the stream and answers the walsender
+// meanwhile).
 func (r *Relay) readCheckpoint(ctx context.Context, rt *router.Router) (resumePoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

@@ -124,7 +124,7 @@ func TestReadCheckpointThroughKafka(t *testing.T) {
 	// The delivery of an exactly-once session: the checkpoint is read
 	// once the stream is open and before it is read, and the delivery made
 	// after.
-	open, err := r.prepareDelivery(ctx, rt, newFakeStream(), start)
+	open, _, err := r.prepareDelivery(ctx, rt, newFakeStream(), start)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestPrepareDeliveryAtLeastOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open, err := r.prepareDelivery(context.Background(), nil, newFakeStream(), start)
+	open, _, err := r.prepareDelivery(context.Background(), nil, newFakeStream(), start)
 	if err != nil {
 		t.Fatal(err)
 	}

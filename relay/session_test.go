@@ -727,10 +727,11 @@ func slotSystem(id string, walEnd decoder.LSN) pglogrepl.IdentifySystemResult {
 	return pglogrepl.IdentifySystemResult{SystemID: id, XLogPos: walEnd}
 }
 
-func TestAnsweringServerSendsStatusWhileKafkaIsSlow(t *testing.T) {
+func TestAnsweringServerReadsAheadWhileKafkaIsSlow(t *testing.T) {
 	// Exactly-once takes the transactional id and reads the checkpoint with
-	// the slot held and its stream unread: the walsender must keep hearing
-	// from the relay meanwhile, or it drops it after wal_sender_timeout.
+	// the slot held: the walsender must keep hearing from the relay
+	// meanwhile (or it drops it after wal_sender_timeout), and the stream
+	// is read ahead, to be handed to the session in order.
 	cfg := validConfig()
 	cfg.StatusInterval, cfg.ConfirmDelay = 10*time.Millisecond, time.Millisecond
 	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
@@ -738,9 +739,12 @@ func TestAnsweringServerSendsStatusWhileKafkaIsSlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := newFakeStream()
-	err = r.answeringServer(st, start, func() error {
-		// Slow Kafka: returns once the server heard from us twice.
-		waitFor(t, "status updates during the Kafka work", func() bool { return len(st.updates()) >= 2 })
+	sent := append(txnMsgs(2000, "e1"), keepalive(2100, true))
+	st.send(sent...)
+	rs, err := r.answeringServer(st, start, func() error {
+		// Slow Kafka: returns once the stream was read and the server
+		// heard from us twice.
+		waitFor(t, "the stream read and status updates sent", func() bool { return len(st.msgs) == 0 && len(st.updates()) >= 2 })
 		return errors.New("kafka answered")
 	})
 	if err == nil || err.Error() != "kafka answered" {
@@ -751,4 +755,17 @@ func TestAnsweringServerSendsStatusWhileKafkaIsSlow(t *testing.T) {
 			t.Fatalf("status update %+v, want the start position %d", u, start)
 		}
 	}
+	for i, want := range sent {
+		m, err := rs.Receive(expired)
+		if err != nil || m.Kind != want.Kind || m.WALStart != want.WALStart || string(m.Data) != string(want.Data) {
+			t.Fatalf("message %d read ahead: %+v, %v; want %+v", i, m, err, want)
+		}
+	}
+	// Then the stream itself (the read-ahead's Interrupt may still be
+	// pending: it only makes one Receive return early).
+	st.send(keepalive(2200, false))
+	waitFor(t, "the stream read through", func() bool {
+		m, err := rs.Receive(time.Now().Add(time.Second))
+		return err == nil && m.ServerWALEnd == 2200
+	})
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -47,7 +48,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return err
 	}
 	r.slotSeen = true
-	open, err := r.prepareDelivery(ctx, rt, stream, start)
+	open, st, err := r.prepareDelivery(ctx, rt, stream, start)
 	if err != nil {
 		stream.Close(context.Background())
 		return err
@@ -60,7 +61,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		stream.Close(context.Background())
 		return &fatalError{err}
 	}
-	s := r.newSession(ctx, stream, dec, start)
+	s := r.newSession(ctx, st, dec, start)
 	if s.d, err = open(stream.System, s); err != nil {
 		stream.Close(context.Background())
 		return err
@@ -76,16 +77,16 @@ type openDelivery func(sys pglogrepl.IdentifySystemResult, s *session) (delivery
 // prepareDelivery does what the delivery mode needs once the slot is
 // held and before the stream is read (exactly-once: take the
 // transactional id, fencing any older relay, and read the checkpoint), and
-// returns how to make the session's delivery after. It is the one place
-// that tells the modes apart.
-func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st stream, start decoder.LSN) (openDelivery, error) {
+// returns how to make the session's delivery after, and the stream the
+// session reads. It is the one place that tells the modes apart.
+func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st stream, start decoder.LSN) (openDelivery, stream, error) {
 	if !r.cfg.ExactlyOnce {
 		return func(_ pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
 			return newAtLeastOnce(rt, s.wait), nil
-		}, nil
+		}, st, nil
 	}
 	var resume resumePoint
-	err := r.answeringServer(st, start, func() error {
+	st, err := r.answeringServer(st, start, func() error {
 		if err := r.initTransactions(ctx, rt); err != nil {
 			return err
 		}
@@ -94,14 +95,14 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	return func(sys pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
 		if err := r.verifyCheckpoint(resume, sys); err != nil {
 			return nil, err
 		}
 		return r.newExactlyOnce(rt, resume, sys.SystemID, s), nil
-	}, nil
+	}, st, nil
 }
 
 // newExactlyOnce is the exactly-once delivery of session s through p,
@@ -146,33 +147,96 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	return max(info.ConfirmedLSN, decoder.LSN(r.acked.Load())), version, nil
 }
 
-// answeringServer runs f while the stream, just started and not read yet,
-// sends a status update (confirming start, which the session confirms
-// first anyway) every StatusInterval: the walsender disconnects a client
-// silent for wal_sender_timeout, and taking the transactional id and
-// reading the checkpoint wait on Kafka. Only writes: what the server sends
-// meanwhile waits in the socket for the session.
-func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) error {
+// prefetchMaxBytes bounds what answeringServer reads ahead into memory.
+const prefetchMaxBytes = 32 << 20
+
+// answeringServer runs f while the stream, just started, waits for the
+// session: it reads ahead into memory (up to prefetchMaxBytes), answers
+// the server's requests for a reply and sends a status update (confirming
+// start, which the session confirms first anyway) every StatusInterval.
+// The walsender disconnects a client silent for wal_sender_timeout, and a
+// walsender left to fill an unread socket streams slowly afterwards; taking
+// the transactional id and reading the checkpoint wait on Kafka. It
+// returns the stream the session reads: what was read ahead, then st.
+func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (stream, error) {
+	p := &prefetched{stream: st}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTicker(r.cfg.StatusInterval)
-		defer t.Stop()
+		lastSent := time.Now()
+		status := func() bool {
+			lastSent = time.Now()
+			return st.SendStatus(start, false) == nil
+		}
 		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if err := st.SendStatus(start, false); err != nil {
+			if p.bytes >= prefetchMaxBytes {
+				// Enough in memory: only keep the server content.
+				select {
+				case <-done:
+					return
+				case <-time.After(time.Until(lastSent.Add(r.cfg.StatusInterval))):
+					if !status() {
+						return
+					}
+				}
+				continue
+			}
+			m, err := st.Receive(lastSent.Add(r.cfg.StatusInterval))
+			switch {
+			case errors.Is(err, slot.ErrTimeout):
+				if !status() {
 					return // the session's first Receive fails on the same connection
 				}
+				continue
+			case errors.Is(err, slot.ErrInterrupted):
+				return
+			case err != nil:
+				p.err = err // returned to the session after what was read
+				return
 			}
+			if m.Kind == slot.Keepalive && m.ReplyRequested && !status() {
+				return
+			}
+			if !time.Now().Before(lastSent.Add(r.cfg.StatusInterval)) && !status() {
+				return
+			}
+			m.Data = bytes.Clone(m.Data) // valid only until the next Receive
+			p.queue = append(p.queue, m)
+			p.bytes += len(m.Data)
 		}
 	})
 	err := f()
 	close(done)
+	st.Interrupt()
 	wg.Wait()
-	return err
+	return p, err
+}
+
+// prefetched is a stream with messages read ahead: Receive returns them
+// first (whatever the deadline: they are at hand), then an error the read
+// ahead met, then reads the stream.
+type prefetched struct {
+	stream
+	queue []slot.Message
+	bytes int
+	err   error
+}
+
+func (p *prefetched) Receive(deadline time.Time) (slot.Message, error) {
+	if len(p.queue) > 0 {
+		m := p.queue[0]
+		p.queue[0] = slot.Message{}
+		if p.queue = p.queue[1:]; len(p.queue) == 0 {
+			p.queue = nil
+		}
+		return m, nil
+	}
+	if p.err != nil {
+		err := p.err
+		p.err = nil
+		return slot.Message{}, err
+	}
+	return p.stream.Receive(deadline)
 }
 
 // initTransactions takes the transactional id once this relay holds the
