@@ -115,6 +115,7 @@ type exactlyOnce struct {
 	// runs dry between commits and the transactions grow. These bound it.
 	maxEvents   int           // commit once the Kafka transaction holds this many events
 	maxInterval time.Duration // or is this old
+	minInterval time.Duration // Idle commits only a transaction this old
 
 	pgTxn     *checkpoint.Txn  // the PostgreSQL transaction in progress
 	skip      *checkpoint.Skip // what the checkpoint found at start covers
@@ -171,8 +172,12 @@ func (e *exactlyOnce) Tick(now time.Time) error {
 func (e *exactlyOnce) Busy() bool { return e.p.KafkaTxnOpen() }
 
 // WantsIdle is true between PostgreSQL transactions while a Kafka
-// transaction is open: it commits as soon as nothing more is waiting.
-func (e *exactlyOnce) WantsIdle() bool { return !e.inPG && e.p.KafkaTxnOpen() }
+// transaction is open (and minInterval old): it commits as soon as nothing
+// more is waiting. (A younger one is Busy: the session looks again within
+// a tick.) The clock is read only when minInterval is set.
+func (e *exactlyOnce) WantsIdle() bool {
+	return !e.inPG && e.p.KafkaTxnOpen() && (e.minInterval <= 0 || time.Since(e.txnStart) >= e.minInterval)
+}
 
 // Idle commits the open Kafka transaction when it ends at a PostgreSQL
 // transaction boundary: nothing more is there to join it, so waiting for

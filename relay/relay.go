@@ -121,9 +121,13 @@ type Config struct {
 	// record in each (Router.TransactionalID defaults to "walrelay-<slot>").
 	ExactlyOnce bool
 	// TxnMaxEvents and TxnMaxInterval commit a Kafka transaction once it
-	// holds this many events or is this old (defaults 10,000 and 100ms).
+	// holds this many events or is this old (defaults 10,000 and 100ms);
+	// it commits earlier when the stream runs dry at a PostgreSQL
+	// transaction boundary, once it is TxnMinInterval old (default 0: at
+	// once; more trades latency for fewer Kafka transactions).
 	TxnMaxEvents   int
 	TxnMaxInterval time.Duration
+	TxnMinInterval time.Duration
 	// ReceiveTimeout ends a session whose connection carried nothing for
 	// this long, not even the reply to a request for one sent at half of it
 	// (default 60s, like PostgreSQL's wal_receiver_timeout).

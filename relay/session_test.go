@@ -650,6 +650,16 @@ func TestExactlyOnceCommitsWhenTheStreamRunsDry(t *testing.T) {
 			t.Fatalf("checkpoints %+v, want 2008 and an event of 3000 (the bound) then 4008 (idle)", c)
 		}
 	})
+	t.Run("--txn-min-interval: an idle commit waits until the transaction is that old", func(t *testing.T) {
+		p := &fakeProducer{}
+		h := startSession(t, func(c *Config) { noInterval(c); c.TxnMinInterval = 300 * time.Millisecond }, p, &resumePoint{})
+		began := time.Now()
+		h.st.send(txnMsgs(2000, "e1")...)
+		waitFor(t, "the Kafka transaction committed", func() bool { return len(p.checkpoints()) == 1 })
+		if took := time.Since(began); took < 300*time.Millisecond {
+			t.Fatalf("committed after %s, want at least --txn-min-interval 300ms", took)
+		}
+	})
 	t.Run("idle inside a PostgreSQL transaction: wait for its commit", func(t *testing.T) {
 		p := &fakeProducer{}
 		h := startSession(t, noInterval, p, &resumePoint{})

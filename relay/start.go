@@ -111,7 +111,7 @@ func (r *Relay) newExactlyOnce(p producer, resume resumePoint, systemID string, 
 	return &exactlyOnce{
 		p: p, wait: s.wait, kafkaCtx: s.kafkaCtx, metrics: r.metrics,
 		slot: r.cfg.Slot, txnID: r.cfg.Router.TransactionalID, systemID: systemID, key: []byte(r.cfg.Slot),
-		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval,
+		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval, minInterval: r.cfg.TxnMinInterval,
 		skip: checkpoint.NewSkip(resume.ckpt, resume.found), lastFull: resume.ckpt.LSN,
 	}
 }
