@@ -25,11 +25,12 @@ var errServerSilent = errors.New("replication connection silent")
 // confirm them promptly once acknowledged.
 const tick = 50 * time.Millisecond
 
-// expired is a Receive deadline already past: Receive returns a message
-// only when one is complete in the read buffers, else slot.ErrTimeout at
-// once, which tells the delivery the stream ran dry (delivery.WantsIdle).
-// One constant, so that consecutive probes do not re-arm the socket.
-var expired = time.Unix(1, 0)
+// idleWait is how long Receive waits for more of the stream before the
+// delivery is told it ran dry (delivery.WantsIdle): long enough for one
+// read of what the kernel already holds (after the read coalescing pause),
+// so that a backlog being drained is not taken for an idle stream at every
+// emptied read buffer; short against a Kafka commit.
+const idleWait = 500 * time.Microsecond
 
 // stream is what a session uses of *slot.Stream.
 type stream interface {
@@ -219,11 +220,11 @@ func (s *session) loop() error {
 
 // deadline is when Receive should give the loop a chance to send a status
 // update: soon while transactions are in flight or a new position waits to
-// be confirmed, else at the next periodic update; at once when the delivery
-// waits for the stream to run dry.
+// be confirmed, else at the next periodic update; after idleWait when the
+// delivery waits for the stream to run dry.
 func (s *session) deadline() time.Time {
 	if s.d.WantsIdle() {
-		return expired
+		return time.Now().Add(idleWait)
 	}
 	d := s.status.Next()
 	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || s.d.Busy() {
