@@ -33,6 +33,13 @@ type delivery interface {
 	// Busy reports work that wants the next Tick soon, whatever the
 	// status update schedule says.
 	Busy() bool
+	// WantsIdle reports work that is waiting only for the stream to run
+	// dry (exactly-once: an open Kafka transaction at a PostgreSQL
+	// transaction boundary): the session then asks the stream for a
+	// message without waiting, and calls Idle when none is complete.
+	WantsIdle() bool
+	// Idle says the stream holds nothing more to read right now.
+	Idle() error
 	// Close ends what is open: commit true on a clean stop, false when
 	// the session failed. Records already produced stay in flight.
 	Close(commit bool) error
@@ -81,6 +88,8 @@ func (d *atLeastOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
 func (d *atLeastOnce) Commit(decoder.LSN) error        { d.pgTxn = nil; return nil }
 func (d *atLeastOnce) Tick(time.Time) error            { return nil }
 func (d *atLeastOnce) Busy() bool                      { return false }
+func (d *atLeastOnce) WantsIdle() bool                 { return false }
+func (d *atLeastOnce) Idle() error                     { return nil }
 func (d *atLeastOnce) Close(bool) error                { return nil }
 func (d *atLeastOnce) Flush(ctx context.Context) error { return d.p.Flush(ctx) }
 func (d *atLeastOnce) Inflight() int64                 { return d.p.Inflight() }

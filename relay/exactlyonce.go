@@ -25,9 +25,10 @@ type resumePoint struct {
 }
 
 // readCheckpoint reads the newest committed checkpoint of the slot. It runs
-// before the stream starts: the router's InitTransactions already fenced
-// any older producer, so the checkpoint cannot move any more, and a stream
-// left unread meanwhile would make the walsender wait for us.
+// once the slot is held and before the stream is read: initTransactions
+// already fenced any older producer, so the checkpoint cannot move any
+// more (answeringServer reads the stream and answers the walsender
+// meanwhile).
 func (r *Relay) readCheckpoint(ctx context.Context, rt *router.Router) (resumePoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -89,7 +90,7 @@ func kafkaTxnError(err error, txnID, slotName string) error {
 	if !errors.Is(err, router.ErrFenced) {
 		return &kafkaTxnFailure{err}
 	}
-	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (a newer relay for slot %q started); this one stops so that only one writes: %w",
+	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (one that took slot %q while this one had lost it, or a relay of another slot configured with the same id); this one stops so that only one writes (restarting it is safe: it waits as a standby): %w",
 		txnID, slotName, err)}
 }
 
@@ -108,8 +109,13 @@ type exactlyOnce struct {
 	systemID string // the PostgreSQL system identifier, written in every checkpoint
 	key      []byte // checkpoint record key: the slot name
 
+	// A Kafka transaction commits as soon as the stream runs dry at a
+	// PostgreSQL transaction boundary (Idle), so a commit is visible
+	// within a Kafka round trip at low rates; under load the stream never
+	// runs dry between commits and the transactions grow. These bound it.
 	maxEvents   int           // commit once the Kafka transaction holds this many events
 	maxInterval time.Duration // or is this old
+	minInterval time.Duration // Idle commits only a transaction this old
 
 	pgTxn     *checkpoint.Txn  // the PostgreSQL transaction in progress
 	skip      *checkpoint.Skip // what the checkpoint found at start covers
@@ -163,7 +169,27 @@ func (e *exactlyOnce) Tick(now time.Time) error {
 	return nil
 }
 
-func (e *exactlyOnce) Busy() bool                      { return e.p.KafkaTxnOpen() }
+func (e *exactlyOnce) Busy() bool { return e.p.KafkaTxnOpen() }
+
+// WantsIdle is true between PostgreSQL transactions while a Kafka
+// transaction is open (and minInterval old): it commits as soon as nothing
+// more is waiting. (A younger one is Busy: the session looks again within
+// a tick.) The clock is read only when minInterval is set.
+func (e *exactlyOnce) WantsIdle() bool {
+	return !e.inPG && e.p.KafkaTxnOpen() && (e.minInterval <= 0 || time.Since(e.txnStart) >= e.minInterval)
+}
+
+// Idle commits the open Kafka transaction when it ends at a PostgreSQL
+// transaction boundary: nothing more is there to join it, so waiting for
+// the interval would only delay it. Mid-transaction it waits for the rest
+// (or the bounds). The commit is synchronous, so at most one is in flight;
+// what arrives meanwhile waits in the socket and joins the next one.
+func (e *exactlyOnce) Idle() error {
+	if e.WantsIdle() {
+		return e.commit()
+	}
+	return nil
+}
 func (e *exactlyOnce) Flush(ctx context.Context) error { return e.p.Flush(ctx) }
 func (e *exactlyOnce) Inflight() int64                 { return e.p.Inflight() }
 

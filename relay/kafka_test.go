@@ -112,13 +112,19 @@ func TestReadCheckpointThroughKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
+	// The order of a session: the transactional id once the slot is held,
+	// then the checkpoint.
+	if err := r.initTransactions(ctx, rt); err != nil {
+		t.Fatal(err)
+	}
 	resume, err := r.readCheckpoint(ctx, rt)
 	if err != nil || resume.found {
 		t.Fatalf("first read: %+v, %v; want no checkpoint", resume, err)
 	}
 	// The delivery of an exactly-once session: the checkpoint is read
-	// before the stream, and the delivery made after it opened.
-	open, err := r.prepareDelivery(ctx, rt)
+	// once the stream is open and before it is read, and the delivery made
+	// after.
+	open, _, err := r.prepareDelivery(ctx, rt, newFakeStream(), start)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +143,7 @@ func TestPrepareDeliveryAtLeastOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open, err := r.prepareDelivery(context.Background(), nil)
+	open, _, err := r.prepareDelivery(context.Background(), nil, newFakeStream(), start)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -122,9 +122,13 @@ type Config struct {
 	// record in each (Router.TransactionalID defaults to "walrelay-<slot>").
 	ExactlyOnce bool
 	// TxnMaxEvents and TxnMaxInterval commit a Kafka transaction once it
-	// holds this many events or is this old (defaults 10,000 and 100ms).
+	// holds this many events or is this old (defaults 10,000 and 100ms);
+	// it commits earlier when the stream runs dry at a PostgreSQL
+	// transaction boundary, once it is TxnMinInterval old (default 0: at
+	// once; more trades latency for fewer Kafka transactions).
 	TxnMaxEvents   int
 	TxnMaxInterval time.Duration
+	TxnMinInterval time.Duration
 	// ReceiveTimeout ends a session whose connection carried nothing for
 	// this long, not even the reply to a request for one sent at half of it
 	// (default 60s, like PostgreSQL's wal_receiver_timeout).
@@ -488,17 +492,8 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		rt.Close()
 		return nil, err
 	}
-	if r.cfg.ExactlyOnce {
-		// Fence any older relay holding the transactional id now: from
-		// here on it cannot commit, so the checkpoint read later is final.
-		if err := rt.InitTransactions(ctx); err != nil {
-			rt.Close()
-			if errors.Is(err, router.ErrFenced) || kafkaConfigError(err) {
-				return nil, &fatalError{err}
-			}
-			return nil, err
-		}
-	}
+	// With exactly-once delivery the transactional id is taken only once
+	// the slot is held (initTransactions): a standby fences nobody.
 	return rt, nil
 }
 

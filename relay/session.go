@@ -25,6 +25,13 @@ var errServerSilent = errors.New("replication connection silent")
 // confirm them promptly once acknowledged.
 const tick = 50 * time.Millisecond
 
+// idleWait is how long Receive waits for more of the stream before the
+// delivery is told it ran dry (delivery.WantsIdle): long enough for one
+// read of what the kernel already holds (after the read coalescing pause),
+// so that a backlog being drained is not taken for an idle stream at every
+// emptied read buffer; short against a Kafka commit.
+const idleWait = 500 * time.Microsecond
+
 // stream is what a session uses of *slot.Stream.
 type stream interface {
 	// Receive returns the next message, slot.ErrTimeout at deadline, or
@@ -173,6 +180,10 @@ func (s *session) loop() error {
 			if err := s.d.Tick(time.Now()); err != nil {
 				return err
 			}
+			// Nothing complete to read right now.
+			if err := s.d.Idle(); err != nil {
+				return err
+			}
 			continue
 		case errors.Is(err, slot.ErrInterrupted):
 			continue // the checks at the top say why
@@ -209,8 +220,12 @@ func (s *session) loop() error {
 
 // deadline is when Receive should give the loop a chance to send a status
 // update: soon while transactions are in flight or a new position waits to
-// be confirmed, else at the next periodic update.
+// be confirmed, else at the next periodic update; after idleWait when the
+// delivery waits for the stream to run dry.
 func (s *session) deadline() time.Time {
+	if s.d.WantsIdle() {
+		return time.Now().Add(idleWait)
+	}
 	d := s.status.Next()
 	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || s.d.Busy() {
 		d = s.nextTick

@@ -89,8 +89,11 @@ func txnMsgs(commit uint64, ids ...string) []slot.Message {
 	return append(m, data(commit, commitMsg(commit, commit+8)))
 }
 
-// fakeStream is a replication stream fed by the test.
+// fakeStream is a replication stream fed by the test. Like the real one
+// it returns a message already at hand whatever the deadline, and what one
+// send call passes arrives together (as if in one read buffer).
 type fakeStream struct {
+	batch  sync.Mutex // held by send while it queues its messages
 	msgs   chan slot.Message
 	intr   chan struct{}
 	mu     sync.Mutex
@@ -104,10 +107,18 @@ type statusUpdate struct {
 }
 
 func newFakeStream() *fakeStream {
-	return &fakeStream{msgs: make(chan slot.Message, 100), intr: make(chan struct{}, 1)}
+	return &fakeStream{msgs: make(chan slot.Message, 1000), intr: make(chan struct{}, 1)}
 }
 
 func (f *fakeStream) Receive(deadline time.Time) (slot.Message, error) {
+	f.batch.Lock()
+	select {
+	case m := <-f.msgs:
+		f.batch.Unlock()
+		return m, nil
+	default:
+	}
+	f.batch.Unlock()
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -142,6 +153,8 @@ func (f *fakeStream) Close(context.Context) error {
 }
 
 func (f *fakeStream) send(ms ...slot.Message) {
+	f.batch.Lock()
+	defer f.batch.Unlock()
 	for _, m := range ms {
 		f.msgs <- m
 	}
@@ -596,6 +609,76 @@ func TestExactlyOnceSplitsALargeTransactionWithAPartialCheckpoint(t *testing.T) 
 	waitFor(t, "the transaction confirmed", func() bool { return h.st.confirmed() == 2008 })
 }
 
+// noInterval keeps --txn-max-interval out of the way: only the stream
+// running dry (or --txn-max-events) commits a Kafka transaction.
+func noInterval(c *Config) { c.TxnMaxInterval = time.Hour; c.Router.TransactionTimeout = 3 * time.Hour }
+
+func TestExactlyOnceCommitsWhenTheStreamRunsDry(t *testing.T) {
+	t.Run("stream idle after a commit: Kafka commit now", func(t *testing.T) {
+		p := &fakeProducer{}
+		h := startSession(t, noInterval, p, &resumePoint{})
+		h.st.send(txnMsgs(2000, "e1")...)
+		waitFor(t, "the Kafka transaction committed without waiting for the interval", func() bool {
+			c := p.checkpoints()
+			return len(c) == 1 && c[0].LSN == 2008 && c[0].Partial == nil
+		})
+		// The next PostgreSQL commit gets a Kafka transaction of its own.
+		h.st.send(txnMsgs(3000, "e2")...)
+		waitFor(t, "the second Kafka transaction", func() bool {
+			c := p.checkpoints()
+			return len(c) == 2 && c[1].LSN == 3008
+		})
+	})
+	t.Run("more messages buffered: one commit once they are read", func(t *testing.T) {
+		p := &fakeProducer{}
+		h := startSession(t, noInterval, p, &resumePoint{})
+		var batch []slot.Message
+		for i := range 5 {
+			batch = append(batch, txnMsgs(uint64(2000+1000*i), fmt.Sprint("e", i))...)
+		}
+		h.st.send(batch...)
+		waitFor(t, "the batch committed", func() bool { return len(p.checkpoints()) > 0 })
+		if c := p.checkpoints(); len(c) != 1 || c[0].LSN != 6008 {
+			t.Fatalf("checkpoints %+v, want one Kafka transaction for the five buffered PostgreSQL transactions", c)
+		}
+	})
+	t.Run("more messages buffered: --txn-max-events still bounds", func(t *testing.T) {
+		p := &fakeProducer{}
+		h := startSession(t, func(c *Config) { noInterval(c); c.TxnMaxEvents = 2 }, p, &resumePoint{})
+		h.st.send(append(append(txnMsgs(2000, "e1"), txnMsgs(3000, "e2")...), txnMsgs(4000, "e3")...)...)
+		waitFor(t, "two Kafka transactions", func() bool { return len(p.checkpoints()) == 2 })
+		if c := p.checkpoints(); c[0].LSN != 2008 || c[0].Partial == nil || c[0].Partial.CommitLSN != 3000 || c[1].LSN != 4008 {
+			t.Fatalf("checkpoints %+v, want 2008 and an event of 3000 (the bound) then 4008 (idle)", c)
+		}
+	})
+	t.Run("--txn-min-interval: an idle commit waits until the transaction is that old", func(t *testing.T) {
+		p := &fakeProducer{}
+		h := startSession(t, func(c *Config) { noInterval(c); c.TxnMinInterval = 300 * time.Millisecond }, p, &resumePoint{})
+		began := time.Now()
+		h.st.send(txnMsgs(2000, "e1")...)
+		waitFor(t, "the Kafka transaction committed", func() bool { return len(p.checkpoints()) == 1 })
+		if took := time.Since(began); took < 300*time.Millisecond {
+			t.Fatalf("committed after %s, want at least --txn-min-interval 300ms", took)
+		}
+	})
+	t.Run("idle inside a PostgreSQL transaction: wait for its commit", func(t *testing.T) {
+		p := &fakeProducer{}
+		h := startSession(t, noInterval, p, &resumePoint{})
+		h.st.send(data(1900, beginMsg(2000)), data(1910, insertMsg(outboxOID, "e1")))
+		waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
+		// A keepalive read after the insert shows the loop went past it
+		// (and ran dry) without committing half the transaction.
+		before := len(h.st.updates())
+		h.st.send(keepalive(1950, true))
+		waitFor(t, "the keepalive answered", func() bool { return len(h.st.updates()) > before })
+		if c := p.checkpoints(); len(c) != 0 {
+			t.Fatalf("checkpoints %+v before the PostgreSQL commit, want none", c)
+		}
+		h.st.send(data(2000, commitMsg(2000, 2008)))
+		waitFor(t, "the commit", func() bool { c := p.checkpoints(); return len(c) == 1 && c[0].LSN == 2008 })
+	})
+}
+
 func TestExactlyOnceStop(t *testing.T) {
 	t.Run("a clean stop commits the open Kafka transaction", func(t *testing.T) {
 		p := &fakeProducer{}
@@ -653,4 +736,47 @@ func TestExactlyOnceRefusesAForeignCheckpoint(t *testing.T) {
 
 func slotSystem(id string, walEnd decoder.LSN) pglogrepl.IdentifySystemResult {
 	return pglogrepl.IdentifySystemResult{SystemID: id, XLogPos: walEnd}
+}
+
+func TestAnsweringServerReadsAheadWhileKafkaIsSlow(t *testing.T) {
+	// Exactly-once takes the transactional id and reads the checkpoint with
+	// the slot held: the walsender must keep hearing from the relay
+	// meanwhile (or it drops it after wal_sender_timeout), and the stream
+	// is read ahead, to be handed to the session in order.
+	cfg := validConfig()
+	cfg.StatusInterval, cfg.ConfirmDelay = 10*time.Millisecond, time.Millisecond
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newFakeStream()
+	sent := append(txnMsgs(2000, "e1"), keepalive(2100, true))
+	st.send(sent...)
+	rs, err := r.answeringServer(st, start, func() error {
+		// Slow Kafka: returns once the stream was read and the server
+		// heard from us twice.
+		waitFor(t, "the stream read and status updates sent", func() bool { return len(st.msgs) == 0 && len(st.updates()) >= 2 })
+		return errors.New("kafka answered")
+	})
+	if err == nil || err.Error() != "kafka answered" {
+		t.Fatalf("answeringServer returned %v, want f's error", err)
+	}
+	for _, u := range st.updates() {
+		if u.lsn != start {
+			t.Fatalf("status update %+v, want the start position %d", u, start)
+		}
+	}
+	for i, want := range sent {
+		m, err := rs.Receive(time.Now())
+		if err != nil || m.Kind != want.Kind || m.WALStart != want.WALStart || string(m.Data) != string(want.Data) {
+			t.Fatalf("message %d read ahead: %+v, %v; want %+v", i, m, err, want)
+		}
+	}
+	// Then the stream itself (the read-ahead's Interrupt may still be
+	// pending: it only makes one Receive return early).
+	st.send(keepalive(2200, false))
+	waitFor(t, "the stream read through", func() bool {
+		m, err := rs.Receive(time.Now().Add(time.Second))
+		return err == nil && m.ServerWALEnd == 2200
+	})
 }

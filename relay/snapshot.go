@@ -27,6 +27,12 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 	return func(ctx context.Context, name string, at decoder.LSN) error {
 		s := &snapshotSender{rt: rt, lsn: at, m: r.metrics}
 		if r.cfg.ExactlyOnce {
+			// This relay is creating the slot: the transactional id is
+			// its to take (fencing any older holder) before the
+			// snapshot's Kafka transactions.
+			if err := r.initTransactions(ctx, rt); err != nil {
+				return err
+			}
 			s.eos = &snapshotEOS{r: r}
 		}
 		r.log.Info("initial snapshot: publishing the rows present when the slot was created",

@@ -1,9 +1,12 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -28,10 +31,8 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	if err != nil {
 		return err
 	}
-	open, err := r.prepareDelivery(ctx, rt)
-	if err != nil {
-		return err
-	}
+	// The slot first, Kafka's transactional id after: a relay that finds
+	// the slot busy waits as a standby without fencing the active one.
 	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
 		// Heartbeat messages come through the stream as markers (pgoutput
@@ -47,6 +48,11 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return err
 	}
 	r.slotSeen = true
+	open, st, err := r.prepareDelivery(ctx, rt, stream, start)
+	if err != nil {
+		stream.Close(context.Background())
+		return err
+	}
 	// A mapped value over the record limit could never be produced: the
 	// decoder leaves it out instead of copying it (the event is then
 	// dead-lettered as too large).
@@ -55,7 +61,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		stream.Close(context.Background())
 		return &fatalError{err}
 	}
-	s := r.newSession(ctx, stream, dec, start)
+	s := r.newSession(ctx, st, dec, start)
 	if s.d, err = open(stream.System, s); err != nil {
 		stream.Close(context.Background())
 		return err
@@ -68,25 +74,35 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 // what the stream's IDENTIFY_SYSTEM reported, s the session it serves.
 type openDelivery func(sys pglogrepl.IdentifySystemResult, s *session) (delivery, error)
 
-// prepareDelivery does what the delivery mode needs before the stream
-// starts (exactly-once: read the checkpoint), and returns how to make the
-// session's delivery after. It is the one place that tells the modes apart.
-func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router) (openDelivery, error) {
+// prepareDelivery does what the delivery mode needs once the slot is
+// held and before the stream is read (exactly-once: take the
+// transactional id, fencing any older relay, and read the checkpoint), and
+// returns how to make the session's delivery after, and the stream the
+// session reads. It is the one place that tells the modes apart.
+func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st stream, start decoder.LSN) (openDelivery, stream, error) {
 	if !r.cfg.ExactlyOnce {
 		return func(_ pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
 			return newAtLeastOnce(rt, s.wait), nil
-		}, nil
+		}, st, nil
 	}
-	resume, err := r.readCheckpoint(ctx, rt)
+	var resume resumePoint
+	st, err := r.answeringServer(st, start, func() error {
+		if err := r.initTransactions(ctx, rt); err != nil {
+			return err
+		}
+		var err error
+		resume, err = r.readCheckpoint(ctx, rt)
+		return err
+	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	return func(sys pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
 		if err := r.verifyCheckpoint(resume, sys); err != nil {
 			return nil, err
 		}
 		return r.newExactlyOnce(rt, resume, sys.SystemID, s), nil
-	}, nil
+	}, st, nil
 }
 
 // newExactlyOnce is the exactly-once delivery of session s through p,
@@ -95,7 +111,7 @@ func (r *Relay) newExactlyOnce(p producer, resume resumePoint, systemID string, 
 	return &exactlyOnce{
 		p: p, wait: s.wait, kafkaCtx: s.kafkaCtx, metrics: r.metrics,
 		slot: r.cfg.Slot, txnID: r.cfg.Router.TransactionalID, systemID: systemID, key: []byte(r.cfg.Slot),
-		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval,
+		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval, minInterval: r.cfg.TxnMinInterval,
 		skip: checkpoint.NewSkip(resume.ckpt, resume.found), lastFull: resume.ckpt.LSN,
 	}
 }
@@ -129,4 +145,108 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	// slot never heard of: start after them (PostgreSQL skips transactions
 	// that end before the requested start) and confirm them at once.
 	return max(info.ConfirmedLSN, decoder.LSN(r.acked.Load())), version, nil
+}
+
+// prefetchMaxBytes bounds what answeringServer reads ahead into memory.
+const prefetchMaxBytes = 32 << 20
+
+// answeringServer runs f while the stream, just started, waits for the
+// session: it reads ahead into memory (up to prefetchMaxBytes), answers
+// the server's requests for a reply and sends a status update (confirming
+// start, which the session confirms first anyway) every StatusInterval.
+// The walsender disconnects a client silent for wal_sender_timeout, and a
+// walsender left to fill an unread socket streams slowly afterwards; taking
+// the transactional id and reading the checkpoint wait on Kafka. It
+// returns the stream the session reads: what was read ahead, then st.
+func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (stream, error) {
+	p := &prefetched{stream: st}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		lastSent := time.Now()
+		status := func() bool {
+			lastSent = time.Now()
+			return st.SendStatus(start, false) == nil
+		}
+		for {
+			if p.bytes >= prefetchMaxBytes {
+				// Enough in memory: only keep the server content.
+				select {
+				case <-done:
+					return
+				case <-time.After(time.Until(lastSent.Add(r.cfg.StatusInterval))):
+					if !status() {
+						return
+					}
+				}
+				continue
+			}
+			m, err := st.Receive(lastSent.Add(r.cfg.StatusInterval))
+			switch {
+			case errors.Is(err, slot.ErrTimeout):
+				if !status() {
+					return // the session's first Receive fails on the same connection
+				}
+				continue
+			case errors.Is(err, slot.ErrInterrupted):
+				return
+			case err != nil:
+				p.err = err // returned to the session after what was read
+				return
+			}
+			if m.Kind == slot.Keepalive && m.ReplyRequested && !status() {
+				return
+			}
+			if !time.Now().Before(lastSent.Add(r.cfg.StatusInterval)) && !status() {
+				return
+			}
+			m.Data = bytes.Clone(m.Data) // valid only until the next Receive
+			p.queue = append(p.queue, m)
+			p.bytes += len(m.Data)
+		}
+	})
+	err := f()
+	close(done)
+	st.Interrupt()
+	wg.Wait()
+	return p, err
+}
+
+// prefetched is a stream with messages read ahead: Receive returns them
+// first (whatever the deadline: they are at hand), then an error the read
+// ahead met, then reads the stream.
+type prefetched struct {
+	stream
+	queue []slot.Message
+	bytes int
+	err   error
+}
+
+func (p *prefetched) Receive(deadline time.Time) (slot.Message, error) {
+	if len(p.queue) > 0 {
+		m := p.queue[0]
+		p.queue[0] = slot.Message{}
+		if p.queue = p.queue[1:]; len(p.queue) == 0 {
+			p.queue = nil
+		}
+		return m, nil
+	}
+	if p.err != nil {
+		err := p.err
+		p.err = nil
+		return slot.Message{}, err
+	}
+	return p.stream.Receive(deadline)
+}
+
+// initTransactions takes the transactional id once this relay holds the
+// slot: it fences any older relay that still holds the id (one that lost
+// the slot without noticing), so the checkpoint read after is final. A
+// standby never gets here, so it fences nobody.
+func (r *Relay) initTransactions(ctx context.Context, rt *router.Router) error {
+	err := rt.InitTransactions(ctx)
+	if err != nil && (errors.Is(err, router.ErrFenced) || kafkaConfigError(err)) {
+		return &fatalError{err}
+	}
+	return err
 }

@@ -138,9 +138,11 @@ func (r *Router) txnError(err error) error {
 
 // InitTransactions registers the transactional id with Kafka, fencing any
 // older producer that holds it (its open transaction is aborted). Call it
-// before reading the checkpoint.
+// before reading the checkpoint; again on the same router it does nothing.
+// An error marks the router for replacement (Failed).
 func (r *Router) InitTransactions(ctx context.Context) error {
 	if _, _, err := r.client.ProducerID(ctx); err != nil {
+		r.txnBroken.Store(true)
 		if errors.Is(err, kerr.ProducerFenced) {
 			err = fmt.Errorf("%w: %w", ErrFenced, err)
 		}

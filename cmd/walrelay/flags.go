@@ -205,7 +205,8 @@ type DeliveryFlags struct {
 	TransactionalID string        `help:"Kafka transactional id for exactly-once delivery; default walrelay-<slot>, so two relays on one slot fence each other."`
 	CheckpointTopic string        `default:"walrelay.checkpoints" help:"Compacted one-partition topic of exactly-once checkpoints (key: slot name); created when --create-topics."`
 	TxnMaxEvents    int           `default:"10000" help:"Exactly-once: commit the Kafka transaction once it holds this many events (large PostgreSQL transactions are split)."`
-	TxnMaxInterval  time.Duration `default:"100ms" help:"Exactly-once: commit the Kafka transaction at least this often; adds up to this much latency."`
+	TxnMaxInterval  time.Duration `default:"100ms" help:"Exactly-once: commit the Kafka transaction at least this often, for a stream that never runs dry (it commits as soon as it does)."`
+	TxnMinInterval  time.Duration `default:"0s" help:"Exactly-once: when the stream runs dry, commit the Kafka transaction only once it is this old; raise it to trade latency for fewer Kafka transactions."`
 	TxnTimeout      time.Duration `default:"60s" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it; at least twice --txn-max-interval."`
 }
 
@@ -279,6 +280,7 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		ExactlyOnce:     df.Delivery == "exactly-once",
 		TxnMaxEvents:    df.TxnMaxEvents,
 		TxnMaxInterval:  df.TxnMaxInterval,
+		TxnMinInterval:  df.TxnMinInterval,
 		KafkaOptions:    kopts,
 		StatusInterval:  tun.StatusInterval,
 		ConfirmDelay:    tun.ConfirmDelay,

@@ -326,7 +326,7 @@ var metricOrder = []string{
 	"recv_events_per_s", "relay_events_per_s", "ratio", "recv_mb_per_s", "relay_mb_per_s",
 	"recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "broker_cpu_us_per_event",
 	"alo_events_per_s", "eos_events_per_s", "eos_ratio",
-	"p50_ms", "p99_ms", "max_ms", "achieved_rate", "events",
+	"kafka_txns", "p50_ms", "p99_ms", "max_ms", "achieved_rate", "events", "kafka_txns_per_s", "broker_cpu_percent",
 	"drain_s", "peak_rss_mb", "cpu_percent",
 	"first_new_record_s", "delivered_twice",
 }

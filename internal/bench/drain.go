@@ -213,6 +213,15 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	if k.kafka != nil || k.apache != nil {
 		res.Metrics["broker_cpu_us_per_event"] = float64(brokerCPU.Microseconds()) / n
 	}
+	if k.name != "discard" {
+		txns, err := kafkaTxns(ctx, k.addrs)
+		if err != nil {
+			return Result{}, err
+		}
+		if txns > 0 {
+			res.Metrics["kafka_txns"] = float64(txns)
+		}
+	}
 	b.logf("drain txn=%d broker=%s delivery=%s: pg_recvlogical %s, relay %s (ratio %.2f)", txnSize, k.name, delivery,
 		recvTime.Round(time.Millisecond), relayTime.Round(time.Millisecond), res.Metrics["ratio"])
 	return res, nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -82,6 +83,10 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 		}
 	}()
 
+	// The broker's CPU over the run (with an in-process kfake, the bench
+	// process's own: writers and consumer included, alike in both modes).
+	brokerStart := k.cpu()
+	runStart := time.Now()
 	// Writers: four connections, each committing at rate/4, evenly spaced.
 	const writers = 4
 	total := b.cfg.Duration + time.Until(measureFrom)
@@ -131,6 +136,11 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 		time.Sleep(10 * time.Millisecond)
 	}
 	cancel()
+	runTime, brokerCPU := time.Since(runStart), k.cpu()-brokerStart
+	txns, err := kafkaTxns(ctx, k.addrs)
+	if err != nil {
+		return Result{}, err
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(lat) == 0 {
@@ -149,10 +159,17 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 			"events":        float64(len(lat)),
 		},
 	}
+	if txns > 0 {
+		res.Metrics["kafka_txns_per_s"] = float64(txns) / runTime.Seconds()
+	}
+	if k.kafka != nil || k.apache != nil {
+		res.Metrics["broker_cpu_percent"] = 100 * brokerCPU.Seconds() / runTime.Seconds()
+	}
 	if seen.Load() < committed.Load() {
 		res.Notes = fmt.Sprintf("MISSING %d records", committed.Load()-seen.Load())
 	}
-	b.logf("latency rate=%d: p50 %.1fms p99 %.1fms max %.1fms over %d records", rate, res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat))
+	b.logf("latency rate=%d delivery=%s: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, delivery,
+		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])
 	return res, nil
 }
 
@@ -162,4 +179,51 @@ func pad(n int) string {
 		b[i] = 'x'
 	}
 	return string(b)
+}
+
+// kafkaTxns counts the Kafka transactions the relay committed: each holds
+// exactly one checkpoint record keyed by its slot ("relay"); the startup
+// probe is keyed "relay/probe" and not counted. 0 without exactly-once.
+func kafkaTxns(ctx context.Context, addrs []string) (int, error) {
+	const topic = "walrelay.checkpoints"
+	adm, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		return 0, err
+	}
+	ends, err := kadm.NewClient(adm).ListEndOffsets(ctx, topic)
+	adm.Close()
+	if err != nil {
+		return 0, err
+	}
+	end, ok := ends.Lookup(topic, 0)
+	if !ok || end.Err != nil || end.Offset == 0 {
+		return 0, nil // no checkpoint topic: at-least-once
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	n := 0
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return n, fmt.Errorf("count checkpoint records: %w", err)
+		}
+		last := int64(-1)
+		fs.EachRecord(func(r *kgo.Record) {
+			if string(r.Key) == "relay" {
+				n++
+			}
+			last = r.Offset
+		})
+		// The end offset lies past the last record (a commit marker
+		// follows it).
+		if last >= end.Offset-2 {
+			return n, nil
+		}
+	}
 }

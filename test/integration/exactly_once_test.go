@@ -316,14 +316,18 @@ func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
 }
 
 // TestExactlyOnceFencing starts relay A (binary) and, while 8 writers run,
-// relay B with the same arguments (same slot, same transactional id): A,
-// the older, is fenced and exits with code 3 and a message saying
-// "fenced"; B takes over the slot and delivers, and keeps running. Every
-// committed id is read exactly once read_committed, per key in commit
-// order.
+// freezes it (SIGSTOP) with its Kafka transaction open and starts relay B
+// with the same arguments (same slot, same transactional id). B waits as a
+// standby until the walsender gives up on the frozen A
+// (wal_sender_timeout), takes the slot and then the transactional id,
+// fencing A: thawed, A, which lost the slot without noticing, is fenced and
+// exits with code 3 and a message saying "fenced"; B delivers, and keeps
+// running. Every committed id is read exactly once read_committed, per key
+// in commit order. (--txn-min-interval keeps A's transactions open long
+// enough to freeze it inside one.)
 func TestExactlyOnceFencing(t *testing.T) {
 	e := newEnv(t)
-	args := e.eosArgs()
+	args := e.eosArgs("--txn-min-interval", "1s")
 	a := startProc(t, nil, args...)
 	rc := e.consumeIsolated(true)
 	e.waitSlotStreamed(60 * time.Second)
@@ -332,8 +336,39 @@ func TestExactlyOnceFencing(t *testing.T) {
 	const writers, perWriter = 8, 600
 	wr := e.startWriters(writers, 0, perWriter, 40*time.Millisecond)
 	rc.waitDistinct(writers*perWriter/4, 2*time.Minute)
+	// Freeze A with its transaction open: one seen Ongoing may commit
+	// before the signal lands, so check again once A is stopped, and thaw
+	// and retry if it did.
+	txnID := "walrelay-" + e.name
+	for attempt := 1; ; attempt++ {
+		e.waitTxnOngoing(txnID, 30*time.Second)
+		if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		if st := e.txnState(txnID); st == "Ongoing" {
+			break
+		} else if attempt == 10 {
+			t.Fatalf("10 times relay A's transaction was %s once A was frozen, not Ongoing", st)
+		}
+		a.cmd.Process.Signal(syscall.SIGCONT)
+	}
 	bStarted := time.Now()
 	b := startProc(t, nil, args...)
+	e.waitFor("relay B streaming the slot (after wal_sender_timeout)", 60*time.Second, func() (bool, error) {
+		i, err := e.slotInfoErr()
+		if err != nil {
+			return false, err
+		}
+		return i.Active && i.ActivePID != nil && (pidA == nil || *i.ActivePID != *pidA),
+			fmt.Errorf("slot active %v pid %v (relay A's walsender %v)", i.Active, deref(i.ActivePID), deref(pidA))
+	})
+	e.waitFor("A's transaction no longer ongoing (B took the id)", 30*time.Second, func() (bool, error) {
+		st := e.txnState(txnID)
+		return st != "Ongoing", fmt.Errorf("transaction %s", st)
+	})
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
 	code, _, ok := a.wait(60 * time.Second)
 	if !ok {
 		t.Fatalf("relay A still ran 60s after relay B started with its transactional id")
@@ -365,8 +400,8 @@ func TestExactlyOnceFencing(t *testing.T) {
 }
 
 // TestReadUncommittedSeesAborted shows what the transactions are for:
-// with long Kafka transactions (--txn-max-interval 20s, --txn-max-events
-// 100000; long enough for Apache Kafka on a loaded machine) 200 events
+// with long Kafka transactions (--txn-max-interval and --txn-min-interval
+// 20s, --txn-max-events 100000; long enough for Apache Kafka on a loaded machine) 200 events
 // are written to an open transaction, the relay is SIGKILLed once a
 // read_uncommitted consumer has read them and while the transaction is
 // still open (DescribeTransactions: Ongoing; read_committed has read
@@ -376,7 +411,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 // the committed one) while the read_committed consumer reads each once.
 func TestReadUncommittedSeesAborted(t *testing.T) {
 	e := newEnv(t)
-	args := e.eosArgs("--txn-max-interval", "20s", "--txn-max-events", "100000")
+	args := e.eosArgs("--txn-max-interval", "20s", "--txn-min-interval", "20s", "--txn-max-events", "100000")
 	p := startProc(t, nil, args...)
 	rc := e.consumeIsolated(true)
 	ru := e.consumeIsolated(false)
@@ -615,7 +650,7 @@ func TestExactlyOnceSigterm(t *testing.T) {
 func TestExactlyOnceCommitAfterBrokerTimeout(t *testing.T) {
 	e := newEnv(t)
 	e.needKfake()
-	p := startProc(t, nil, e.eosArgs("--txn-timeout", "2s", "--txn-max-interval", "1s")...)
+	p := startProc(t, nil, e.eosArgs("--txn-timeout", "2s", "--txn-max-interval", "1s", "--txn-min-interval", "1s")...)
 	rc := e.consumeIsolated(true)
 	e.waitSlotStreamed(60 * time.Second)
 	insert := func(seq int) {
