@@ -10,11 +10,8 @@
 package debezium
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -29,6 +26,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walrelay/walrelay/internal/mavencp"
 )
 
 // pom names Kafka Connect, Debezium's PostgreSQL connector and a log4j
@@ -37,25 +36,19 @@ import (
 //go:embed pom.xml
 var pom []byte
 
-// ClasspathFile is where Connect's resolved classpath is cached: under the
-// user's cache directory, keyed by the first 8 bytes of pom.xml's SHA-256
-// (`make deps-debezium` computes the same name with sha256sum).
-func ClasspathFile() (string, error) {
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("find the cache directory for the Debezium classpath (set XDG_CACHE_HOME): %w", err)
-	}
-	sum := sha256.Sum256(pom)
-	return filepath.Join(dir, "walrelay", "debezium-"+hex.EncodeToString(sum[:8])+".classpath"), nil
-}
+// project is Connect's Maven project; `make deps-debezium` resolves the
+// same cache file.
+var project = mavencp.Project{Name: "debezium", What: "Debezium's and Kafka Connect's jars", Pom: pom}
+
+// ClasspathFile is where Connect's resolved classpath is cached (see
+// mavencp.Project.File).
+func ClasspathFile() (string, error) { return project.File() }
 
 // Available reports why Debezium cannot run here (java or mvn missing), or
 // nil: the tests that need it skip on the reason.
 func Available() error {
-	for _, tool := range []string{"java", "mvn"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s not found: Debezium on Kafka Connect needs OpenJDK 17 or later and Maven (apt-get install openjdk-17-jre-headless maven)", tool)
-		}
+	if err := mavencp.Tools(); err != nil {
+		return fmt.Errorf("Debezium on Kafka Connect needs java and mvn: %w", err)
 	}
 	return nil
 }
@@ -64,60 +57,11 @@ func Available() error {
 // it names still exists, else one Maven resolves now (into ~/.m2) and
 // caches.
 func Classpath() (string, error) {
-	file, err := ClasspathFile()
-	if err != nil {
-		return "", err
+	cp, err := project.Classpath()
+	if err != nil && mavencp.Tools() != nil {
+		return "", fmt.Errorf("Debezium on Kafka Connect needs java and mvn: %w", err)
 	}
-	if cp, err := os.ReadFile(file); err == nil && complete(string(cp)) {
-		return strings.TrimSpace(string(cp)), nil
-	}
-	if err := Available(); err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
-		return "", err
-	}
-	dir, err := os.MkdirTemp("", "walrelay-debezium-pom-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(dir)
-	pomFile := filepath.Join(dir, "pom.xml")
-	if err := os.WriteFile(pomFile, pom, 0o644); err != nil {
-		return "", err
-	}
-	tmp := file + ".tmp"
-	cmd := exec.Command("mvn", "-q", "-B", "-f", pomFile, "dependency:build-classpath", "-Dmdep.outputFile="+tmp)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("resolve Debezium's and Kafka Connect's jars with Maven (is Maven Central reachable?): %w\n%s", err, out.String())
-	}
-	if err := os.Rename(tmp, file); err != nil {
-		return "", err
-	}
-	cp, err := os.ReadFile(file)
-	if err != nil {
-		return "", err
-	}
-	if !complete(string(cp)) {
-		return "", errors.New("Maven resolved a classpath naming missing jars: remove " + file + " and retry")
-	}
-	return strings.TrimSpace(string(cp)), nil
-}
-
-// complete reports whether cp names jars that all exist.
-func complete(cp string) bool {
-	cp = strings.TrimSpace(cp)
-	if cp == "" {
-		return false
-	}
-	for _, jar := range filepath.SplitList(cp) {
-		if _, err := os.Stat(jar); err != nil {
-			return false
-		}
-	}
-	return true
+	return cp, err
 }
 
 // Options configures Start.
