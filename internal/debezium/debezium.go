@@ -14,7 +14,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/internal/mavencp"
 )
 
@@ -155,7 +155,7 @@ func (c *Connect) properties() (worker, connector map[string]string, err error) 
 		// Debezium's JDBC driver connects over TCP only.
 		pg.Host = "127.0.0.1"
 	}
-	rest, err := freePort()
+	rest, err := devcluster.FreePort()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -341,15 +341,6 @@ func render(props map[string]string) string {
 		fmt.Fprintf(&b, "%s=%s\n", k, strings.ReplaceAll(props[k], `\`, `\\`))
 	}
 	return b.String()
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // log4jConfig: Connect's and Debezium's INFO lines (slot, offsets flushed,
