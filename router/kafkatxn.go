@@ -22,8 +22,13 @@ import (
 // committed checkpoint and skips what it covers.
 
 // ErrFenced means another producer took this relay's transactional id:
-// a newer walrelay for the same slot. This one must stop.
-var ErrFenced = errors.New("fenced: another walrelay took over the transactional id")
+// nothing this producer sent since its last commit will become visible,
+// and it can commit nothing more. Usually a walrelay that took the slot
+// after this one lost it without noticing (this one should then wait as a
+// standby); otherwise a relay of another slot configured with the same
+// transactional id. Only the caller, which knows whether it still holds
+// the slot, can tell the two apart.
+var ErrFenced = errors.New("fenced: another producer took over the transactional id")
 
 // ErrTxnTimedOut means the broker aborted the open Kafka transaction because
 // it stayed open longer than the transaction timeout. Nothing of it is
@@ -45,7 +50,8 @@ func (r *Router) beginTxn() error {
 		r.txnBroken.Store(true)
 		return fmt.Errorf("begin Kafka transaction: %w", err)
 	}
-	r.inTxn, r.txnBegan = true, time.Now()
+	r.inTxn = true
+	r.txnBegan.Store(time.Now().UnixNano())
 	return nil
 }
 
@@ -76,7 +82,7 @@ func (r *Router) CommitKafkaTxn(ctx context.Context, key, value []byte) error {
 	}
 	r.client.TryProduce(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: key, Value: value}, func(rec *kgo.Record, err error) {
 		if err != nil {
-			r.fail(fmt.Errorf("produce checkpoint to %s: %w", rec.Topic, err))
+			r.fail(fmt.Errorf("produce checkpoint to %s: %w", rec.Topic, r.fenceError(err)))
 		}
 	})
 	if err := r.client.Flush(ctx); err != nil {
@@ -84,6 +90,7 @@ func (r *Router) CommitKafkaTxn(ctx context.Context, key, value []byte) error {
 		return fmt.Errorf("flush Kafka transaction: %w", err)
 	}
 	if r.failed.Load() {
+		// A record's error, already classified (fenceError) by onPromise.
 		return fmt.Errorf("kafka transaction: %w", *r.failErr.Load())
 	}
 	err := r.client.EndTransaction(ctx, kgo.TryCommit)
@@ -118,19 +125,28 @@ func (r *Router) AbortKafkaTxn(ctx context.Context) error {
 	return nil
 }
 
-// txnError marks the producer for replacement and classifies err. Kafka
-// answers PRODUCER_FENCED both when a newer producer took the transactional
-// id and when the broker itself aborted a transaction that outlived the
-// transaction timeout (it bumps the epoch then too). The two cannot be told
-// apart from the answer, but the broker's clock for a transaction starts
-// after ours: one open for less than the timeout was not timed out, so it
-// was fenced.
+// txnError marks the producer for replacement and classifies err
+// (fenceError).
 func (r *Router) txnError(err error) error {
 	r.txnBroken.Store(true)
-	if !errors.Is(err, kerr.ProducerFenced) {
+	return r.fenceError(err)
+}
+
+// fenceError classifies an error of a transactional call or of a record in
+// the open transaction. Kafka answers PRODUCER_FENCED (to EndTxn and
+// InitProducerId) or INVALID_PRODUCER_EPOCH (to Produce; Apache Kafka 4
+// answers a fenced producer's records this way before its commit is even
+// tried) both when a newer producer took the transactional id and when the
+// broker itself aborted a transaction that outlived the transaction
+// timeout (it bumps the epoch then too). The two cannot be told apart from
+// the answer, but the broker's clock for a transaction starts after ours:
+// one open for less than the timeout was not timed out, so it was fenced.
+// It is safe for concurrent use (promises call it).
+func (r *Router) fenceError(err error) error {
+	if !errors.Is(err, kerr.ProducerFenced) && !errors.Is(err, kerr.InvalidProducerEpoch) {
 		return err
 	}
-	if open := time.Since(r.txnBegan); open >= r.cfg.TransactionTimeout {
+	if open := time.Since(time.Unix(0, r.txnBegan.Load())); open >= r.cfg.TransactionTimeout {
 		return fmt.Errorf("%w (open %s, transaction timeout %s): %w", ErrTxnTimedOut, open.Round(time.Millisecond), r.cfg.TransactionTimeout, err)
 	}
 	return fmt.Errorf("%w: %w", ErrFenced, err)
@@ -151,8 +167,16 @@ func (r *Router) InitTransactions(ctx context.Context) error {
 		}
 		return fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err)
 	}
+	r.txnInit.Store(true)
 	return nil
 }
+
+// TookTransactionalID reports whether InitTransactions succeeded on this
+// router. Its producer epoch is then stale once another producer takes the
+// id (a relay that took the slot while this one had lost it): a relay
+// replaces such a router before it streams again, so that the new one takes
+// the id afresh rather than being answered INVALID_PRODUCER_EPOCH.
+func (r *Router) TookTransactionalID() bool { return r.txnInit.Load() }
 
 // prepareCheckpointTopic creates (when topic creation is on) and checks
 // the checkpoint topic.

@@ -17,8 +17,9 @@ import (
 	"go.uber.org/zap/zaptest"
 )
 
-// Kafka answers PRODUCER_FENCED both to a producer another one fenced and to
-// one whose transaction it timed out: the transaction's age decides.
+// Kafka answers PRODUCER_FENCED or INVALID_PRODUCER_EPOCH both to a
+// producer another one fenced and to one whose transaction it timed out:
+// the transaction's age decides.
 func TestTxnErrorClassification(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -28,11 +29,14 @@ func TestTxnErrorClassification(t *testing.T) {
 	}{
 		{"fenced young transaction", kerr.ProducerFenced, 100 * time.Millisecond, true, false},
 		{"fenced after the timeout", kerr.ProducerFenced, 3 * time.Second, false, true},
+		{"stale epoch, young transaction", kerr.InvalidProducerEpoch, 100 * time.Millisecond, true, false},
+		{"stale epoch after the timeout", kerr.InvalidProducerEpoch, 3 * time.Second, false, true},
 		{"other error", kerr.InvalidTxnState, 100 * time.Millisecond, false, false},
 		{"other error after the timeout", kerr.InvalidTxnState, 3 * time.Second, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Router{cfg: Config{TransactionTimeout: 2 * time.Second}, txnBegan: time.Now().Add(-tc.open)}
+			r := &Router{cfg: Config{TransactionTimeout: 2 * time.Second}}
+			r.txnBegan.Store(time.Now().Add(-tc.open).UnixNano())
 			err := r.txnError(fmt.Errorf("commit Kafka transaction: %w", tc.err))
 			if got := errors.Is(err, ErrFenced); got != tc.fenced {
 				t.Errorf("errors.Is(%v, ErrFenced) = %v, want %v", err, got, tc.fenced)
@@ -416,10 +420,10 @@ func TestReadCheckpointProbeRacesACommit(t *testing.T) {
 
 // A second producer with the same transactional id (a newer relay) fences
 // the first: its commit fails, nothing of its transaction is acked or
-// visible read_committed, and the router is Failed. (kfake answers the
+// visible read_committed, and the router is Failed. The error says fenced
+// whichever call notices first (kfake and Apache Kafka answer the
 // checkpoint record's produce with INVALID_PRODUCER_EPOCH, before the
-// commit is tried, so the error is not always ErrFenced: the new
-// producer's InitTransactions is what says fenced.)
+// commit is tried).
 func TestCommitTxnFenced(t *testing.T) {
 	e := newEOSEnv(t)
 	a := &testAcker{}
@@ -436,8 +440,8 @@ func TestCommitTxnFenced(t *testing.T) {
 	if err == nil {
 		t.Fatal("CommitKafkaTxn succeeded after a newer producer took the transactional id")
 	}
-	if !errors.Is(err, ErrFenced) && !errors.Is(err, kerr.InvalidProducerEpoch) {
-		t.Errorf("CommitKafkaTxn after a newer producer took the id: %v; want ErrFenced or INVALID_PRODUCER_EPOCH", err)
+	if !errors.Is(err, ErrFenced) {
+		t.Errorf("CommitKafkaTxn after a newer producer took the id: %v; want ErrFenced", err)
 	}
 	if got := a.acks.Load(); got != 0 {
 		t.Errorf("a fenced transaction was acked %d times", got)

@@ -231,12 +231,13 @@ type Router struct {
 	eos       bool
 	connOpts  []kgo.Opt // the caller's connection options, for side clients
 	inTxn     bool
-	txnAcks   []ackRun    // ackers of the open Kafka transaction, in order
-	txnEvents int         // records in the open Kafka transaction
-	txnBegan  time.Time   // when the open Kafka transaction began
-	txnBroken atomic.Bool // a transactional call failed: replace the producer
-	hbMu      sync.Mutex  // guards hbClient
-	hbClient  *kgo.Client // non-transactional, for heartbeat records
+	txnAcks   []ackRun     // ackers of the open Kafka transaction, in order
+	txnEvents int          // records in the open Kafka transaction
+	txnBegan  atomic.Int64 // when the open Kafka transaction began, Unix ns (read by promises)
+	txnBroken atomic.Bool  // a transactional call failed: replace the producer
+	txnInit   atomic.Bool  // InitTransactions succeeded (TookTransactionalID)
+	hbMu      sync.Mutex   // guards hbClient
+	hbClient  *kgo.Client  // non-transactional, for heartbeat records
 }
 
 // New returns a Router and its producer, a franz-go client built from
@@ -507,6 +508,12 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	o := recordOf(rec)
 	r.gate.release(o.size)
 	if err != nil {
+		if r.eos {
+			if err = r.fenceError(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnTimedOut) {
+				r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
+				return
+			}
+		}
 		if topics.RefusedForGood(err) && o.topic != r.dlq && o.table != nil {
 			r.redirect(o, err)
 			return
