@@ -208,7 +208,26 @@ func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 // consistent point), then the temporary slot goes with the connection.
 // Rows committed before the consistent point are in the snapshot, later
 // ones come through the slot: none both ways, none lost.
+//
+// Relays started together on a fresh database (a standby and the active
+// one) would each snapshot, and publish the rows twice; with exactly-once
+// delivery the second one's snapshot would take the transactional id from
+// the first, already streaming. So creating the slot this way is
+// serialised by an advisory lock on the slot's name: the relay that waited
+// finds the slot, publishes no snapshot and streams (or waits as the
+// standby).
 func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
+	lockKey := "walrelay slot " + cfg.Slot
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockKey); err != nil {
+		return fmt.Errorf("wait for the lock on creating slot %q: %w", cfg.Slot, err)
+	}
+	defer conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", lockKey)
+	if _, err := ReadInfo(ctx, conn, cfg.Slot); err == nil {
+		log.Info("replication slot was created meanwhile by another walrelay (with its initial snapshot); using it", zap.String("slot", cfg.Slot))
+		return nil
+	} else if !errors.Is(err, ErrNoSlot) {
+		return err
+	}
 	rcfg, err := ReplicationConfig(cfg.URL)
 	if err != nil {
 		return err

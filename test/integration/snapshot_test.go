@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -332,6 +333,52 @@ func TestInitialSnapshotExactlyOnce(t *testing.T) {
 	}
 	if n := gathered(reg, "walrelay_kafka_transactions_total")[""]; n < 6 {
 		t.Errorf("%v Kafka transactions committed; the 3000 snapshot rows at 500 per transaction need at least 6", n)
+	}
+}
+
+// TestInitialSnapshotTwoRelaysStartedTogether starts two relays (binary,
+// at-least-once, defaults) at once on a database without their slot and
+// with 20,000 outbox rows, as two supervised relays meet a fresh install:
+// the initial snapshot is published once, by the relay that created the
+// slot, and the other waits as the standby. Without the advisory lock
+// around snapshot-and-create both would snapshot (each finds no slot), and
+// every row would be read twice; with exactly-once delivery the second
+// snapshot would also take the transactional id from the relay already
+// streaming.
+func TestInitialSnapshotTwoRelaysStartedTogether(t *testing.T) {
+	e := newEnv(t)
+	insertSeq(e, "pre", 0, 19999)
+	want := tableIDs(e)
+	c := e.consume()
+	var procs [2]*proc
+	for i := range procs {
+		procs[i] = startProc(t, nil, e.args()...)
+	}
+	e.waitSlotStreamed(2 * time.Minute)
+	// The standby is past its setup (and any snapshot it would publish)
+	// once it waits for the slot.
+	e.waitFor("one relay waiting as the standby", 2*time.Minute, func() (bool, error) {
+		for i, p := range procs {
+			if exited(p) {
+				return false, fmt.Errorf("relay %d exited (%v): %s", i, p.err, lastLines(p.out.String(), 3))
+			}
+			if strings.Contains(p.out.String(), "waiting as a standby") {
+				return true, nil
+			}
+		}
+		return false, errors.New("neither relay waits as a standby")
+	})
+	c.waitIDs(len(want), 2*time.Minute)
+	e.fence("", c)
+	checkEachOnce(t, c.records(), want)
+	snapshots := 0
+	for _, p := range procs {
+		if strings.Contains(p.out.String(), "initial snapshot published") {
+			snapshots++
+		}
+	}
+	if snapshots != 1 {
+		t.Errorf("%d relays published an initial snapshot, want 1", snapshots)
 	}
 }
 
