@@ -34,7 +34,7 @@ func (r *Relay) readCheckpoint(ctx context.Context, rt *router.Router) (resumePo
 	defer cancel()
 	value, found, err := rt.ReadCheckpoint(ctx, []byte(r.cfg.Slot))
 	if err != nil {
-		return resumePoint{}, r.eosError(err)
+		return resumePoint{}, kafkaTxnError(err)
 	}
 	var d checkpoint.Durable
 	if found {
@@ -77,21 +77,14 @@ type kafkaTxnFailure struct{ err error }
 func (e *kafkaTxnFailure) Error() string { return e.err.Error() }
 func (e *kafkaTxnFailure) Unwrap() error { return e.err }
 
-// eosError turns a fenced producer into the documented fatal error, and
-// marks other errors as Kafka's.
-func (r *Relay) eosError(err error) error {
-	return kafkaTxnError(err, r.cfg.Router.TransactionalID, r.cfg.Slot)
-}
-
-func kafkaTxnError(err error, txnID, slotName string) error {
-	if err == nil {
-		return nil
+// kafkaTxnError marks err as a failed Kafka transaction's. A fenced one
+// (router.ErrFenced) is returned as is: the session's end decides, knowing
+// whether the relay still holds the slot, whether to stop (afterFence).
+func kafkaTxnError(err error) error {
+	if err == nil || errors.Is(err, router.ErrFenced) {
+		return err
 	}
-	if !errors.Is(err, router.ErrFenced) {
-		return &kafkaTxnFailure{err}
-	}
-	return &fatalError{fmt.Errorf("transactional id %q is now used by another walrelay (one that took slot %q while this one had lost it, or a relay of another slot configured with the same id); this one stops so that only one writes (restarting it is safe: it waits as a standby): %w",
-		txnID, slotName, err)}
+	return &kafkaTxnFailure{err}
 }
 
 // exactlyOnce delivers through Kafka transactions. Each is closed by a
@@ -105,7 +98,6 @@ type exactlyOnce struct {
 	kafkaCtx func() (context.Context, context.CancelFunc) // bounds a commit or an abort
 	metrics  *metrics.Metrics
 	slot     string
-	txnID    string // the transactional id, named when fenced
 	systemID string // the PostgreSQL system identifier, written in every checkpoint
 	key      []byte // checkpoint record key: the slot name
 
@@ -208,7 +200,7 @@ func (e *exactlyOnce) Close(commit bool) error {
 	return e.error(e.p.AbortKafkaTxn(ctx))
 }
 
-func (e *exactlyOnce) error(err error) error { return kafkaTxnError(err, e.txnID, e.slot) }
+func (e *exactlyOnce) error(err error) error { return kafkaTxnError(err) }
 
 // commitDue reports whether the open Kafka transaction should commit now.
 func (e *exactlyOnce) commitDue(now time.Time) bool {

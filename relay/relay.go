@@ -219,6 +219,9 @@ type Relay struct {
 	// ctx ended first); unit tests replace them to check the waits.
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) bool
+	// slotHolder tells a fenced relay whether it still holds the slot
+	// (fence.go): holdsSlot, or a fake in unit tests.
+	slotHolder slotHolder
 
 	// unmapped holds the counter of each table whose inserts the
 	// publication sends but no outbox maps; a table is logged when it is
@@ -263,7 +266,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	for _, kind := range []string{"wal", "kafka"} {
 		m.Heartbeats.WithLabelValues(kind)
 	}
-	for _, cause := range []string{"kafka", "slot_busy", "silent", "decode", "postgres", "connection", "setup"} {
+	for _, cause := range []string{"kafka", "fenced", "slot_busy", "silent", "decode", "postgres", "connection", "setup"} {
 		m.StreamRestarts.WithLabelValues(cause)
 	}
 	r := &Relay{
@@ -279,6 +282,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		now:   time.Now,
 		sleep: sleepCtx,
 	}
+	r.slotHolder = r.holdsSlot
 	m.SetReadiness(r.Ready)
 	return r, nil
 }
@@ -382,9 +386,12 @@ func (r *Relay) Run(parent context.Context) error {
 			r.router.Store(rt)
 		}
 		err := r.session(ctx, rt)
-		if rt.Failed() {
+		if rt.Failed() || rt.TookTransactionalID() {
 			// A producer that lost a record is not reused: its
-			// idempotence state and buffered records are suspect.
+			// idempotence state and buffered records are suspect. Nor
+			// is one that took the transactional id: another relay may
+			// have taken it since, and the next session must take it
+			// afresh, after the slot (initTransactions).
 			r.router.Store(nil)
 			rt.Close()
 			rt = nil
@@ -617,6 +624,8 @@ func causeOf(err error) string {
 	var produceErr *produceError
 	var txnErr *kafkaTxnFailure
 	switch {
+	case errors.Is(err, router.ErrFenced):
+		return "fenced"
 	case errors.As(err, &produceErr), errors.As(err, &txnErr):
 		return "kafka"
 	case errors.Is(err, errSlotBusy):

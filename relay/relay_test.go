@@ -144,18 +144,19 @@ func TestStartupConfigErrors(t *testing.T) {
 	}
 }
 
-func TestFencedIsFatal(t *testing.T) {
-	r := &Relay{cfg: Config{Slot: "s", Router: router.Config{TransactionalID: "walrelay-s"}}}
-	err := r.eosError(fmt.Errorf("commit: %w", router.ErrFenced))
-	if !isFatal(err) || !errors.Is(err, router.ErrFenced) || !strings.Contains(err.Error(), `"walrelay-s"`) {
-		t.Errorf("fenced: %v (fatal %v)", err, isFatal(err))
+func TestKafkaTxnError(t *testing.T) {
+	// Fenced is left to the session's end (afterFence), which knows
+	// whether the relay still holds the slot.
+	err := kafkaTxnError(fmt.Errorf("commit: %w", router.ErrFenced))
+	if isFatal(err) || !errors.Is(err, router.ErrFenced) || causeOf(err) != "fenced" {
+		t.Errorf("fenced: %v (fatal %v, cause %s)", err, isFatal(err), causeOf(err))
 	}
-	err = r.eosError(fmt.Errorf("commit: %w", router.ErrTxnTimedOut))
+	err = kafkaTxnError(fmt.Errorf("commit: %w", router.ErrTxnTimedOut))
 	if isFatal(err) || causeOf(err) != "kafka" {
 		t.Errorf("timed out: %v (fatal %v, cause %s): must be retried", err, isFatal(err), causeOf(err))
 	}
-	if r.eosError(nil) != nil {
-		t.Error("eosError(nil) is not nil")
+	if kafkaTxnError(nil) != nil {
+		t.Error("kafkaTxnError(nil) is not nil")
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/heartbeat"
+	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -50,18 +51,21 @@ type stream interface {
 // running it, except what the producer's promises touch through the
 // checkpoint.Txn and the failed channel.
 type session struct {
-	r       *Relay
-	ctx     context.Context
-	stream  stream
-	dec     *decoder.Decoder
-	d       delivery
-	tr      *checkpoint.Tracker
-	pgTxn   *checkpoint.Txn
-	failed  chan error
-	start   decoder.LSN                    // where the stream started
-	system  pglogrepl.IdentifySystemResult // what the stream's IDENTIFY_SYSTEM reported
-	timer   *time.Timer
-	lastLSN decoder.LSN // WAL position of the current message, for errors
+	r      *Relay
+	ctx    context.Context
+	stream stream
+	dec    *decoder.Decoder
+	d      delivery
+	tr     *checkpoint.Tracker
+	pgTxn  *checkpoint.Txn
+	failed chan error
+	start  decoder.LSN                    // where the stream started
+	system pglogrepl.IdentifySystemResult // what the stream's IDENTIFY_SYSTEM reported
+	// walsender is the backend PID of the replication connection (0 when
+	// unknown): a fenced relay compares it with the slot's active_pid.
+	walsender uint32
+	timer     *time.Timer
+	lastLSN   decoder.LSN // WAL position of the current message, for errors
 
 	status   *heartbeat.Schedule
 	nextTick time.Time
@@ -419,10 +423,16 @@ func (s *session) finish(cause error) error {
 	// clean stop, else abort it.
 	if err := s.d.Close(stopping && cause != nil && errors.Is(cause, context.Canceled)); err != nil {
 		s.r.log.Warn("ending the Kafka transaction failed; the next start resumes from the last checkpoint", zap.Error(err))
-		if isFatal(err) {
+		if isFatal(err) || errors.Is(err, router.ErrFenced) {
 			cause = err
 			stopping = false
 		}
+	}
+	// Before the replication connection closes: it tells whether this
+	// relay still held the slot.
+	cause = s.r.afterFence(cause, s.walsender)
+	if isFatal(cause) {
+		stopping = false
 	}
 	var flushCtx context.Context
 	var cancel context.CancelFunc

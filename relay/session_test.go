@@ -9,7 +9,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -316,6 +318,13 @@ const start = 1000
 // resume, exactly-once from that checkpoint.
 func startSession(t *testing.T, change func(*Config), p *fakeProducer, resume *resumePoint) *harness {
 	t.Helper()
+	return startSessionWith(t, change, p, resume, nil)
+}
+
+// startSessionWith is startSession with prepare run on the relay and the
+// session just before the session starts.
+func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resume *resumePoint, prepare func(*Relay, *session)) *harness {
+	t.Helper()
 	cfg := validConfig()
 	cfg.StatusInterval, cfg.ConfirmDelay = 50*time.Millisecond, 10*time.Millisecond
 	if resume != nil {
@@ -344,6 +353,9 @@ func startSession(t *testing.T, change func(*Config), p *fakeProducer, resume *r
 		s.d = r.newExactlyOnce(p, *resume, s.system.SystemID, s)
 	} else {
 		s.d = newAtLeastOnce(p, s.wait)
+	}
+	if prepare != nil {
+		prepare(r, s)
 	}
 	h := &harness{r: r, st: st, p: p, s: s, cancel: cancel, done: make(chan error, 1)}
 	st.send(data(start, relationMsg(outboxOID, "outbox")))
@@ -709,12 +721,59 @@ func TestExactlyOnceStop(t *testing.T) {
 	})
 }
 
-func TestExactlyOnceFencedIsFatal(t *testing.T) {
-	p := &fakeProducer{commitErr: fmt.Errorf("commit: %w", router.ErrFenced)}
-	h := startSession(t, nil, p, &resumePoint{})
-	h.st.send(txnMsgs(2000, "e1")...)
-	if err := h.end(t); !isFatal(err) {
-		t.Fatalf("session ended with %v, want fatal when fenced", err)
+// A fenced exactly-once session asks, before its replication connection
+// closes, whether its walsender still holds the slot: when another one does
+// (it lost the slot without noticing) it ends to restart as a standby
+// (cause "fenced"); when its own does, another slot's relay uses the same
+// transactional id and it stops (fatal, still ErrFenced: exit code 3);
+// when the check fails it restarts, which is safe (slot before id).
+func TestExactlyOnceFenced(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		holds    bool
+		checkErr error
+		fatal    bool
+	}{
+		{"slot lost: restart as a standby", false, nil, false},
+		{"slot held: the id is used elsewhere", true, nil, true},
+		{"slot check failed: restart", false, errors.New("connection refused"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fakeProducer{commitErr: fmt.Errorf("commit: %w", router.ErrFenced)}
+			var asked atomic.Uint32
+			var closedFirst atomic.Bool
+			h := startSessionWith(t, nil, p, &resumePoint{}, func(r *Relay, s *session) {
+				s.walsender = 4242
+				st := s.stream.(*fakeStream)
+				r.slotHolder = func(_ context.Context, pid uint32) (bool, error) {
+					asked.Store(pid)
+					st.mu.Lock()
+					closedFirst.Store(st.closed)
+					st.mu.Unlock()
+					return tc.holds, tc.checkErr
+				}
+			})
+			h.st.send(txnMsgs(2000, "e1")...)
+			err := h.end(t)
+			if !errors.Is(err, router.ErrFenced) {
+				t.Fatalf("session ended with %v, want fenced", err)
+			}
+			if got := isFatal(err); got != tc.fatal {
+				t.Errorf("fatal = %v, want %v: %v", got, tc.fatal, err)
+			}
+			if !tc.fatal && causeOf(err) != "fenced" {
+				t.Errorf("restart cause %q, want fenced", causeOf(err))
+			}
+			if tc.fatal && !strings.Contains(err.Error(), "--transactional-id") {
+				t.Errorf("the fatal error does not name the fix: %v", err)
+			}
+			if got := asked.Load(); got != 4242 {
+				t.Errorf("the slot check was asked about walsender %d, want 4242", got)
+			}
+			if closedFirst.Load() {
+				t.Error("the replication connection was closed before the slot check: the relay's own walsender could no longer be seen")
+			}
+		})
 	}
 }
 

@@ -188,7 +188,7 @@ func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
 		wait, err := s.rt.Send(ev, s.lsn, &s.acks)
 		if err != nil {
 			if s.eos != nil && errors.Is(err, router.ErrFenced) {
-				return s.eos.r.eosError(err)
+				return s.eos.r.snapshotTxnError(err)
 			}
 			return err
 		}
@@ -233,10 +233,21 @@ func (s *snapshotSender) commit(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Router.TransactionTimeout)
 	defer cancel()
 	if err := s.rt.CommitKafkaTxn(cctx, []byte(r.cfg.Slot), d.Marshal()); err != nil {
-		return r.eosError(err)
+		return r.snapshotTxnError(err)
 	}
 	r.metrics.KafkaTransactions.Inc()
 	return nil
+}
+
+// snapshotTxnError is kafkaTxnError for the initial snapshot, which runs
+// before the slot exists: no slot tells a standby apart, so being fenced
+// then stops the relay (exit code 3).
+func (r *Relay) snapshotTxnError(err error) error {
+	if errors.Is(err, router.ErrFenced) {
+		return &fatalError{fmt.Errorf("transactional id %q was taken by another producer during the initial snapshot for slot %q: another relay started with the same --transactional-id before this one created the slot; start the others once one streams: %w",
+			r.cfg.Router.TransactionalID, r.cfg.Slot, err)}
+	}
+	return kafkaTxnError(err)
 }
 
 // finish commits the last Kafka transaction (exactly-once) and waits until

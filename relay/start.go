@@ -48,8 +48,10 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return err
 	}
 	r.slotSeen = true
+	walsender := stream.PID()
 	open, st, err := r.prepareDelivery(ctx, rt, stream, start)
 	if err != nil {
+		err = r.afterFence(err, walsender)
 		stream.Close(context.Background())
 		return err
 	}
@@ -62,6 +64,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return &fatalError{err}
 	}
 	s := r.newSession(ctx, st, dec, start)
+	s.walsender = walsender
 	if s.d, err = open(stream.System, s); err != nil {
 		stream.Close(context.Background())
 		return err
@@ -110,7 +113,7 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 func (r *Relay) newExactlyOnce(p producer, resume resumePoint, systemID string, s *session) *exactlyOnce {
 	return &exactlyOnce{
 		p: p, wait: s.wait, kafkaCtx: s.kafkaCtx, metrics: r.metrics,
-		slot: r.cfg.Slot, txnID: r.cfg.Router.TransactionalID, systemID: systemID, key: []byte(r.cfg.Slot),
+		slot: r.cfg.Slot, systemID: systemID, key: []byte(r.cfg.Slot),
 		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval, minInterval: r.cfg.TxnMinInterval,
 		skip: checkpoint.NewSkip(resume.ckpt, resume.found), lastFull: resume.ckpt.LSN,
 	}

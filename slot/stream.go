@@ -111,6 +111,11 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 	return s, nil
 }
 
+// PID is the backend process ID of the replication connection: the
+// walsender, named by pg_replication_slots.active_pid while it streams the
+// slot.
+func (s *Stream) PID() uint32 { return s.conn.PID() }
+
 // IdentifySystem runs IDENTIFY_SYSTEM on a replication connection of its
 // own: the cluster's system identifier, timeline and WAL flush position,
 // for callers that have no stream open.

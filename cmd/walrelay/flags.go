@@ -202,7 +202,7 @@ type HealthFlags struct {
 // DeliveryFlags choose at-least-once or exactly-once delivery.
 type DeliveryFlags struct {
 	Delivery        string        `default:"at-least-once" enum:"at-least-once,exactly-once" help:"at-least-once (duplicates possible after a crash, each with the same id header) or exactly-once (Kafka transactions with a checkpoint; read_committed consumers see each row once)."`
-	TransactionalID string        `help:"Kafka transactional id for exactly-once delivery; default walrelay-<slot>, so two relays on one slot fence each other."`
+	TransactionalID string        `help:"Kafka transactional id for exactly-once delivery; default walrelay-<slot>, so that two relays of one slot share it (one streams, the other waits as a standby) and relays of different slots do not."`
 	CheckpointTopic string        `default:"walrelay.checkpoints" help:"Compacted one-partition topic of exactly-once checkpoints (key: slot name); created when --create-topics."`
 	TxnMaxEvents    int           `default:"10000" help:"Exactly-once: commit the Kafka transaction once it holds this many events (large PostgreSQL transactions are split)."`
 	TxnMaxInterval  time.Duration `default:"100ms" help:"Exactly-once: commit the Kafka transaction at least this often, for a stream that never runs dry (it commits as soon as it does)."`

@@ -48,8 +48,10 @@ const (
 	// refusal, credentials, an unreachable server past --startup-timeout,
 	// an invalidated slot, drop refusing to discard pending rows.
 	exitFailed = 2
-	// exitFenced: another relay took the exactly-once transactional id;
-	// do not restart automatically.
+	// exitFenced: another producer took the exactly-once transactional id
+	// while this relay held its slot: two relays share an id. Restarting
+	// would fence the other in turn. (A relay fenced after losing its slot
+	// becomes a standby instead.)
 	exitFenced = 3
 	// exitUsage: a malformed flag, WALRELAY_* variable or configuration,
 	// found before anything is connected (kong's code for usage errors).

@@ -17,22 +17,14 @@ import (
 // taking the transactional id. The active one is SIGKILLed 4 times
 // (WALRELAY_TEST_STANDBY_KILLS overrides), every second kill after a cut
 // of the active relay's replication connection (either relay may win the
-// slot then): each time the standby takes over, and the killed one, restarted as a supervisor would once the other
-// streams, becomes the standby; neither exits (a relay that took the id from
-// the active one at start would make it exit 3, fenced). In the end a
+// slot then; the cut relay, fenced once the other takes the id, must
+// become the standby): each time the standby takes over, and the killed
+// one, restarted as a supervisor would once the other streams, becomes the
+// standby; neither exits (a relay that took the id from the active one at
+// start, or a fenced relay that exits 3, would fail this). In the end a
 // read_committed consumer has read every committed id exactly once, per
 // key in commit order.
 func TestExactlyOnceStandby(t *testing.T) {
-	if apache != nil {
-		// Known bug, seen only on Apache Kafka: a relay whose replication
-		// connection was cut while the other relay took the slot and the
-		// transactional id gets PRODUCER_FENCED when it aborts its open
-		// Kafka transaction, and exits 3 instead of waiting as a standby.
-		// TestExactlyOnceFencing expects exit 3 in a similar case (a relay
-		// frozen while the other takes over): telling the two apart is the
-		// open part of the exactly-once standby work.
-		t.Skip("known bug on Apache Kafka: a relay fenced while aborting after a connection cut exits 3 instead of waiting as a standby")
-	}
 	kills := 4
 	if s, err := strconv.Atoi(os.Getenv("WALRELAY_TEST_STANDBY_KILLS")); err == nil && s >= 0 {
 		kills = s

@@ -10,6 +10,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -320,18 +322,19 @@ func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
 // with the same arguments (same slot, same transactional id). B waits as a
 // standby until the walsender gives up on the frozen A
 // (wal_sender_timeout), takes the slot and then the transactional id,
-// fencing A: thawed, A, which lost the slot without noticing, is fenced and
-// exits with code 3 and a message saying "fenced"; B delivers, and keeps
-// running. Every committed id is read exactly once read_committed, per key
-// in commit order. (--txn-min-interval keeps A's transactions open long
-// enough to freeze it inside one.)
+// fencing A. Thawed, A, which lost the slot without noticing, is told it
+// is fenced (by Apache Kafka as INVALID_PRODUCER_EPOCH on its records,
+// by kfake at its commit), sees that another walsender holds the slot,
+// says so and becomes the standby: it neither exits nor streams. B
+// delivers and keeps running. Every committed id is read exactly once
+// read_committed, per key in commit order. (--txn-min-interval keeps A's
+// transactions open long enough to freeze it inside one.)
 func TestExactlyOnceFencing(t *testing.T) {
 	e := newEnv(t)
 	args := e.eosArgs("--txn-min-interval", "1s")
 	a := startProc(t, nil, args...)
 	rc := e.consumeIsolated(true)
-	e.waitSlotStreamed(60 * time.Second)
-	pidA := e.slotInfo().ActivePID
+	pidA := e.waitWalsender(0, 60*time.Second)
 
 	const writers, perWriter = 8, 600
 	wr := e.startWriters(writers, 0, perWriter, 40*time.Millisecond)
@@ -354,14 +357,8 @@ func TestExactlyOnceFencing(t *testing.T) {
 	}
 	bStarted := time.Now()
 	b := startProc(t, nil, args...)
-	e.waitFor("relay B streaming the slot (after wal_sender_timeout)", 60*time.Second, func() (bool, error) {
-		i, err := e.slotInfoErr()
-		if err != nil {
-			return false, err
-		}
-		return i.Active && i.ActivePID != nil && (pidA == nil || *i.ActivePID != *pidA),
-			fmt.Errorf("slot active %v pid %v (relay A's walsender %v)", i.Active, deref(i.ActivePID), deref(pidA))
-	})
+	// Relay B streaming the slot, after wal_sender_timeout.
+	pidB := e.waitWalsender(pidA, 60*time.Second)
 	e.waitFor("A's transaction no longer ongoing (B took the id)", 30*time.Second, func() (bool, error) {
 		st := e.txnState(txnID)
 		return st != "Ongoing", fmt.Errorf("transaction %s", st)
@@ -369,34 +366,166 @@ func TestExactlyOnceFencing(t *testing.T) {
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	code, _, ok := a.wait(60 * time.Second)
-	if !ok {
-		t.Fatalf("relay A still ran 60s after relay B started with its transactional id")
-	}
-	fencedAfter := time.Since(bStarted)
-	aLog := a.out.String()
-	if code != 3 {
-		t.Errorf("relay A exited with code %d, want 3 (fenced)", code)
-	}
-	if !strings.Contains(aLog, "fenced") {
-		t.Errorf("relay A's output does not say it was fenced; its last lines:\n%s", lastLines(aLog, 5))
-	}
-	e.waitFor("relay B streaming the slot", 30*time.Second, func() (bool, error) {
-		i, err := e.slotInfoErr()
-		if err != nil {
-			return false, err
+	const fencedMsg = "fenced: another relay took the slot"
+	e.waitFor("relay A saying it was fenced after losing the slot", 60*time.Second, func() (bool, error) {
+		if exited(a) {
+			return false, fmt.Errorf("relay A exited (%v), want it to become the standby: %s", a.err, lastLines(a.out.String(), 3))
 		}
-		return i.Active && i.ActivePID != nil && (pidA == nil || *i.ActivePID != *pidA),
-			fmt.Errorf("slot active %v pid %v (relay A's walsender %v)", i.Active, deref(i.ActivePID), deref(pidA))
+		return strings.Contains(a.out.String(), fencedMsg), fmt.Errorf("relay A's last lines:\n%s", lastLines(a.out.String(), 3))
+	})
+	fencedAfter := time.Since(bStarted)
+	// Then A waits as the standby: it says so after the fence.
+	e.waitFor("relay A waiting as the standby", 60*time.Second, func() (bool, error) {
+		out := a.out.String()
+		i := strings.Index(out, fencedMsg)
+		return strings.Contains(out[i:], "waiting as a standby"), fmt.Errorf("relay A's last lines:\n%s", lastLines(out, 3))
 	})
 	wr.wait(t)
 	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
+	checkRunning(t, a, "relay A (the standby)")
 	checkRunning(t, b, "relay B")
+	if i := e.slotInfo(); i.ActivePID == nil || *i.ActivePID != pidB {
+		t.Errorf("slot streamed by walsender %v, want relay B's %d: the standby took it back", deref(i.ActivePID), pidB)
+	}
 	if strings.Contains(b.out.String(), "fenced") {
 		t.Errorf("relay B reports being fenced:\n%s", grepLines(b.out.String(), "fenced", 3))
 	}
-	t.Logf("relay A exited %d, %s after B started: %s; %d events read exactly once",
-		code, fencedAfter.Round(time.Millisecond), grepLines(aLog, "fenced", 1), n)
+	t.Logf("relay A fenced %s after B started, then the standby: %s; %d events read exactly once",
+		fencedAfter.Round(time.Millisecond), grepLines(a.out.String(), fencedMsg, 1), n)
+}
+
+// TestExactlyOnceSharedTransactionalID is the configuration error fencing
+// still stops a relay for: relay X streams the outbox, relay Y another
+// table's slot and publication (to topics the test does not read), both
+// with the same --transactional-id and both with rows to deliver. Each
+// takes the id when it starts streaming, fencing the other; a relay fenced
+// while its own walsender still holds its slot would only take the id back
+// by restarting, so one of them exits with code 3 and an error naming
+// --transactional-id (which one depends on the broker: Apache Kafka 4.4 may
+// answer the first fenced commit UNKNOWN_SERVER_ERROR, a restart, and the
+// relay that restarts then fences the other), and neither takes itself for
+// a relay that lost its slot. Restarted with an id of its own (the fix the
+// error names), it resumes from its checkpoint: every committed outbox id is
+// read exactly once read_committed, and both relays run.
+func TestExactlyOnceSharedTransactionalID(t *testing.T) {
+	e := newEnv(t)
+	shared := "walrelay-shared-" + e.name
+	nameY := e.name + "_y"
+	e.exec(`CREATE TABLE outbox_y (LIKE outbox INCLUDING ALL)`)
+	t.Cleanup(func() {
+		// Registered before Y starts, so it runs after Y is killed: drop
+		// Y's slot once its walsender is gone, or the database cannot be.
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, e.url)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(ctx)
+		e.waitFor("slot "+nameY+" dropped", 30*time.Second, func() (bool, error) {
+			if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", nameY); err != nil {
+				return false, err
+			}
+			var left int
+			err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", nameY).Scan(&left)
+			return err == nil && left == 0, fmt.Errorf("slot %s still there (%v)", nameY, err)
+		})
+	})
+	argsX := func(id string) []string { return e.eosArgs("--transactional-id", id) }
+	argsY := func(id string) []string {
+		return e.eosArgs("--transactional-id", id, "--slot", nameY, "--publication", nameY, "--table", "public.outbox_y",
+			"--topic-template", "other-"+e.topicPrefix()+"{aggregate_type}", "--dead-letter-topic", "other-"+e.topicPrefix()+"dlq")
+	}
+	procs := [2]*proc{startProc(t, nil, argsX(shared)...)}
+	rc := e.consumeIsolated(true)
+	e.waitWalsender(0, 60*time.Second)
+
+	// Both tables get a row every 20 ms until the end: each relay keeps
+	// committing Kafka transactions, so whichever was fenced notices.
+	stopX := pacedInserts(e, "outbox", "w", 20*time.Millisecond)
+	defer stopX()
+	rc.waitDistinct(100, 2*time.Minute)
+	stopY := pacedInserts(e, "outbox_y", "y", 20*time.Millisecond)
+	defer stopY()
+	procs[1] = startProc(t, nil, argsY(shared)...)
+
+	gone := -1
+	e.waitFor("one of the two relays sharing a transactional id exiting", 2*time.Minute, func() (bool, error) {
+		for i, p := range procs {
+			if exited(p) {
+				gone = i
+				return true, nil
+			}
+		}
+		return false, errors.New("both relays still run")
+	})
+	name := [2]string{"X", "Y"}[gone]
+	code, _, _ := procs[gone].wait(time.Second)
+	out := procs[gone].out.String()
+	if code != 3 {
+		t.Errorf("relay %s exited with code %d, want 3; its last lines:\n%s", name, code, lastLines(out, 3))
+	}
+	if !strings.Contains(out, "--transactional-id") {
+		t.Errorf("relay %s's error does not name --transactional-id; its last lines:\n%s", name, lastLines(out, 3))
+	}
+	for i, p := range procs {
+		if strings.Contains(p.out.String(), "another relay took the slot") {
+			t.Errorf("relay %s took itself for a relay that lost its slot:\n%s", [2]string{"X", "Y"}[i], grepLines(p.out.String(), "fenced", 2))
+		}
+	}
+	checkRunning(t, procs[1-gone], "the other relay")
+	if gone == 0 {
+		procs[0] = startProc(t, nil, argsX("walrelay-x-"+e.name)...)
+	} else {
+		procs[1] = startProc(t, nil, argsY("walrelay-y-"+e.name)...)
+	}
+	rc.waitDistinct(rc.distinct()+100, 2*time.Minute) // the restarted relay delivers
+	stopX()
+	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
+	checkRunning(t, procs[0], "relay X")
+	checkRunning(t, procs[1], "relay Y")
+	t.Logf("relay %s exited %d: %s; restarted with its own id; %d outbox events read exactly once", name, code, grepLines(out, "--transactional-id", 1), n)
+}
+
+// pacedInserts inserts a row into table (aggregate type aggType, keys
+// k0..k9) every pause until the returned stop is called; stop waits for
+// the writer and fails the test if an insert failed.
+func pacedInserts(e *env, table, aggType string, pause time.Duration) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(e.ctx, e.url)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		t := time.NewTicker(pause)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				done <- nil
+				return
+			case <-t.C:
+			}
+			_, err := conn.Exec(e.ctx, `INSERT INTO `+pgx.Identifier{table}.Sanitize()+` (aggregate_type, aggregate_id, type, payload, seq)
+				VALUES ($1, 'k' || ($2::int % 10), 'T', '{}', $2)`, aggType, i)
+			if err != nil {
+				done <- fmt.Errorf("insert into %s: %w", table, err)
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(quit)
+			if err := <-done; err != nil {
+				e.t.Error(err)
+			}
+		})
+	}
 }
 
 // TestReadUncommittedSeesAborted shows what the transactions are for:
@@ -846,6 +975,32 @@ func (e *env) checkpointTopic() string { return e.topicPrefix() + "checkpoints" 
 func (e *env) eosArgs(extra ...string) []string {
 	a := append(e.args(), "--delivery", "exactly-once", "--checkpoint-topic", e.checkpointTopic())
 	return append(a, extra...)
+}
+
+// waitWalsender waits until a walsender other than PID other (0: any)
+// streams the test's slot, and returns its PID. The slot's active_pid alone
+// does not say that: while an initial snapshot creates the slot, it names
+// for a moment the normal backend that copies it.
+func (e *env) waitWalsender(other int32, timeout time.Duration) int32 {
+	e.t.Helper()
+	var pid int32
+	e.waitFor("a walsender streaming the slot", timeout, func() (bool, error) {
+		c, err := pgx.Connect(e.ctx, e.url)
+		if err != nil {
+			return false, err
+		}
+		defer c.Close(context.Background())
+		err = c.QueryRow(e.ctx, `SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
+			WHERE s.slot_name = $1 AND a.backend_type = 'walsender'`, e.name).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, errors.New("no walsender streams the slot")
+		}
+		if err != nil {
+			return false, err
+		}
+		return pid != other, fmt.Errorf("walsender %d streams the slot", pid)
+	})
+	return pid
 }
 
 // waitSlotStreamed waits until a walsender streams the test's slot.
