@@ -288,6 +288,12 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		// franz-go asks once per partition, before the first record to
 		// it; the router learns each topic's limit before producing to it.
 		kgo.ProducerBatchMaxBytesFn(r.batchLimit),
+		// A record answered NOT_LEADER_FOR_PARTITION (a topic just
+		// created, a leader election) waits for a metadata refresh, and
+		// franz-go refreshes at most every MetadataMinAge: 5 s by default,
+		// which Apache Kafka showed as 4 s stalls right after startup.
+		// Kafka's Java producer retries after retry.backoff.ms (100 ms).
+		kgo.MetadataMinAge(250 * time.Millisecond),
 	}, opts...)
 	if cfg.TransactionalID != "" {
 		if err := topics.ValidName(cfg.CheckpointTopic); err != nil {

@@ -807,3 +807,26 @@ func TestSendNearLimitWithLongHeaders(t *testing.T) {
 		t.Errorf("acks = %d; want 1", a.acks.Load())
 	}
 }
+
+// A record answered NOT_LEADER_FOR_PARTITION (a topic the relay has just
+// created, a leader election) is retried once the producer has refreshed
+// its metadata. franz-go refreshes at most every MetadataMinAge, 5 s by
+// default: such a record then waited about 5 s (seen on Apache Kafka as a
+// p99 commit-to-consumer of 4 s right after startup). The router lowers the
+// limit: the record is acknowledged well within half the default.
+func TestSendRetriesNotLeaderWithoutWaitingForMetadataMinAge(t *testing.T) {
+	e := newEnv(t, Config{})
+	a := &testAcker{}
+	e.mustSend(event("warm", "order", "k", "p"), lsnOf(0), a) // the topic exists, metadata loaded
+	e.flush()
+	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotLeaderForPartition, Count: 1})
+	began := time.Now()
+	e.mustSend(event("moved", "order", "k", "p"), lsnOf(1), a)
+	e.flush()
+	if took := time.Since(began); took >= 2500*time.Millisecond {
+		t.Errorf("a record answered NOT_LEADER_FOR_PARTITION took %s to be acknowledged: the metadata refresh waited for franz-go's 5 s MetadataMinAge", took.Round(time.Millisecond))
+	}
+	if got := a.acks.Load(); got != 2 {
+		t.Errorf("acks = %d; want 2", got)
+	}
+}
