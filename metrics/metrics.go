@@ -39,6 +39,7 @@ type Metrics struct {
 	SlotWALStatus      *prometheus.GaugeVec
 	Ready              prometheus.GaugeFunc
 	KafkaTransactions  prometheus.Counter
+	KafkaCommit        prometheus.Histogram
 	UnmappedInserts    *prometheus.CounterVec
 	SnapshotRows       prometheus.Counter
 	SnapshotRunning    prometheus.Gauge
@@ -135,6 +136,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		KafkaTransactions: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_kafka_transactions_total",
 			Help: "Kafka transactions committed (exactly-once delivery only), each with a checkpoint record.",
+		}),
+		KafkaCommit: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "walrelay_kafka_commit_seconds",
+			Help:    "Exactly-once: time to close a Kafka transaction (wait for its records, produce the checkpoint, commit), successful or not. It is most of the latency exactly-once adds; rising towards --txn-timeout means the broker's transaction coordinator struggles.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		UnmappedInserts: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_unmapped_inserts_total",

@@ -225,11 +225,13 @@ func (e *exactlyOnce) commit() error {
 	defer cancel()
 	done := make(chan struct{})
 	var err error
+	began := time.Now()
 	go func() {
 		defer close(done)
 		err = e.p.CommitKafkaTxn(ctx, e.key, d.Marshal())
 	}()
 	e.wait(done, false) // not interruptible: returns once done
+	e.metrics.KafkaCommit.Observe(time.Since(began).Seconds())
 	if err != nil {
 		return e.error(err)
 	}
