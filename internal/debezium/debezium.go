@@ -209,6 +209,23 @@ func (c *Connect) properties() (worker, connector map[string]string, err error) 
 	return worker, connector, nil
 }
 
+// SetConnector changes or adds connector.properties entries, as an
+// operator edits the connector's configuration; they take effect at the
+// next Restart, with the same offsets file.
+func (c *Connect) SetConnector(props map[string]string) error {
+	if c.opts.Connector == nil {
+		c.opts.Connector = map[string]string{}
+	}
+	for k, v := range props {
+		c.opts.Connector[k] = v
+	}
+	_, connector, err := c.properties()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(c.Dir, "connector.properties"), []byte(render(connector)), 0o600)
+}
+
 // Restart starts Connect (again, after Stop or Kill) with the same
 // configuration and offsets file.
 func (c *Connect) Restart() error {
