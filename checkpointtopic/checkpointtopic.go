@@ -68,7 +68,9 @@ func Probe(key []byte) (probeKey, probe []byte) {
 // that comes before the probe record (probeKey, probe), reading
 // read_committed with a client built from opts (the connection options:
 // seed brokers, TLS, SASL). The probe must be committed before Read is
-// called; Read returns when it reaches it, or when ctx ends.
+// called; Read returns when it reaches it, or when ctx ends. A tombstone
+// (a null value) for key deletes the checkpoint, as compaction will once
+// delete.retention.ms has passed: found is false until a newer record.
 func Read(ctx context.Context, opts []kgo.Opt, topic string, key, probeKey, probe []byte) (value []byte, found bool, err error) {
 	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), opts...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}),
@@ -93,7 +95,7 @@ func Read(ctx context.Context, opts []kgo.Opt, topic string, key, probeKey, prob
 			switch {
 			case done:
 			case string(rec.Key) == string(key):
-				value, found = rec.Value, true
+				value, found = rec.Value, rec.Value != nil
 			case string(rec.Key) == string(probeKey) && string(rec.Value) == string(probe):
 				done = true
 			}

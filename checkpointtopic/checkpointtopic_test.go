@@ -96,3 +96,42 @@ func TestPrepareRefusesAMissingOrPartitionedTopic(t *testing.T) {
 		t.Fatalf("three partitions: %v", err)
 	}
 }
+
+// A tombstone for the slot's key deletes its checkpoint (an operator
+// resetting it, as compaction will remove it): Read finds nothing, where
+// it used to return the null value, which the relay refused as an
+// unparseable checkpoint at every start. A newer record counts again.
+func TestReadTakesATombstoneForNoCheckpoint(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	opts := cluster(t)
+	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID("walrelay-test"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const topic = "walrelay.checkpoints"
+	if err := Prepare(ctx, kadm.NewClient(cl), topic, true, -1); err != nil {
+		t.Fatal(err)
+	}
+	key := []byte("slot_a")
+	read := func() ([]byte, bool) {
+		t.Helper()
+		probeKey, probe := Probe(key)
+		commit(t, ctx, cl, false, &kgo.Record{Topic: topic, Key: probeKey, Value: probe})
+		v, found, err := Read(ctx, opts, topic, key, probeKey, probe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v, found
+	}
+	commit(t, ctx, cl, false, &kgo.Record{Topic: topic, Key: key, Value: []byte("first")})
+	commit(t, ctx, cl, false, &kgo.Record{Topic: topic, Key: key}) // tombstone
+	if v, found := read(); found || v != nil {
+		t.Fatalf("after a tombstone Read = %q, %v; want nothing found", v, found)
+	}
+	commit(t, ctx, cl, false, &kgo.Record{Topic: topic, Key: key, Value: []byte("again")})
+	if v, found := read(); !found || string(v) != "again" {
+		t.Fatalf("after a record following the tombstone Read = %q, %v; want \"again\"", v, found)
+	}
+}
