@@ -54,6 +54,12 @@ type slotStatus struct {
 }
 
 func (c *statusCmd) Run(ctx context.Context) error {
+	// status has no log: for people the warning goes to stderr, keeping
+	// stdout to the slot's figures; --json output, read by probes and
+	// scripts that often merge the streams, stays JSON alone.
+	if w := slot.TLSWarning(c.PGURL); w != "" && !c.JSON {
+		fmt.Fprintln(os.Stderr, "walrelay: WARNING: "+w)
+	}
 	conn, err := slot.Connect(ctx, c.PGURL)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
@@ -180,6 +186,7 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 	if err != nil {
 		return err
 	}
+	warnPGTLS(log, c.PGURL)
 	tabs, err := parseTables(c.Table)
 	if err != nil {
 		return usageError(err)
@@ -288,6 +295,7 @@ func (c *dropCmd) Run(ctx context.Context, lf *LogFlags) error {
 	if err != nil {
 		return err
 	}
+	warnPGTLS(log, c.PGURL)
 	conn, err := slot.Connect(ctx, c.PGURL)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}

@@ -89,9 +89,7 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		zap.Strings("brokers", c.Brokers), zap.String("slot", c.Slot), zap.String("publication", c.Publication),
 		zap.Strings("tables", c.Table), zap.String("kafka_sasl", c.KafkaSASLMechanism), zap.Bool("kafka_tls", c.KafkaFlags.tlsEnabled()))
 	// What the operator relaxed, loudly, once at startup.
-	if w := slot.TLSWarning(c.PGURL); w != "" {
-		log.Warn(w)
-	}
+	warnPGTLS(log, c.PGURL)
 	for _, w := range c.KafkaFlags.warnings() {
 		log.Warn(w)
 	}
@@ -116,4 +114,14 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 func closedByBroker(err error) bool {
 	var first *kgo.ErrFirstReadEOF
 	return errors.As(err, &first) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// warnPGTLS logs, at WARN, what the PostgreSQL URL's sslmode leaves open
+// (nothing when it verifies the server or the connection is a Unix
+// socket). Every command that connects says it, not only run: an operator
+// trying status or setup first meets it there.
+func warnPGTLS(log *zap.Logger, url string) {
+	if w := slot.TLSWarning(url); w != "" {
+		log.Warn(w)
+	}
 }

@@ -41,6 +41,7 @@ func (c *snapshotCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return err
 	}
 	defer log.Sync()
+	warnPGTLS(log, c.PGURL)
 	src := SourceFlags{Table: c.Table}
 	// Up to PublishSnapshot only the configuration is checked: its errors
 	// are malformed flags.

@@ -249,12 +249,23 @@ func TestCLIExitCodes(t *testing.T) {
 // status warns about it, and --require-active makes it exit 1.
 func TestCLIStatusInactiveSlot(t *testing.T) {
 	e := newEnv(t)
-	if r := e.runCLI(60*time.Second, nil, "setup", "--pg-url", e.url, "--slot", e.name, "--publication", e.name); r.code != 0 {
+	r := e.runCLI(60*time.Second, nil, "setup", "--pg-url", e.url, "--slot", e.name, "--publication", e.name)
+	if r.code != 0 {
 		t.Fatalf("setup: exit code %d", r.code)
 	}
-	r := e.runCLI(60*time.Second, nil, "status", "--pg-url", e.url, "--slot", e.name)
+	// The test's URL (sslmode=disable over TCP) is what run warns about at
+	// start; every command that connects says it too (status on stderr,
+	// keeping stdout to the slot's figures).
+	const plaintext = "sslmode=disable may connect in plaintext"
+	if !strings.Contains(r.output(), plaintext) {
+		t.Errorf("setup with sslmode=disable does not warn about it")
+	}
+	r = e.runCLI(60*time.Second, nil, "status", "--pg-url", e.url, "--slot", e.name)
 	if r.code != 0 {
 		t.Errorf("status of an idle slot: exit code %d, want 0 without --require-active", r.code)
+	}
+	if !strings.Contains(r.stderr, plaintext) || strings.Contains(r.stdout, plaintext) {
+		t.Errorf("status with sslmode=disable: the warning should be on stderr only (stderr %q)", r.stderr)
 	}
 	if !strings.Contains(r.stdout, "no relay is streaming from this slot") {
 		t.Errorf("status does not warn that no relay streams from the slot")
@@ -292,6 +303,8 @@ func TestCLIDropPendingRows(t *testing.T) {
 	// Nothing pending: drop needs no --force.
 	if r := e.runCLI(60*time.Second, nil, drop...); r.code != 0 || !strings.Contains(r.stdout, "dropped slot") {
 		t.Fatalf("drop of a slot without pending rows: exit code %d", r.code)
+	} else if !strings.Contains(r.output(), "sslmode=disable may connect in plaintext") {
+		t.Errorf("drop with sslmode=disable does not warn about it")
 	}
 
 	if r := e.runCLI(60*time.Second, nil, setup...); r.code != 0 {
