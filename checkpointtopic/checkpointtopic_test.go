@@ -40,19 +40,29 @@ func commit(t *testing.T, ctx context.Context, cl *kgo.Client, abort bool, recs 
 	}
 }
 
-func TestReadSeesTheNewestCommittedCheckpointBeforeTheProbe(t *testing.T) {
+const topic = "walrelay.checkpoints"
+
+// prepared starts a broker, prepares the checkpoint topic on it and returns
+// a context for the test, the connection options and a transactional
+// client.
+func prepared(t *testing.T) (context.Context, []kgo.Opt, *kgo.Client) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	opts := cluster(t)
 	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID("walrelay-test"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
-	const topic = "walrelay.checkpoints"
+	t.Cleanup(cl.Close)
 	if err := Prepare(ctx, kadm.NewClient(cl), topic, true, -1); err != nil {
 		t.Fatal(err)
 	}
+	return ctx, opts, cl
+}
+
+func TestReadSeesTheNewestCommittedCheckpointBeforeTheProbe(t *testing.T) {
+	ctx, opts, cl := prepared(t)
 	if err := Prepare(ctx, kadm.NewClient(cl), topic, true, -1); err != nil {
 		t.Fatalf("preparing an existing topic again: %v", err)
 	}
@@ -102,18 +112,7 @@ func TestPrepareRefusesAMissingOrPartitionedTopic(t *testing.T) {
 // it used to return the null value, which the relay refused as an
 // unparseable checkpoint at every start. A newer record counts again.
 func TestReadTakesATombstoneForNoCheckpoint(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	opts := cluster(t)
-	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID("walrelay-test"))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	const topic = "walrelay.checkpoints"
-	if err := Prepare(ctx, kadm.NewClient(cl), topic, true, -1); err != nil {
-		t.Fatal(err)
-	}
+	ctx, opts, cl := prepared(t)
 	key := []byte("slot_a")
 	read := func() ([]byte, bool) {
 		t.Helper()
