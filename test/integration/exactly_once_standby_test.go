@@ -53,14 +53,7 @@ func TestExactlyOnceStandby(t *testing.T) {
 				return -1, fmt.Errorf("relay %d exited (%v): %s", i, p.err, lastLines(p.out.String(), 3))
 			}
 		}
-		a, b := readyz(addrs[0]), readyz(addrs[1])
-		switch {
-		case a == 200 && b == 503:
-			return 0, nil
-		case a == 503 && b == 200:
-			return 1, nil
-		}
-		return -1, fmt.Errorf("/readyz: %d and %d", a, b)
+		return activeOf(addrs)
 	}
 	oneActive := func(what string) int {
 		t.Helper()

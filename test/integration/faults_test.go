@@ -336,16 +336,7 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	c := e.consume()
 
 	active := -1
-	roles := func() (int, error) {
-		a, b := readyz(addrs[0]), readyz(addrs[1])
-		switch {
-		case a == 200 && b == 503:
-			return 0, nil
-		case a == 503 && b == 200:
-			return 1, nil
-		}
-		return -1, fmt.Errorf("/readyz: %d and %d", a, b)
-	}
+	roles := func() (int, error) { return activeOf(addrs) }
 	e.waitFor("one relay ready, the other a standby", 60*time.Second, func() (bool, error) {
 		i, err := roles()
 		active = i
@@ -1051,6 +1042,20 @@ func checkDelivered(t *testing.T, recs []*kgo.Record, want map[string][]string, 
 
 // readyz is the status code of a relay's /readyz, 0 when it does not
 // answer.
+// activeOf is which of two relays (metrics addresses addrs) is active,
+// ready while the other is running but not (a standby); -1 and why
+// otherwise.
+func activeOf(addrs [2]string) (int, error) {
+	a, b := readyz(addrs[0]), readyz(addrs[1])
+	switch {
+	case a == 200 && b == 503:
+		return 0, nil
+	case a == 503 && b == 200:
+		return 1, nil
+	}
+	return -1, fmt.Errorf("/readyz: %d and %d", a, b)
+}
+
 func readyz(addr string) int {
 	cl := http.Client{Timeout: 2 * time.Second}
 	resp, err := cl.Get("http://" + addr + "/readyz")
