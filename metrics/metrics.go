@@ -18,31 +18,34 @@ import (
 
 // Metrics holds every collector walrelay updates.
 type Metrics struct {
-	EventsPublished    *prometheus.CounterVec
-	EventsDeadLettered *prometheus.CounterVec
-	Transactions       prometheus.Counter
-	ProduceErrors      prometheus.Counter
-	ReceivedLSN        prometheus.Gauge
-	ConfirmedLSN       prometheus.Gauge
-	ServerWALEndLSN    prometheus.Gauge
-	SlotRetainedWAL    prometheus.Gauge
-	SlotLag            prometheus.Gauge
-	ReplicationLag     prometheus.Gauge
-	CommitToAck        prometheus.Histogram
-	InflightEvents     prometheus.Gauge
-	Heartbeats         *prometheus.CounterVec
-	StandbyStatusSent  prometheus.Counter
-	StreamRestarts     *prometheus.CounterVec
-	Streaming          prometheus.Gauge
-	ReceivedBytes      prometheus.Counter
-	SlotSafeWALSize    prometheus.Gauge
-	SlotWALStatus      *prometheus.GaugeVec
-	Ready              prometheus.GaugeFunc
-	KafkaTransactions  prometheus.Counter
-	KafkaCommit        prometheus.Histogram
-	UnmappedInserts    *prometheus.CounterVec
-	SnapshotRows       prometheus.Counter
-	SnapshotRunning    prometheus.Gauge
+	EventsPublished       *prometheus.CounterVec
+	EventsDeadLettered    *prometheus.CounterVec
+	Transactions          prometheus.Counter
+	ProduceErrors         prometheus.Counter
+	ReceivedLSN           prometheus.Gauge
+	ConfirmedLSN          prometheus.Gauge
+	ServerWALEndLSN       prometheus.Gauge
+	SlotRetainedWAL       prometheus.Gauge
+	SlotLag               prometheus.Gauge
+	ReplicationLag        prometheus.Gauge
+	CommitToAck           prometheus.Histogram
+	InflightEvents        prometheus.Gauge
+	Heartbeats            *prometheus.CounterVec
+	StandbyStatusSent     prometheus.Counter
+	StreamRestarts        *prometheus.CounterVec
+	Streaming             prometheus.Gauge
+	ReceivedBytes         prometheus.Counter
+	SlotSafeWALSize       prometheus.Gauge
+	SlotWALStatus         *prometheus.GaugeVec
+	Ready                 prometheus.GaugeFunc
+	KafkaTransactions     prometheus.Counter
+	KafkaCommit           prometheus.Histogram
+	UnmappedInserts       *prometheus.CounterVec
+	SnapshotRows          prometheus.Counter
+	SnapshotRunning       prometheus.Gauge
+	SlotFailover          prometheus.Gauge
+	SlotFailoverProtected prometheus.Gauge
+	GapRefusals           prometheus.Counter
 
 	ready atomic.Pointer[func() error] // what walrelay_ready reports; see SetReadiness
 }
@@ -149,6 +152,18 @@ func New(reg prometheus.Registerer) *Metrics {
 		SnapshotRows: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_snapshot_rows_total",
 			Help: "Rows read by snapshots (the initial snapshot when walrelay creates the slot, or walrelay snapshot) and handed to Kafka. Rows of a snapshot interrupted by a crash are counted again when it is redone.",
+		}),
+		SlotFailover: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_failover",
+			Help: "1 when the slot is a failover slot (PostgreSQL 17+), which standbys with sync_replication_slots keep a copy of; 0 when a failover of the primary loses it.",
+		}),
+		SlotFailoverProtected: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_failover_protected",
+			Help: "1 when the slot is a failover slot and synchronized_standby_slots names only standbys that stream: a promoted standby then keeps the slot, no later than the WAL it has. 0 with standbys means a failover can lose events or the slot.",
+		}),
+		GapRefusals: f.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_gap_refusals_total",
+			Help: "Times the relay stopped because something it streamed from changed under it (slot gone, publication dropped or altered, outbox table recreated or removed from the publication): events after the confirmed position may be missing. The log names the change and the command that accepts the gap.",
 		}),
 		SnapshotRunning: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_snapshot_running",

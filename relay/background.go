@@ -19,8 +19,11 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 // watchSlot reads the slot's row every SlotPollInterval for the slot
 // metrics, and stops the relay (through stop) when the slot is invalidated:
 // its missing WAL cannot be streamed, and recreating it would skip events.
+// It also moves the record's confirmed position forward, so that a
+// refusal after a failover names a recent one.
 func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 	var conn *pgx.Conn
+	var recorded decoder.LSN
 	defer func() {
 		if conn != nil {
 			conn.Close(context.Background())
@@ -48,6 +51,16 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 				if info.WALStatus == "lost" {
 					stop(slot.InvalidatedError(r.cfg.Slot))
 					return
+				}
+				if f, err := slot.ReadFailover(ctx, conn, info); err == nil {
+					r.recordFailover(f)
+				}
+				if c := r.Confirmed(); c > recorded {
+					if err := slot.RecordConfirmed(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, c); err != nil && ctx.Err() == nil {
+						r.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
+					} else {
+						recorded = c
+					}
 				}
 			}
 		}

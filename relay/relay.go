@@ -64,6 +64,15 @@ type Config struct {
 	// did not create; AllowRowFilter accepts a row filter on an outbox
 	// table (see slot.SetupConfig).
 	AlterPublication, AllowRowFilter bool
+	// NoFailoverSlot keeps the slot walrelay creates from being a failover
+	// slot (PostgreSQL 17+; by default it is one, and an existing slot is
+	// made one, so that a standby with sync_replication_slots keeps it).
+	NoFailoverSlot bool
+	// RecordSchema is the schema of walrelay's record, in the source
+	// database, of what the slot streams from (default "walrelay"): with
+	// it walrelay refuses to replace a slot, publication or outbox table
+	// that changed under it.
+	RecordSchema string
 	// InitialSnapshot publishes the rows already in the outbox tables when
 	// the relay creates the slot (--snapshot initial), before streaming;
 	// false (--snapshot never) publishes only what is committed later.
@@ -194,6 +203,9 @@ func (c *Config) setDefaults() {
 	if c.StartupTimeout == 0 {
 		c.StartupTimeout = 2 * time.Minute
 	}
+	if c.RecordSchema == "" {
+		c.RecordSchema = slot.DefaultRecordSchema
+	}
 }
 
 // Relay runs the pipeline. Create it with New, then call Run once.
@@ -214,7 +226,20 @@ type Relay struct {
 	// slot was dropped under us, and recreating it would skip data.
 	slotSeen     bool
 	everStreamed atomic.Bool
-	begin        time.Time // when Run started, for StartupTimeout
+	// record is what the slot streams from, as prepare found and wrote it
+	// down (slot.Record); the publication watch checks it still holds.
+	record slot.Record
+	// verified is the position up to which the publication watch found
+	// the publication intact: the session confirms nothing past it.
+	// verifyWanted wakes the watch when the session has more to confirm.
+	verified     atomic.Uint64
+	wantVerified atomic.Uint64
+	verifyWanted chan struct{}
+	// timeline is the timeline of the last stream: a new one means a
+	// failover, after which positions this process kept belong to the old
+	// primary's history.
+	timeline int32
+	begin    time.Time // when Run started, for StartupTimeout
 	// now and sleep are retry's clock and wait (sleep returns false when
 	// ctx ended first); unit tests replace them to check the waits.
 	now   func() time.Time
@@ -279,8 +304,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 			Multiplier:          2,
 			MaxInterval:         cfg.BackoffMax,
 		},
-		now:   time.Now,
-		sleep: sleepCtx,
+		now:          time.Now,
+		sleep:        sleepCtx,
+		verifyWanted: make(chan struct{}, 1),
 	}
 	r.slotHolder = r.holdsSlot
 	m.SetReadiness(r.Ready)
@@ -348,6 +374,7 @@ func (r *Relay) Run(parent context.Context) error {
 	defer bg.Wait()
 	defer stop(nil)
 	bg.Go(func() { r.watchSlot(ctx, stop) })
+	bg.Go(func() { r.watchPublication(ctx, stop) })
 	bg.Go(func() { r.beater().Run(ctx) })
 	// stopped is Run's result once it stops: err when retrying gave up
 	// for good, else the cause background work stopped the relay with,
@@ -434,17 +461,15 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 				continue
 			}
 		}
-		setup := slot.SetupConfig{
-			URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
-			Columns: r.cfg.Mapping.Columns(), CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
-			AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
-		}
+		setup := r.setupConfig()
 		if r.cfg.InitialSnapshot {
 			setup.Snapshot = r.initialSnapshot(rt)
 		}
-		err := slot.Prepare(ctx, setup, r.log)
+		rec, err := slot.Prepare(ctx, setup, r.log)
 		if err == nil {
+			r.record = rec
 			r.backoff.Reset()
+			r.logFailover(ctx)
 			return rt, nil
 		}
 		cause := "setup"
@@ -468,6 +493,17 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 		if err := r.retry(ctx, cause, err); err != nil {
 			return fail(err)
 		}
+	}
+}
+
+// setupConfig is what the source database must provide, from the relay's
+// configuration.
+func (r *Relay) setupConfig() slot.SetupConfig {
+	return slot.SetupConfig{
+		URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
+		Columns: r.cfg.Mapping.Columns(), CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
+		AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
+		Failover: !r.cfg.NoFailoverSlot, RecordSchema: r.cfg.RecordSchema,
 	}
 }
 

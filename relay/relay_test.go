@@ -209,6 +209,48 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 	}
 }
 
+// TestBackoffGrowsWhenSessionsFailAtOnce: sessions that fail right after
+// their start, confirming nothing, wait longer each time up to BackoffMax;
+// one that made progress starts the wait over.
+func TestBackoffGrowsWhenSessionsFailAtOnce(t *testing.T) {
+	cfg := validConfig()
+	cfg.BackoffMin, cfg.BackoffMax = 100*time.Millisecond, 3*time.Second
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := time.Unix(1_000_000, 0)
+	r.now = func() time.Time { return clock }
+	var waits []time.Duration
+	r.sleep = func(_ context.Context, d time.Duration) bool {
+		waits = append(waits, d)
+		clock = clock.Add(d)
+		return true
+	}
+	r.everStreamed.Store(true)
+	for i := 0; i < 12; i++ {
+		began := clock
+		clock = clock.Add(10 * time.Millisecond) // streamed, then failed at once
+		r.sessionEnded(began, start)
+		if err := r.retry(context.Background(), "postgres", errors.New("publication does not exist")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if last := waits[len(waits)-1]; last < cfg.BackoffMax/2 {
+		t.Fatalf("after %d sessions failing at once the wait is %s (waits %v), want it grown towards --backoff-max %s", len(waits), last, waits, cfg.BackoffMax)
+	}
+	// Progress resets it.
+	r.confirmed.Store(uint64(start) + 100)
+	r.sessionEnded(clock, start)
+	waits = nil
+	if err := r.retry(context.Background(), "postgres", errors.New("reset")); err != nil {
+		t.Fatal(err)
+	}
+	if waits[0] > 2*cfg.BackoffMin {
+		t.Fatalf("after a session that confirmed progress the wait is %s, want about --backoff-min %s", waits[0], cfg.BackoffMin)
+	}
+}
+
 // TestReadyMetricFollowsReady checks walrelay_ready is read from Ready at
 // scrape time: no code path has to remember to update it.
 func TestReadyMetricFollowsReady(t *testing.T) {

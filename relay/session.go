@@ -149,7 +149,6 @@ func (s *session) run() error {
 	defer stopInterrupt()
 	r.streaming.Store(true)
 	r.metrics.Streaming.Set(1)
-	r.backoff.Reset()
 	r.log.Info("streaming", zap.String("slot", r.cfg.Slot), zap.Stringer("start_lsn", s.start),
 		zap.String("system_id", s.system.SystemID), zap.Int32("timeline", s.system.Timeline),
 		zap.Stringer("server_wal_end", s.system.XLogPos))
@@ -369,6 +368,10 @@ func (s *session) housekeep(force bool) {
 	}
 	pos := s.tr.Advance()
 	s.r.acked.Store(uint64(pos.LSN))
+	// Only what the publication watch vouched for is confirmed: past a
+	// change to the publication PostgreSQL skips outbox inserts, and the
+	// slot must still hold their WAL when the relay stops on it.
+	pos.LSN = s.r.confirmable(pos.LSN, s.start)
 	m := s.r.metrics
 	if s.lastLSN != 0 {
 		s.r.received.Store(uint64(s.lastLSN))

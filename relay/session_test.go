@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -338,6 +339,10 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 	if err != nil {
 		t.Fatal(err)
 	}
+	// No publication watch runs here: it vouches for every position
+	// (TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor tests the
+	// gate).
+	r.verified.Store(math.MaxUint64)
 	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping})
 	if err != nil {
 		t.Fatal(err)
@@ -389,6 +394,39 @@ func (h *harness) end(t *testing.T) error {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the session did not end")
 		return nil
+	}
+}
+
+// TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor: an
+// acknowledged transaction is confirmed only up to where the publication
+// watch found the publication intact; past it the session asks the watch
+// to look, and confirms once it vouches.
+func TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor(t *testing.T) {
+	p := &fakeProducer{}
+	h := startSessionWith(t, nil, p, nil, func(r *Relay, _ *session) { r.verified.Store(0) })
+	h.st.send(txnMsgs(2000, "e1")...)
+	waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
+	p.ackAll()
+	waitFor(t, "the watch asked to vouch for the commit", func() bool { return h.r.wantVerified.Load() >= 2008 })
+	h.st.send(keepalive(2004, true))
+	waitFor(t, "a reply to the keepalive", func() bool {
+		for _, u := range h.st.updates() {
+			if u.reply {
+				return true
+			}
+		}
+		return len(h.st.updates()) > 1
+	})
+	if got := h.st.confirmed(); got != start {
+		t.Fatalf("confirmed %s before the publication watch vouched for it, want %s", got, decoder.LSN(start))
+	}
+	h.r.verified.Store(2004)
+	waitFor(t, "the vouched-for part confirmed", func() bool { return h.st.confirmed() == 2004 })
+	h.r.verified.Store(3000)
+	waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
+	h.cancel()
+	if err := h.end(t); err != nil {
+		t.Fatalf("a stop returned %v, want nil", err)
 	}
 }
 

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
@@ -45,9 +47,17 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
 			return fmt.Errorf("%w: %s", errSlotBusy, pgErr.Message)
 		}
-		return err
+		return r.sessionGap(ctx, err)
 	}
 	r.slotSeen = true
+	if tl := stream.System.Timeline; r.timeline != 0 && tl != r.timeline {
+		// A failover: positions this process acked belong to the old
+		// primary's history, which may have gone on past where the new
+		// primary's forked. Only the slot's position is of this history.
+		r.log.Warn("the server is on a new timeline (a failover): resuming from the slot's confirmed position, not from what this process acked on the old primary",
+			zap.Int32("old_timeline", r.timeline), zap.Int32("timeline", tl), zap.Stringer("start_lsn", start))
+	}
+	r.timeline = stream.System.Timeline
 	walsender := stream.PID()
 	open, st, err := r.prepareDelivery(ctx, rt, stream, start)
 	if err != nil {
@@ -70,7 +80,20 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return err
 	}
 	s.system = stream.System
-	return s.run()
+	began := r.now()
+	err = s.run()
+	r.sessionEnded(began, start)
+	return r.sessionGap(ctx, err)
+}
+
+// sessionEnded resets the backoff after a session that lasted BackoffMax
+// or confirmed past its start: only such a session shows the fault before
+// it was passing. One that fails at once again must not reset it, or a
+// fault met right after every start retries at the shortest wait forever.
+func (r *Relay) sessionEnded(began time.Time, start decoder.LSN) {
+	if r.now().Sub(began) >= r.cfg.BackoffMax || r.Confirmed() > start {
+		r.backoff.Reset()
+	}
 }
 
 // openDelivery makes a session's delivery once its stream is open: sys is
@@ -135,7 +158,10 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
 	switch {
 	case errors.Is(err, slot.ErrNoSlot) && r.slotSeen:
-		return 0, 0, &fatalError{fmt.Errorf("replication slot %q was dropped while walrelay used it; walrelay never recreates a slot silently (a new slot would skip everything written meanwhile): recreate it deliberately with walrelay setup after recovering the gap", r.cfg.Slot)}
+		gap := &slot.GapError{What: fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (by an operator, or lost in a failover to a standby without a synchronized copy)", r.cfg.Slot),
+			Since: r.Confirmed()}
+		r.refuse(ctx, conn, gap)
+		return 0, 0, gap
 	case errors.Is(err, slot.ErrNoSlot):
 		return 0, 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
 	case err != nil:
@@ -147,7 +173,24 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	// A session that ended on a broken connection may have had acks the
 	// slot never heard of: start after them (PostgreSQL skips transactions
 	// that end before the requested start) and confirm them at once.
-	return max(info.ConfirmedLSN, decoder.LSN(r.acked.Load())), version, nil
+	// Not past what the publication watch vouched for, nor on a new
+	// timeline (a failover) past the slot at all.
+	acked := min(decoder.LSN(r.acked.Load()), decoder.LSN(r.verified.Load()))
+	if tl, err := currentTimeline(ctx, conn); err == nil && r.timeline != 0 && tl != r.timeline {
+		acked = 0
+		r.acked.Store(0)
+		r.verified.Store(0)
+	}
+	return max(info.ConfirmedLSN, acked), version, nil
+}
+
+// currentTimeline is the server's timeline (pg_control_checkpoint lags a
+// promotion until its first checkpoint; the WAL file name of the insert
+// position does not).
+func currentTimeline(ctx context.Context, conn *pgx.Conn) (int32, error) {
+	var tl int32
+	err := conn.QueryRow(ctx, `SELECT ('x' || substr(pg_walfile_name(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END), 1, 8))::bit(32)::int`).Scan(&tl)
+	return tl, err
 }
 
 // prefetchMaxBytes bounds what answeringServer reads ahead into memory.

@@ -35,6 +35,11 @@ type Info struct {
 	RetainedWALBytes int64 `json:"retained_wal_bytes"`
 	// LagBytes is CurrentLSN - ConfirmedLSN.
 	LagBytes int64 `json:"confirmed_lag_bytes"`
+	// Failover is whether the slot is a failover slot, and Synced whether
+	// it is a standby's copy kept in step with the primary's (PostgreSQL
+	// 17+; nil on older servers).
+	Failover *bool `json:"failover"`
+	Synced   *bool `json:"synced"`
 }
 
 // ReadInfo reads the slot's figures on a normal connection.
@@ -42,14 +47,16 @@ func ReadInfo(ctx context.Context, conn *pgx.Conn, slot string) (Info, error) {
 	var i Info
 	var restart, confirmed, current *string
 	var walStatus *string
+	// Columns newer servers have are read through to_jsonb, NULL where
+	// the server lacks them: one query for every version.
 	err := conn.QueryRow(ctx, `
 		SELECT slot_name, coalesce(plugin, ''), slot_type, coalesce(database, ''), active, active_pid,
 		       restart_lsn::text, confirmed_flush_lsn::text,
 		       CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END::text,
-		       wal_status, safe_wal_size
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(
+		       wal_status, safe_wal_size, (to_jsonb(s)->>'failover')::bool, (to_jsonb(s)->>'synced')::bool
+		FROM pg_replication_slots s WHERE slot_name = $1`, slot).Scan(
 		&i.Name, &i.Plugin, &i.SlotType, &i.Database, &i.Active, &i.ActivePID,
-		&restart, &confirmed, &current, &walStatus, &i.SafeWALSize)
+		&restart, &confirmed, &current, &walStatus, &i.SafeWALSize, &i.Failover, &i.Synced)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Info{}, fmt.Errorf("slot %q: %w", slot, ErrNoSlot)
 	}

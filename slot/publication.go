@@ -34,6 +34,9 @@ const ownerMark = "created by walrelay"
 type Publication struct {
 	Name   string
 	Exists bool
+	// OID is the publication's pg_publication OID (0 when it does not
+	// exist): one dropped and created again under the same name has another.
+	OID uint32
 	// Owned means walrelay created it (its comment starts with "created by
 	// walrelay").
 	Owned bool
@@ -47,12 +50,19 @@ type Publication struct {
 	// Tables are the outbox tables, in the order configured.
 	Tables []PublishedTable
 
-	version int // server_version_num
+	version int    // server_version_num
+	xmin    string // of its pg_publication row: changes with every ALTER PUBLICATION ... SET
 }
 
 // PublishedTable is one outbox table as a publication publishes it.
 type PublishedTable struct {
 	Table decoder.Table
+	// OID is the table's pg_class OID.
+	OID uint32
+	// MemberOID is the OID of the publication's pg_publication_rel row
+	// for the table; 0 when it has none (not published, or covered by FOR
+	// ALL TABLES or TABLES IN SCHEMA).
+	MemberOID uint32
 	// Partitioned is a partitioned table (relkind 'p'): its rows live in
 	// partitions and arrive under its own name only with
 	// publish_via_partition_root.
@@ -86,14 +96,15 @@ func ReadPublication(ctx context.Context, conn *pgx.Conn, name string, tables []
 	}
 	var pubOID uint32
 	var comment string
-	err := conn.QueryRow(ctx, `SELECT p.oid, p.pubinsert, p.puballtables, `+viaRoot+`, coalesce(obj_description(p.oid, 'pg_publication'), '')
-		FROM pg_publication p WHERE p.pubname = $1`, name).Scan(&pubOID, &pub.Insert, &pub.AllTables, &pub.ViaRoot, &comment)
+	err := conn.QueryRow(ctx, `SELECT p.oid, p.xmin::text, p.pubinsert, p.puballtables, `+viaRoot+`, coalesce(obj_description(p.oid, 'pg_publication'), '')
+		FROM pg_publication p WHERE p.pubname = $1`, name).Scan(&pubOID, &pub.xmin, &pub.Insert, &pub.AllTables, &pub.ViaRoot, &comment)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return pub, fmt.Errorf("look up publication %q: %w", name, err)
 	default:
 		pub.Exists = true
+		pub.OID = pubOID
 		pub.Owned = strings.HasPrefix(comment, ownerMark)
 	}
 	for _, t := range tables {
@@ -125,8 +136,13 @@ func readPublishedTable(ctx context.Context, conn *pgx.Conn, pub *Publication, p
 	if err != nil {
 		return pt, fmt.Errorf("look up table %s: %w", t, err)
 	}
+	pt.OID = oid
 	if !pub.Exists {
 		return pt, nil
+	}
+	err = conn.QueryRow(ctx, `SELECT oid FROM pg_publication_rel WHERE prpubid = $1 AND prrelid = $2`, pubOID, oid).Scan(&pt.MemberOID)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return pt, fmt.Errorf("read publication %q of %s: %w", pub.Name, t, err)
 	}
 
 	cols := "NULL::text[], NULL::text"

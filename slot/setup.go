@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -36,6 +37,19 @@ type SetupConfig struct {
 	AllowRowFilter bool
 	// CreateSlot creates the slot (pgoutput) when it is missing.
 	CreateSlot bool
+	// Failover makes the slot a failover slot on PostgreSQL 17+ (created
+	// so, or altered so when it is not): a standby with
+	// sync_replication_slots keeps a copy that survives a promotion.
+	Failover bool
+	// RecordSchema is the schema of walrelay's record of what it streams
+	// from (record.go); empty means DefaultRecordSchema.
+	RecordSchema string
+	// AcceptGap lets Prepare go on after something walrelay streamed from
+	// was replaced or removed (the slot, the publication, an outbox
+	// table's membership): the gap is logged, kept in the record, and
+	// what is missing is created again. Only an operator sets it
+	// (walrelay setup --accept-gap).
+	AcceptGap bool
 	// Snapshot, when set, publishes the rows present when the slot is
 	// created. It is called only when Prepare creates the slot, with the
 	// name of a snapshot exported at the slot's consistent point (import
@@ -74,47 +88,222 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 }
 
 // Prepare checks the source database and creates the publication and slot
-// when allowed. A *SetupError means walrelay must not start; other errors
+// when allowed, then returns walrelay's record of what the slot streams
+// from. A *SetupError means walrelay must not start, and a *GapError that
+// something it streamed from was replaced or removed; other errors
 // (connection failures) may go away on retry.
-func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
+func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, error) {
+	if cfg.RecordSchema == "" {
+		cfg.RecordSchema = DefaultRecordSchema
+	}
 	conn, err := Connect(ctx, cfg.URL)
 	if err != nil {
-		return err
+		return Record{}, err
 	}
 	defer conn.Close(context.Background())
 
-	if err := checkServer(ctx, conn); err != nil {
-		return err
+	version, err := checkServer(ctx, conn)
+	if err != nil {
+		return Record{}, err
 	}
 	for _, t := range cfg.Tables {
 		if err := checkTable(ctx, conn, t, cfg.Columns); err != nil {
-			return err
+			return Record{}, err
+		}
+	}
+	if err := ensureRecordTable(ctx, conn, cfg.RecordSchema); err != nil {
+		return Record{}, err
+	}
+	rec, recorded, err := ReadRecord(ctx, conn, cfg.RecordSchema, cfg.Slot)
+	if err != nil {
+		return Record{}, err
+	}
+	var accepted *GapError
+	if recorded {
+		gap, err := checkRecord(ctx, conn, cfg, rec, log)
+		if err != nil {
+			return Record{}, err
+		}
+		if gap != nil && !cfg.AcceptGap {
+			// Written down, so that undoing the change does not make the
+			// next start forget the rows it skipped.
+			if err := RecordStop(ctx, conn, cfg.RecordSchema, cfg.Slot, gap.What, gap.Since); err != nil {
+				log.Warn("cannot write the refusal into walrelay's record", zap.Error(err))
+			}
+			return Record{}, gap
+		}
+		if gap != nil {
+			log.Warn("accepting a gap: events committed meanwhile may be missing from Kafka for good; walrelay recreates what is missing and goes on",
+				zap.String("slot", cfg.Slot), zap.String("what", gap.What), zap.Stringer("missing_after_lsn", gap.Since))
+			if err := acceptGap(ctx, conn, cfg.RecordSchema, cfg.Slot, gap); err != nil {
+				return Record{}, fmt.Errorf("write the accepted gap into walrelay's record: %w", err)
+			}
+			accepted = gap
 		}
 	}
 	if err := ensurePublication(ctx, conn, cfg, log); err != nil {
-		return err
+		return Record{}, err
 	}
-	return ensureSlot(ctx, conn, cfg, log)
+	if err := ensureSlot(ctx, conn, cfg, version, log); err != nil {
+		return Record{}, err
+	}
+	now, err := currentRecord(ctx, conn, cfg)
+	if err != nil {
+		return Record{}, err
+	}
+	if accepted != nil && now.PublicationOID != rec.PublicationOID {
+		// The publication walrelay streamed from was dropped: decoding the
+		// WAL written while it did not exist fails (PostgreSQL 15-17) or
+		// skips it with a notice (18) whatever exists now, so the slot
+		// moves past it, to now.
+		if now.ConfirmedLSN, err = advanceSlot(ctx, conn, cfg.Slot); err != nil {
+			return Record{}, err
+		}
+		log.Warn("moved the slot past the WAL written while its publication did not exist", zap.String("slot", cfg.Slot),
+			zap.Stringer("from_lsn", accepted.Since), zap.Stringer("to_lsn", now.ConfirmedLSN))
+	}
+	if !recorded {
+		log.Info("recorded what the slot streams from: walrelay will refuse to replace the slot, the publication or an outbox table's membership if they change under it",
+			zap.String("slot", cfg.Slot), zap.String("record", recordTable(cfg.RecordSchema)))
+	}
+	if err := writeRecord(ctx, conn, cfg.RecordSchema, now); err != nil {
+		return Record{}, err
+	}
+	return now, nil
 }
 
-func checkServer(ctx context.Context, conn *pgx.Conn) error {
+// currentRecord is the record of what the slot streams from now.
+func currentRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) (Record, error) {
+	rec := Record{Slot: cfg.Slot, Publication: cfg.Publication}
+	pub, err := ReadPublication(ctx, conn, cfg.Publication, cfg.Tables)
+	if err != nil {
+		return rec, err
+	}
+	rec.PublicationOID = pub.OID
+	rec.PublicationXmin = pub.xmin
+	for _, t := range pub.Tables {
+		rec.Tables = append(rec.Tables, RecordedTable{Table: t.Table, OID: t.OID, MemberOID: t.MemberOID})
+	}
+	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&rec.SystemID); err != nil {
+		return rec, fmt.Errorf("read the system identifier: %w", err)
+	}
+	info, err := ReadInfo(ctx, conn, cfg.Slot)
+	if err != nil {
+		return rec, err
+	}
+	rec.ConfirmedLSN = info.ConfirmedLSN
+	return rec, nil
+}
+
+// checkRecord compares what the database holds now with the record of
+// what the slot streamed from: a *GapError names the first thing replaced
+// or removed since.
+func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Record, log *zap.Logger) (*GapError, error) {
+	if rec.Stopped != "" {
+		return &GapError{What: rec.Stopped, Since: rec.StoppedAt}, nil
+	}
+	since := rec.ConfirmedLSN
+	info, err := ReadInfo(ctx, conn, cfg.Slot)
+	switch {
+	case errors.Is(err, ErrNoSlot):
+		var system string
+		if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&system); err != nil {
+			return nil, fmt.Errorf("read the system identifier: %w", err)
+		}
+		what := fmt.Sprintf("replication slot %q is gone, though walrelay streamed from it (its record in %s, written %s, has it confirmed at %s)",
+			cfg.Slot, recordTable(cfg.RecordSchema), rec.UpdatedAt.UTC().Format(time.RFC3339), rec.ConfirmedLSN)
+		if system != rec.SystemID {
+			what += fmt.Sprintf("; the record was written on PostgreSQL system %s and this server is system %s: a copy or restore of another cluster?", rec.SystemID, system)
+		}
+		return &GapError{What: what, Since: since,
+			Fix: "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: --failover-slot, sync_replication_slots on the standby, synchronized_standby_slots on the primary)"}, nil
+	case err != nil:
+		return nil, err
+	}
+	since = max(since, info.ConfirmedLSN)
+	if rec.Publication != cfg.Publication {
+		// The operator moved the slot to another publication: what it
+		// publishes is checked as at a first start.
+		return nil, nil
+	}
+	var tables []decoder.Table
+	recorded := map[decoder.Table]RecordedTable{}
+	for _, t := range rec.Tables {
+		if slices.Contains(cfg.Tables, t.Table) {
+			tables = append(tables, t.Table)
+			recorded[t.Table] = t
+		}
+	}
+	pub, err := ReadPublication(ctx, conn, cfg.Publication, tables)
+	if err != nil {
+		return nil, err
+	}
+	ident := pgx.Identifier{cfg.Publication}.Sanitize()
+	switch {
+	case !pub.Exists:
+		return &GapError{What: fmt.Sprintf("publication %q was dropped after walrelay streamed from it", cfg.Publication), Since: since}, nil
+	case pub.OID != rec.PublicationOID:
+		return &GapError{What: fmt.Sprintf("publication %q was dropped and created again after walrelay streamed from it (OID %d, now %d)", cfg.Publication, rec.PublicationOID, pub.OID), Since: since}, nil
+	case !pub.Insert:
+		return &GapError{What: fmt.Sprintf("publication %q no longer publishes inserts", cfg.Publication), Since: since,
+			Fix: fmt.Sprintf("restore it with ALTER PUBLICATION %s SET (publish = 'insert')", ident)}, nil
+	}
+	if rec.PublicationXmin != "" && pub.xmin != rec.PublicationXmin {
+		// An ALTER PUBLICATION ... SET that left it publishing the outbox:
+		// harmless, unless a change undone since stopped it publishing
+		// inserts meanwhile, which nothing here can tell.
+		log.Warn("the publication was altered while walrelay was not streaming; it publishes the outbox tables now. Had a change undone since stopped it publishing inserts meanwhile, the rows committed then were skipped: compare the outbox with the topics",
+			zap.String("publication", cfg.Publication), zap.Stringer("since_lsn", since))
+	}
+	for _, pt := range pub.Tables {
+		t := recorded[pt.Table]
+		switch {
+		case pt.OID != t.OID:
+			return &GapError{What: fmt.Sprintf("outbox table %s was dropped and created again after walrelay streamed from it (OID %d, now %d): PostgreSQL takes a dropped table out of its publications, so inserts into the new table were not published", pt.Table, t.OID, pt.OID), Since: since}, nil
+		case !pt.Published && !pt.AsPartitions:
+			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}, nil
+		case t.MemberOID != 0 && pt.MemberOID != 0 && pt.MemberOID != t.MemberOID:
+			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}, nil
+		}
+	}
+	return nil, nil
+}
+
+// advanceSlot moves the slot's confirmed position to the server's WAL end.
+func advanceSlot(ctx context.Context, conn *pgx.Conn, slot string) (decoder.LSN, error) {
+	var end string
+	err := conn.QueryRow(ctx, "SELECT end_lsn::text FROM pg_replication_slot_advance($1, pg_current_wal_lsn())", slot).Scan(&end)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+		return 0, setupErrorf("replication slot %q is in use (%s): stop the relay streaming from it, then accept the gap", slot, pgErr.Message)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("advance replication slot %q: %w", slot, err)
+	}
+	return ParseLSN(end)
+}
+
+// checkServer refuses a server walrelay cannot stream from and returns
+// its version (server_version_num).
+func checkServer(ctx context.Context, conn *pgx.Conn) (int, error) {
 	var walLevel string
-	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
-		return fmt.Errorf("read wal_level: %w", err)
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level'), current_setting('server_version_num')::int").Scan(&walLevel, &version); err != nil {
+		return 0, fmt.Errorf("read wal_level: %w", err)
 	}
 	if walLevel != "logical" {
-		return setupErrorf("wal_level is %q: set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL", walLevel)
+		return 0, setupErrorf("wal_level is %q: set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL", walLevel)
 	}
 	var user string
 	var canReplicate bool
 	err := conn.QueryRow(ctx, "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&user, &canReplicate)
 	if err != nil {
-		return fmt.Errorf("read role attributes: %w", err)
+		return 0, fmt.Errorf("read role attributes: %w", err)
 	}
 	if !canReplicate {
-		return setupErrorf("role %q lacks the REPLICATION attribute: run ALTER ROLE %s WITH REPLICATION as a superuser", user, pgx.Identifier{user}.Sanitize())
+		return 0, setupErrorf("role %q lacks the REPLICATION attribute: run ALTER ROLE %s WITH REPLICATION as a superuser", user, pgx.Identifier{user}.Sanitize())
 	}
-	return nil
+	return version, nil
 }
 
 func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []string) error {
@@ -142,16 +331,20 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 	return nil
 }
 
-func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
+// failoverSlots is the first version with failover slots (PostgreSQL 17).
+const failoverSlots = 170000
+
+func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version int, log *zap.Logger) error {
+	failover := cfg.Failover && version >= failoverSlots
 	info, err := ReadInfo(ctx, conn, cfg.Slot)
 	if errors.Is(err, ErrNoSlot) {
 		if !cfg.CreateSlot {
 			return setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or allow --create-slot", cfg.Slot, cfg.Slot)
 		}
 		if cfg.Snapshot != nil {
-			return createSlotWithSnapshot(ctx, conn, cfg, log)
+			return createSlotWithSnapshot(ctx, conn, cfg, failover, log)
 		}
-		return createSlot(ctx, cfg, log)
+		return createSlot(ctx, cfg, failover, log)
 	}
 	if err != nil {
 		return err
@@ -170,10 +363,15 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.L
 	case info.WALStatus == "lost":
 		return InvalidatedError(cfg.Slot)
 	}
+	if failover && info.Failover != nil && !*info.Failover {
+		return makeFailoverSlot(ctx, cfg, log)
+	}
 	return nil
 }
 
-func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
+// makeFailoverSlot turns an existing slot into a failover slot. A slot in
+// use is left alone: the relay streaming from it does this at its start.
+func makeFailoverSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 	rcfg, err := ReplicationConfig(cfg.URL)
 	if err != nil {
 		return err
@@ -183,10 +381,40 @@ func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 		return fmt.Errorf("replication connection: %w", connectError(err, cfg.URL))
 	}
 	defer rconn.Close(context.Background())
-	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
-		Mode:           pglogrepl.LogicalReplication,
-		SnapshotAction: "NOEXPORT_SNAPSHOT",
-	})
+	_, err = rconn.Exec(ctx, "ALTER_REPLICATION_SLOT "+quoteIdent(cfg.Slot)+" (FAILOVER true)").ReadAll()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("make replication slot %q a failover slot: %w", cfg.Slot, err)
+	}
+	log.Info("made the replication slot a failover slot: a standby with sync_replication_slots = on keeps a copy that survives its promotion", zap.String("slot", cfg.Slot))
+	return nil
+}
+
+// createSlotCommand is CREATE_REPLICATION_SLOT for a pgoutput slot without
+// a snapshot, a failover slot when asked (PostgreSQL 17+; pglogrepl has no
+// option for it).
+func createSlotCommand(name string, failover bool) string {
+	cmd := "CREATE_REPLICATION_SLOT " + quoteIdent(name) + " LOGICAL pgoutput"
+	if failover {
+		return cmd + " (SNAPSHOT 'nothing', FAILOVER true)"
+	}
+	return cmd + " NOEXPORT_SNAPSHOT"
+}
+
+func createSlot(ctx context.Context, cfg SetupConfig, failover bool, log *zap.Logger) error {
+	rcfg, err := ReplicationConfig(cfg.URL)
+	if err != nil {
+		return err
+	}
+	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return fmt.Errorf("replication connection: %w", connectError(err, cfg.URL))
+	}
+	defer rconn.Close(context.Background())
+	res, err := pglogrepl.ParseCreateReplicationSlot(rconn.Exec(ctx, createSlotCommand(cfg.Slot, failover)))
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by another walrelay
@@ -197,7 +425,7 @@ func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 		}
 		return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
 	}
-	log.Info("created replication slot", zap.String("slot", cfg.Slot), zap.String("consistent_point", res.ConsistentPoint))
+	log.Info("created replication slot", zap.String("slot", cfg.Slot), zap.String("consistent_point", res.ConsistentPoint), zap.Bool("failover", failover))
 	return nil
 }
 
@@ -216,7 +444,7 @@ func createSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 // serialised by an advisory lock on the slot's name: the relay that waited
 // finds the slot, publishes no snapshot and streams (or waits as the
 // standby).
-func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
+func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, failover bool, log *zap.Logger) error {
 	lockKey := "walrelay slot " + cfg.Slot
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockKey); err != nil {
 		return fmt.Errorf("wait for the lock on creating slot %q: %w", cfg.Slot, err)
@@ -279,6 +507,14 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 		}
 		return fmt.Errorf("create replication slot %q from the snapshot's temporary slot: %w", cfg.Slot, err)
 	}
-	log.Info("created replication slot at the snapshot's consistent point", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at))
+	if failover {
+		// A copy is never a failover slot (PostgreSQL 17 does not copy
+		// the property); the temporary slot and its snapshot are done
+		// with, so the connection may run another command.
+		if _, err := rconn.Exec(ctx, "ALTER_REPLICATION_SLOT "+quoteIdent(cfg.Slot)+" (FAILOVER true)").ReadAll(); err != nil {
+			return fmt.Errorf("make replication slot %q a failover slot: %w", cfg.Slot, err)
+		}
+	}
+	log.Info("created replication slot at the snapshot's consistent point", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at), zap.Bool("failover", failover))
 	return nil
 }

@@ -68,6 +68,7 @@ type Stream struct {
 	net         net.Conn
 	deadline    time.Time
 	interrupted atomic.Bool
+	publication string
 	// System is what IDENTIFY_SYSTEM reported when the stream opened.
 	System pglogrepl.IdentifySystemResult
 }
@@ -85,7 +86,7 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 	if err != nil {
 		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
-	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn()}
+	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn(), publication: opts.Publication}
 	if s.System, err = pglogrepl.IdentifySystem(ctx, conn); err != nil {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
@@ -188,17 +189,48 @@ func (s *Stream) Receive(deadline time.Time) (Message, error) {
 		case *pgproto3.CopyData:
 			return parseCopyData(m.Data)
 		case *pgproto3.ErrorResponse:
+			if s.publicationGone(m.Code, m.Message) {
+				return Message{}, &PublicationGoneError{Publication: s.publication, Message: m.Message}
+			}
 			return Message{}, fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
 		case *pgproto3.CopyDone, *pgproto3.CommandComplete:
 			// A walsender shutting down (server stop or restart) ends the
 			// copy, sometimes with just CommandComplete.
 			return Message{}, errors.New("replication stream: the server ended the stream (shutting down?)")
-		case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus:
+		case *pgproto3.NoticeResponse:
+			if s.publicationGone(m.Code, m.Message) {
+				return Message{}, &PublicationGoneError{Publication: s.publication, Message: m.Message}
+			}
+			continue
+		case *pgproto3.ParameterStatus:
 			continue
 		default:
 			return Message{}, fmt.Errorf("replication stream: unexpected %T", msg)
 		}
 	}
+}
+
+// PublicationGoneError is the walsender saying that the publication did
+// not exist at a point of the WAL it decoded (dropped, or dropped and
+// created again after that point): PostgreSQL 15-17 end the stream with
+// an error at every start, 18 warns once and skips the changes it cannot
+// publish. Either way events committed there are not sent.
+type PublicationGoneError struct {
+	Publication string
+	// Message is the server's, as it worded it.
+	Message string
+}
+
+func (e *PublicationGoneError) Error() string {
+	return fmt.Sprintf("replication stream: publication %q did not exist at a point of the WAL the server decoded (%s)", e.Publication, e.Message)
+}
+
+// publicationGone recognises the walsender's report of a missing
+// publication: an error (42704, PostgreSQL 15-17) or a warning (55000,
+// "skipped loading publication", 18) naming the stream's publication. The
+// name is matched, not the wording: servers translate their messages.
+func (s *Stream) publicationGone(code, msg string) bool {
+	return (code == "42704" || code == "55000") && strings.Contains(msg, `"`+s.publication+`"`)
 }
 
 func parseCopyData(b []byte) (Message, error) {

@@ -53,7 +53,9 @@ type SourceFlags struct {
 	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing, and add outbox tables it lacks to a publication walrelay created."`
 	AlterPublication  bool     `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared: every subscriber of it then receives them)."`
 	AllowRowFilter    bool     `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published. Logged at WARN at startup."`
-	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing."`
+	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing, at a first start: a slot walrelay streamed from that disappeared (a failover, a drop) is never recreated without walrelay setup --accept-gap."`
+	FailoverSlot      bool     `default:"true" negatable:"" help:"PostgreSQL 17+: make the slot a failover slot (created so, or altered), which standbys with sync_replication_slots = on keep a copy of that survives their promotion."`
+	RecordSchema      string   `default:"walrelay" help:"Schema of walrelay's record of what each slot streams from (table <schema>.slots, created when missing): with it walrelay refuses to replace a slot, publication or outbox table that changed under it."`
 	Snapshot          string   `default:"initial" enum:"initial,never" help:"initial: when walrelay creates the slot, first publish the rows already in the outbox tables (at the slot's consistent point), then stream; never: publish only rows committed after the slot exists."`
 	SnapshotWhere     string   `placeholder:"SQL" help:"SQL condition the rows of the initial snapshot must meet (e.g. 'sent_at IS NULL'); empty for every row."`
 	SnapshotOrder     string   `placeholder:"SQL" help:"SQL ORDER BY list of the initial snapshot (e.g. 'created_at, id'); empty for the table's primary key."`
@@ -246,6 +248,8 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		Mapping:           mapping,
 		CreatePublication: src.CreatePublication,
 		CreateSlot:        src.CreateSlot,
+		NoFailoverSlot:    !src.FailoverSlot,
+		RecordSchema:      src.RecordSchema,
 		AlterPublication:  src.AlterPublication,
 		AllowRowFilter:    src.AllowRowFilter,
 		InitialSnapshot:   src.Snapshot != "never",

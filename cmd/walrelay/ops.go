@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -24,6 +25,7 @@ type statusCmd struct {
 	JSON          bool   `name:"json" help:"Print JSON instead of text."`
 	MaxLagBytes   int64  `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
 	RequireActive bool   `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
+	RecordSchema  string `default:"walrelay" help:"Schema of walrelay's record of what each slot streams from."`
 }
 
 // Validate refuses malformed flags before anything is connected.
@@ -35,20 +37,22 @@ const notStreamed = "no relay is streaming from this slot: it keeps WAL and noth
 
 // slotStatus is what status prints.
 type slotStatus struct {
-	Slot              string   `json:"slot"`
-	Plugin            string   `json:"plugin"`
-	Database          string   `json:"database"`
-	Active            bool     `json:"active"`
-	ActivePID         *int32   `json:"active_pid"`
-	RestartLSN        string   `json:"restart_lsn"`
-	ConfirmedFlushLSN string   `json:"confirmed_flush_lsn"`
-	CurrentLSN        string   `json:"current_lsn"`
-	RetainedWALBytes  int64    `json:"retained_wal_bytes"`
-	ConfirmedLagBytes int64    `json:"confirmed_lag_bytes"`
-	WALStatus         string   `json:"wal_status"`
-	SafeWALSize       *int64   `json:"safe_wal_size"`
-	Healthy           bool     `json:"healthy"`
-	Problems          []string `json:"problems"`
+	Slot              string `json:"slot"`
+	Plugin            string `json:"plugin"`
+	Database          string `json:"database"`
+	Active            bool   `json:"active"`
+	ActivePID         *int32 `json:"active_pid"`
+	RestartLSN        string `json:"restart_lsn"`
+	ConfirmedFlushLSN string `json:"confirmed_flush_lsn"`
+	CurrentLSN        string `json:"current_lsn"`
+	RetainedWALBytes  int64  `json:"retained_wal_bytes"`
+	ConfirmedLagBytes int64  `json:"confirmed_lag_bytes"`
+	WALStatus         string `json:"wal_status"`
+	SafeWALSize       *int64 `json:"safe_wal_size"`
+	// Failover says what a failover of the primary does to the slot.
+	Failover string   `json:"failover"`
+	Healthy  bool     `json:"healthy"`
+	Problems []string `json:"problems"`
 	// Warnings need a look but do not make the slot unhealthy.
 	Warnings []string `json:"warnings"`
 }
@@ -65,7 +69,22 @@ func (c *statusCmd) Run(ctx context.Context) error {
 		return &exitError{code: exitFailed, err: err}
 	}
 	defer conn.Close(context.Background())
+	rec, recorded, err := slot.ReadRecord(ctx, conn, c.RecordSchema, c.Slot)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
 	info, err := slot.ReadInfo(ctx, conn, c.Slot)
+	if errors.Is(err, slot.ErrNoSlot) && recorded {
+		return &exitError{code: exitFailed, err: &slot.GapError{
+			What:  fmt.Sprintf("replication slot %q does not exist, though walrelay streamed from it (recorded in %s.slots, confirmed at %s on %s)", c.Slot, c.RecordSchema, rec.ConfirmedLSN, rec.UpdatedAt.UTC().Format(time.RFC3339)),
+			Since: rec.ConfirmedLSN,
+			Fix:   "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+)",
+		}}
+	}
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
+	failover, err := slot.ReadFailover(ctx, conn, info)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
@@ -84,6 +103,14 @@ func (c *statusCmd) Run(ctx context.Context) error {
 	}
 	if info.WALStatus == "lost" {
 		st.Problems = append(st.Problems, "slot is invalidated (wal_status = lost): events written while it lacked WAL are gone from it")
+	}
+	text, warn := failover.Describe()
+	st.Failover = text
+	if warn {
+		st.Warnings = append(st.Warnings, text)
+	}
+	if recorded && rec.Stopped != "" {
+		st.Problems = append(st.Problems, fmt.Sprintf("walrelay stopped at %s because %s: it refuses to go on until the gap is accepted (walrelay setup --accept-gap)", rec.StoppedAt, rec.Stopped))
 	}
 	if c.MaxLagBytes > 0 && info.LagBytes > c.MaxLagBytes {
 		st.Problems = append(st.Problems, fmt.Sprintf("confirmed lag %s exceeds --max-lag-bytes %s", bytesText(info.LagBytes), bytesText(c.MaxLagBytes)))
@@ -134,7 +161,7 @@ func printStatus(w io.Writer, st slotStatus) {
 		{"slot", st.Slot}, {"plugin", st.Plugin}, {"database", st.Database}, {"active", active},
 		{"restart_lsn", restart}, {"confirmed_flush_lsn", st.ConfirmedFlushLSN}, {"current_lsn", st.CurrentLSN},
 		{"retained_wal", bytesText(st.RetainedWALBytes)}, {"confirmed_lag", bytesText(st.ConfirmedLagBytes)},
-		{"wal_status", st.WALStatus}, {"safe_wal_size", safe}, {"health", health},
+		{"wal_status", st.WALStatus}, {"safe_wal_size", safe}, {"failover", st.Failover}, {"health", health},
 	} {
 		fmt.Fprintf(w, "%-20s %s\n", row[0], row[1])
 	}
@@ -165,8 +192,11 @@ type setupCmd struct {
 	ColumnFlags `embed:""`
 
 	// What setup may accept of an existing publication, as for run.
-	AlterPublication bool `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared)."`
-	AllowRowFilter   bool `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published."`
+	AlterPublication bool   `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared)."`
+	AllowRowFilter   bool   `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published."`
+	FailoverSlot     bool   `default:"true" negatable:"" help:"PostgreSQL 17+: make the slot a failover slot, which standbys with sync_replication_slots = on keep a copy of."`
+	RecordSchema     string `default:"walrelay" help:"Schema of walrelay's record of what each slot streams from."`
+	AcceptGap        bool   `help:"Go on after something walrelay streamed from was replaced or removed (the slot lost in a failover, the publication dropped or altered, an outbox table recreated or removed from it): log the gap, keep it in the record, create again what is missing. Events committed in the gap are not published; walrelay snapshot publishes the rows still in the outbox."`
 }
 
 // Validate refuses malformed flags before anything is connected.
@@ -214,9 +244,10 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 			}
 		}
 	}
-	err = slot.Prepare(ctx, slot.SetupConfig{
+	_, err = slot.Prepare(ctx, slot.SetupConfig{
 		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: m.Columns(),
 		CreatePublication: true, CreateSlot: true, AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,
+		Failover: c.FailoverSlot, RecordSchema: c.RecordSchema, AcceptGap: c.AcceptGap,
 	}, log)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
@@ -281,6 +312,7 @@ type dropCmd struct {
 	Publication     string `default:"walrelay_outbox" help:"Publication the slot streams: its pending rows are counted, and it is dropped with --drop-publication."`
 	DropPublication bool   `help:"Also drop the publication."`
 	Force           bool   `help:"Drop the slot even when it holds committed outbox rows not yet published (they are lost to the relay), or when they cannot be counted."`
+	RecordSchema    string `default:"walrelay" help:"Schema of walrelay's record of what each slot streams from: the slot's record is removed with it, so the next start is a first start."`
 }
 
 // Validate refuses malformed flags before anything is connected.
@@ -351,6 +383,9 @@ func (c *dropCmd) dropSlot(ctx context.Context, conn *pgx.Conn, info slot.Info, 
 		return nil
 	case err != nil:
 		return &exitError{code: exitFailed, err: fmt.Errorf("drop slot %q: %w", c.Slot, err)}
+	}
+	if err := slot.DropRecord(ctx, conn, c.RecordSchema, c.Slot); err != nil {
+		return &exitError{code: exitFailed, err: fmt.Errorf("dropped slot %q, but cannot remove walrelay's record of it (the next start refuses as if the slot had been lost): %w", c.Slot, err)}
 	}
 	fmt.Printf("dropped slot %q, discarding %s: PostgreSQL no longer keeps WAL for it; events written from now on are not captured until a new slot exists\n", c.Slot, discards)
 	log.Info("dropped replication slot", zap.String("slot", c.Slot), zap.Int64("pending_rows", rows), zap.Bool("pending_rows_counted", perr == nil),

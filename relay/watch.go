@@ -1,0 +1,183 @@
+package relay
+
+// watch.go: the relay's eye on the source database changing under it: the
+// publication watch that vouches for every position the session confirms,
+// the refusals that stop the relay when something it streamed from was
+// replaced or removed, and the failover state of the slot.
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// stuckCheckWarn is how long the publication watch may find a change to
+// the publication in progress before it says that confirming waits on it.
+const stuckCheckWarn = 10 * time.Second
+
+// wantVerify asks the publication watch to vouch for positions up to lsn.
+func (r *Relay) wantVerify(lsn decoder.LSN) {
+	for {
+		w := r.wantVerified.Load()
+		if uint64(lsn) <= w || r.wantVerified.CompareAndSwap(w, uint64(lsn)) {
+			break
+		}
+	}
+	select {
+	case r.verifyWanted <- struct{}{}:
+	default:
+	}
+}
+
+// confirmable is how far the session may confirm of pos: no further than
+// the publication watch vouched for, nor than the slot already is (start).
+// Past it the session asks the watch to look.
+func (r *Relay) confirmable(pos, start decoder.LSN) decoder.LSN {
+	v := decoder.LSN(r.verified.Load())
+	if pos <= v {
+		return pos
+	}
+	r.wantVerify(pos)
+	return max(v, min(pos, start))
+}
+
+// watchPublication checks the publication (slot.Watch) whenever the
+// session has positions to confirm beyond the last one vouched for, at
+// most once per ConfirmDelay, and stops the relay with a *slot.GapError
+// when it no longer publishes an outbox table the slot streamed from. A
+// failed check (the connection) vouches for nothing and is tried again.
+func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFunc) {
+	w := slot.NewWatch(r.setupConfig(), r.record, r.log)
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	var stuckSince time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.verifyWanted:
+		}
+		for ctx.Err() == nil && r.wantVerified.Load() > r.verified.Load() {
+			began := time.Now()
+			if conn == nil || conn.IsClosed() {
+				c, err := slot.Connect(ctx, r.cfg.PGURL)
+				if err != nil {
+					if ctx.Err() == nil {
+						r.log.Warn("publication watch: cannot connect; nothing is confirmed until it can check the publication", zap.Error(err))
+					}
+					sleepCtx(ctx, time.Second)
+					continue
+				}
+				conn = c
+			}
+			at, ok, err := w.Check(ctx, conn)
+			var gap *slot.GapError
+			switch {
+			case errors.As(err, &gap):
+				gap.Since = r.Confirmed()
+				r.refuse(ctx, conn, gap)
+				stop(gap)
+				return
+			case err != nil:
+				if ctx.Err() == nil {
+					r.log.Warn("publication watch: the check failed; nothing is confirmed until it succeeds", zap.Error(err))
+				}
+				conn.Close(context.Background())
+				conn = nil
+			case ok:
+				stuckSince = time.Time{}
+				for v := r.verified.Load(); uint64(at) > v && !r.verified.CompareAndSwap(v, uint64(at)); v = r.verified.Load() {
+				}
+			case stuckSince.IsZero():
+				stuckSince = began
+			case time.Since(stuckSince) > stuckCheckWarn:
+				r.log.Warn("a transaction changing the publication or an outbox table is still open: walrelay confirms nothing past its start until it ends (PostgreSQL would decode past it either way)",
+					zap.String("publication", r.cfg.Publication), zap.Duration("for", time.Since(stuckSince).Round(time.Second)))
+				stuckSince = time.Now()
+			}
+			sleepCtx(ctx, time.Until(began.Add(r.cfg.ConfirmDelay)))
+		}
+	}
+}
+
+// refuse writes down in the record why the relay stops, so that a restart
+// refuses too, even after the change was undone. Failing that, the
+// refusal still stops this relay; the log says the record could not be
+// written.
+func (r *Relay) refuse(ctx context.Context, conn *pgx.Conn, gap *slot.GapError) {
+	r.metrics.GapRefusals.Inc()
+	if conn == nil || conn.IsClosed() {
+		c, err := slot.Connect(ctx, r.cfg.PGURL)
+		if err != nil {
+			r.log.Error("cannot write the refusal into walrelay's record; a restart may not refuse", zap.Error(err))
+			return
+		}
+		defer c.Close(context.Background())
+		conn = c
+	}
+	if err := slot.RecordStop(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, gap.What, gap.Since); err != nil {
+		r.log.Error("cannot write the refusal into walrelay's record; a restart may not refuse", zap.Error(err))
+	}
+}
+
+// sessionGap turns what a stream reported of a vanished publication into
+// the relay's refusal, and writes it down.
+func (r *Relay) sessionGap(ctx context.Context, err error) error {
+	var gone *slot.PublicationGoneError
+	if !errors.As(err, &gone) {
+		return err
+	}
+	gap := &slot.GapError{What: "publication " + quoted(gone.Publication) + " was dropped while walrelay streamed from it (the server: " + gone.Message + ")", Since: r.Confirmed()}
+	r.refuse(ctx, nil, gap)
+	return gap
+}
+
+func quoted(s string) string { return `"` + s + `"` }
+
+// logFailover says at startup what a failover of the primary would do to
+// the slot, and sets the failover metrics.
+func (r *Relay) logFailover(ctx context.Context) {
+	conn, err := slot.Connect(ctx, r.cfg.PGURL)
+	if err != nil {
+		return
+	}
+	defer conn.Close(context.Background())
+	info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
+	if err != nil {
+		return
+	}
+	f, err := slot.ReadFailover(ctx, conn, info)
+	if err != nil {
+		r.log.Warn("cannot read the failover settings", zap.Error(err))
+		return
+	}
+	r.recordFailover(f)
+	text, warn := f.Describe()
+	if warn {
+		r.log.Warn("failover: "+text, zap.String("slot", r.cfg.Slot))
+	} else {
+		r.log.Info("failover: "+text, zap.String("slot", r.cfg.Slot))
+	}
+}
+
+func (r *Relay) recordFailover(f slot.Failover) {
+	r.metrics.SlotFailover.Set(b2f(f.Slot))
+	r.metrics.SlotFailoverProtected.Set(b2f(f.Protected()))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,300 @@
+package slot
+
+// record.go: walrelay's record, in the source database, of what it streams
+// from.
+//
+// From the database alone, a slot, a publication or an outbox table's
+// membership that disappeared under the relay looks exactly like a first
+// start: the slot is missing, the publication is missing, the table is not
+// in it. Creating them then skips every event committed in between, for
+// good. So the first time walrelay streams from a slot it writes down what
+// it streams from (one row per slot in <schema>.slots: the publication and
+// the outbox tables by OID, the tables' publication memberships) and from
+// then on it refuses to replace any of it until the operator accepts the
+// gap (walrelay setup --accept-gap).
+//
+// The record lives in the database itself, not in Kafka or on the relay's
+// disk: physical replication copies it to every standby with the rest, so
+// after a failover the new primary's copy describes the slot that did not
+// come with it; a database restored from a backup brings the record of its
+// own time; and a record sits beside the objects it describes, so that no
+// relay of another database can mistake it for its own.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walrelay/walrelay/decoder"
+)
+
+// DefaultRecordSchema is the schema of walrelay's record table (slots).
+const DefaultRecordSchema = "walrelay"
+
+// Record is what walrelay streamed from a slot, as it last wrote it down.
+type Record struct {
+	Slot        string
+	Publication string
+	// PublicationOID identifies the publication: one dropped and created
+	// again under the same name has another.
+	PublicationOID uint32
+	// PublicationXmin is the xmin of the publication's pg_publication row:
+	// every ALTER PUBLICATION ... SET changes it.
+	PublicationXmin string
+	Tables          []RecordedTable
+	// SystemID is the PostgreSQL system identifier of the cluster the
+	// record was written on (IDENTIFY_SYSTEM).
+	SystemID string
+	// ConfirmedLSN is a position walrelay had confirmed when it last
+	// wrote the record: events committed before it reached Kafka.
+	ConfirmedLSN decoder.LSN
+	// Stopped, when not empty, is why a running relay stopped on a change
+	// it could not stream past; StoppedAt is the last position it had
+	// confirmed then. walrelay refuses to start until the gap is accepted.
+	Stopped   string
+	StoppedAt decoder.LSN
+	UpdatedAt time.Time
+}
+
+// RecordedTable is one outbox table as the record knows it.
+type RecordedTable struct {
+	Table decoder.Table `json:"table"`
+	// OID is the table's pg_class OID: a table dropped and created again
+	// under the same name has another.
+	OID uint32 `json:"oid"`
+	// MemberOID is the OID of the table's pg_publication_rel row: removed
+	// from the publication and added again, it has another. 0 when the
+	// publication covers the table without one (FOR ALL TABLES, TABLES IN
+	// SCHEMA).
+	MemberOID uint32 `json:"member_oid"`
+}
+
+// recordTable is the record table's qualified, quoted name.
+func recordTable(schema string) string {
+	return pgx.Identifier{schema, "slots"}.Sanitize()
+}
+
+// recordDDL creates the record table. The comment says what it is to
+// whoever finds it.
+func recordDDL(schema string) []string {
+	s := pgx.Identifier{schema}.Sanitize()
+	t := recordTable(schema)
+	return []string{
+		"CREATE SCHEMA IF NOT EXISTS " + s,
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (
+			slot_name text PRIMARY KEY,
+			publication text NOT NULL,
+			publication_oid oid NOT NULL,
+			publication_xmin text NOT NULL DEFAULT '',
+			tables jsonb NOT NULL,
+			system_identifier text NOT NULL,
+			confirmed_lsn pg_lsn NOT NULL,
+			stopped text,
+			stopped_at_lsn pg_lsn,
+			accepted_gaps jsonb NOT NULL DEFAULT '[]',
+			created_at timestamptz NOT NULL DEFAULT now(),
+			updated_at timestamptz NOT NULL DEFAULT now()
+		)`,
+		"COMMENT ON TABLE " + t + " IS 'walrelay: what each replication slot streamed from; walrelay refuses to replace a slot, publication or outbox table recorded here until told to (walrelay setup --accept-gap)'",
+	}
+}
+
+// ensureRecordTable creates the record table when it is missing. A role
+// that may not create it gets the statements to have a superuser run.
+func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", recordTable(schema)).Scan(&exists); err != nil {
+		return fmt.Errorf("look up walrelay's record table: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	ddl := recordDDL(schema)
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, q := range ddl {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		var role string
+		conn.QueryRow(ctx, "SELECT current_user").Scan(&role)
+		return setupErrorf("cannot create walrelay's record table %s (%s): walrelay writes down there what it streams from, to refuse replacing it after a failover or a migration; as a superuser run CREATE SCHEMA %s AUTHORIZATION %s, or choose a schema the role may create tables in with --record-schema",
+			recordTable(schema), pgErr.Message, pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize())
+	case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07"):
+		return nil // created concurrently by another walrelay
+	case err != nil:
+		return fmt.Errorf("create walrelay's record table %s: %w", recordTable(schema), err)
+	}
+	return nil
+}
+
+// ReadRecord reads the record of slot; ok is false when there is none
+// (nor a record table).
+func ReadRecord(ctx context.Context, conn *pgx.Conn, schema, slot string) (rec Record, ok bool, err error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", recordTable(schema)).Scan(&exists); err != nil {
+		return rec, false, fmt.Errorf("look up walrelay's record table: %w", err)
+	}
+	if !exists {
+		return rec, false, nil
+	}
+	var tables []byte
+	var confirmed string
+	var stopped, stoppedAt *string
+	err = conn.QueryRow(ctx, `SELECT slot_name, publication, publication_oid, publication_xmin, tables, system_identifier, confirmed_lsn::text,
+			stopped, stopped_at_lsn::text, updated_at
+		FROM `+recordTable(schema)+` WHERE slot_name = $1`, slot).Scan(
+		&rec.Slot, &rec.Publication, &rec.PublicationOID, &rec.PublicationXmin, &tables, &rec.SystemID, &confirmed, &stopped, &stoppedAt, &rec.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, false, nil
+	}
+	if err != nil {
+		return rec, false, fmt.Errorf("read walrelay's record of slot %q: %w", slot, err)
+	}
+	if err := json.Unmarshal(tables, &rec.Tables); err != nil {
+		return rec, false, fmt.Errorf("walrelay's record of slot %q: tables: %w", slot, err)
+	}
+	if rec.ConfirmedLSN, err = ParseLSN(confirmed); err != nil {
+		return rec, false, err
+	}
+	if stopped != nil {
+		rec.Stopped = *stopped
+	}
+	if stoppedAt != nil {
+		if rec.StoppedAt, err = ParseLSN(*stoppedAt); err != nil {
+			return rec, false, err
+		}
+	}
+	return rec, true, nil
+}
+
+// recordWriteTimeout bounds a write of the record: a refusal must not
+// wait on it for long.
+const recordWriteTimeout = 10 * time.Second
+
+// recordExec runs one write of the record. It commits locally: the record
+// reaches standbys like every other change, but a synchronous standby that
+// does not answer (the very trouble a refusal may be about) must not hold
+// the relay's writes back.
+func recordExec(ctx context.Context, conn *pgx.Conn, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, recordWriteTimeout)
+	defer cancel()
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = local"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sql, args...)
+		return err
+	})
+}
+
+// writeRecord stores rec (a first start, or what changed at this one),
+// clearing any stop: the caller checked there was none, or accepted it.
+// The confirmed position never moves back.
+func writeRecord(ctx context.Context, conn *pgx.Conn, schema string, rec Record) error {
+	tables, err := json.Marshal(rec.Tables)
+	if err != nil {
+		return err
+	}
+	err = recordExec(ctx, conn, `INSERT INTO `+recordTable(schema)+` AS r
+			(slot_name, publication, publication_oid, publication_xmin, tables, system_identifier, confirmed_lsn)
+		VALUES ($1, $2, $3, $4, $5, $6, $7::text::pg_lsn)
+		ON CONFLICT (slot_name) DO UPDATE SET publication = excluded.publication, publication_oid = excluded.publication_oid,
+			publication_xmin = excluded.publication_xmin, tables = excluded.tables, system_identifier = excluded.system_identifier,
+			confirmed_lsn = greatest(r.confirmed_lsn, excluded.confirmed_lsn), stopped = NULL, stopped_at_lsn = NULL, updated_at = now()`,
+		rec.Slot, rec.Publication, rec.PublicationOID, rec.PublicationXmin, tables, rec.SystemID, rec.ConfirmedLSN.String())
+	if err != nil {
+		return fmt.Errorf("write walrelay's record of slot %q: %w", rec.Slot, err)
+	}
+	return nil
+}
+
+// RecordConfirmed moves the record's confirmed position forward to lsn,
+// so that a refusal after a failover names a recent one.
+func RecordConfirmed(ctx context.Context, conn *pgx.Conn, schema, slot string, lsn decoder.LSN) error {
+	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET confirmed_lsn = $2::text::pg_lsn, updated_at = now()
+		WHERE slot_name = $1 AND confirmed_lsn < $2::text::pg_lsn`, slot, lsn.String())
+	if err != nil {
+		return fmt.Errorf("update walrelay's record of slot %q: %w", slot, err)
+	}
+	return nil
+}
+
+// RecordStop writes down why a running relay stopped, and the last
+// position it confirmed: the next start refuses until the gap is accepted,
+// even when the change was undone meanwhile.
+func RecordStop(ctx context.Context, conn *pgx.Conn, schema, slot, reason string, confirmed decoder.LSN) error {
+	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET stopped = $2, stopped_at_lsn = $3::text::pg_lsn,
+			confirmed_lsn = greatest(confirmed_lsn, $3::text::pg_lsn), updated_at = now()
+		WHERE slot_name = $1 AND stopped IS NULL`, slot, reason, confirmed.String())
+	if err != nil {
+		return fmt.Errorf("write the stop into walrelay's record of slot %q: %w", slot, err)
+	}
+	return nil
+}
+
+// acceptGap appends an accepted gap to the record's history, for whoever
+// later wonders why events are missing.
+func acceptGap(ctx context.Context, conn *pgx.Conn, schema, slot string, g *GapError) error {
+	entry, _ := json.Marshal(map[string]string{"what": g.What, "after_lsn": g.Since.String(), "accepted_at": time.Now().UTC().Format(time.RFC3339)})
+	return recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET accepted_gaps = accepted_gaps || jsonb_build_array($2::jsonb), updated_at = now()
+		WHERE slot_name = $1`, slot, entry)
+}
+
+// DropRecord removes the record of slot: the operator dropped the slot on
+// purpose, so the next start is a first start again.
+func DropRecord(ctx context.Context, conn *pgx.Conn, schema, slot string) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", recordTable(schema)).Scan(&exists); err != nil || !exists {
+		return err
+	}
+	return recordExec(ctx, conn, "DELETE FROM "+recordTable(schema)+" WHERE slot_name = $1", slot)
+}
+
+// GapError is a refusal to go on after something walrelay streamed from
+// changed under it (a slot that vanished in a failover, a publication
+// dropped or altered, an outbox table recreated or taken out of the
+// publication): PostgreSQL did not send, or will not send, events
+// committed after Since. Restarting cannot fix it; only the operator can
+// accept the gap.
+type GapError struct {
+	// What changed, in words.
+	What string
+	// Since is the last position walrelay knows it published everything
+	// before: events committed after it may be missing.
+	Since decoder.LSN
+	// Fix is what the operator can do, beyond accepting the gap.
+	Fix string
+}
+
+func (e *GapError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.What)
+	fmt.Fprintf(&b, ": events committed after %s may be missing from Kafka. walrelay never replaces what it streamed from on its own", e.Since)
+	if e.Fix != "" {
+		b.WriteString("; ")
+		b.WriteString(e.Fix)
+	}
+	b.WriteString("; to go on without them, run walrelay setup --accept-gap with the same --pg-url, --slot, --publication and --table, then publish the rows still in the outbox tables with walrelay snapshot")
+	return b.String()
+}
+
+// Fatal is true: restarting cannot bring the missing events back.
+func (e *GapError) Fatal() bool { return true }
+
+// IsGap reports whether err is a *GapError.
+func IsGap(err error) bool {
+	var g *GapError
+	return errors.As(err, &g)
+}
