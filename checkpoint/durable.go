@@ -26,19 +26,23 @@ const DurableVersion = 1
 // Record format (JSON, key = slot name, on a compacted topic):
 //
 //	{"version":1,"slot":"walrelay","system_id":"7713984148484868534",
-//	 "lsn":"0/16B3748","partial":{"commit_lsn":"0/16B3800","events":5000},
+//	 "timeline":1,"lsn":"0/16B3748","partial":{"commit_lsn":"0/16B3800","events":5000},
 //	 "time":"2026-11-29T17:00:00Z"}
 //
 // "partial" is omitted when the checkpoint falls between transactions.
 // "system_id" is the PostgreSQL system identifier (IDENTIFY_SYSTEM) of the
-// cluster the LSNs belong to, as a decimal string; records written before
-// it existed lack it and still read (same version: older readers ignore
-// it). LSNs are PostgreSQL's text form. "time" is when it was written, for
+// cluster the LSNs belong to, as a decimal string, and "timeline" the
+// timeline they are on; records written before either existed lack it and
+// still read (same version: older readers ignore them). LSNs are PostgreSQL's text form. "time" is when it was written, for
 // people.
 type Durable struct {
-	Version  int         `json:"version"`
-	Slot     string      `json:"slot"`
-	SystemID string      `json:"-"` // "" in records written before it was stored
+	Version  int    `json:"version"`
+	Slot     string `json:"slot"`
+	SystemID string `json:"-"` // "" in records written before it was stored
+	// Timeline is the PostgreSQL timeline the LSNs are on (0 in records
+	// written before it was stored): after a failover the new primary's
+	// WAL is the old one's only up to the point its timeline forked.
+	Timeline int32       `json:"-"`
 	LSN      decoder.LSN `json:"-"`
 	Partial  *Partial    `json:"-"`
 	Time     time.Time   `json:"time"`
@@ -51,12 +55,13 @@ type Partial struct {
 }
 
 type durableJSON struct {
-	Version int          `json:"version"`
-	Slot    string       `json:"slot"`
-	System  string       `json:"system_id,omitempty"`
-	LSN     string       `json:"lsn"`
-	Partial *partialJSON `json:"partial,omitempty"`
-	Time    time.Time    `json:"time"`
+	Version  int          `json:"version"`
+	Slot     string       `json:"slot"`
+	System   string       `json:"system_id,omitempty"`
+	Timeline int32        `json:"timeline,omitempty"`
+	LSN      string       `json:"lsn"`
+	Partial  *partialJSON `json:"partial,omitempty"`
+	Time     time.Time    `json:"time"`
 }
 
 type partialJSON struct {
@@ -66,7 +71,7 @@ type partialJSON struct {
 
 // Marshal encodes d as the checkpoint record value.
 func (d Durable) Marshal() []byte {
-	j := durableJSON{Version: DurableVersion, Slot: d.Slot, System: d.SystemID, LSN: d.LSN.String(), Time: d.Time.UTC()}
+	j := durableJSON{Version: DurableVersion, Slot: d.Slot, System: d.SystemID, Timeline: d.Timeline, LSN: d.LSN.String(), Time: d.Time.UTC()}
 	if d.Partial != nil {
 		j.Partial = &partialJSON{CommitLSN: d.Partial.CommitLSN.String(), Events: d.Partial.Events}
 	}
@@ -83,7 +88,7 @@ func UnmarshalDurable(b []byte) (Durable, error) {
 	if j.Version < 1 || j.Version > DurableVersion {
 		return Durable{}, fmt.Errorf("checkpoint record version %d: this walrelay reads version %d; upgrade it", j.Version, DurableVersion)
 	}
-	d := Durable{Version: j.Version, Slot: j.Slot, SystemID: j.System, Time: j.Time}
+	d := Durable{Version: j.Version, Slot: j.Slot, SystemID: j.System, Timeline: j.Timeline, Time: j.Time}
 	var err error
 	if d.LSN, err = pglogrepl.ParseLSN(j.LSN); err != nil {
 		return Durable{}, fmt.Errorf("checkpoint record lsn %q: %w", j.LSN, err)
@@ -121,6 +126,20 @@ func (d Durable) Verify(slot, systemID string, serverWAL decoder.LSN) (legacy bo
 		return false, fmt.Errorf("checkpoint of slot %q names a transaction at %s, beyond the server's WAL position %s (another cluster, a restored backup, or a forged record): %s", slot, d.Partial.CommitLSN, serverWAL, fix)
 	}
 	return d.SystemID == "", nil
+}
+
+// Forked is d on a timeline that forked from d's at switchpoint (a
+// failover): the WAL after switchpoint is another history, whose
+// transactions d cannot vouch for, so what it covers is cut there. cut
+// reports whether it reached past it.
+func (d Durable) Forked(switchpoint decoder.LSN) (forked Durable, cut bool) {
+	if d.LSN > switchpoint {
+		d.LSN, cut = switchpoint, true
+	}
+	if d.Partial != nil && d.Partial.CommitLSN >= switchpoint {
+		d.Partial, cut = nil, true
+	}
+	return d, cut
 }
 
 // Skip decides, from the checkpoint a relay found at start, which events

@@ -140,3 +140,23 @@ func TestDurableVerify(t *testing.T) {
 		}
 	}
 }
+
+func TestDurableTimelineRoundTripAndFork(t *testing.T) {
+	d := Durable{Slot: "s", SystemID: "1", Timeline: 3, LSN: 0x5000, Partial: &Partial{CommitLSN: 0x5100, Events: 2}}
+	got, err := UnmarshalDurable(d.Marshal())
+	if err != nil || got.Timeline != 3 {
+		t.Fatalf("timeline did not round-trip: %+v, %v", got, err)
+	}
+	// Forked before everything it covers: it holds.
+	if f, cut := d.Forked(0x6000); cut || f.LSN != d.LSN || f.Partial == nil {
+		t.Errorf("fork after the checkpoint cut it: %+v, %v", f, cut)
+	}
+	// Forked between the full part and the partial transaction.
+	if f, cut := d.Forked(0x5080); !cut || f.LSN != 0x5000 || f.Partial != nil {
+		t.Errorf("fork before the partial transaction's commit: %+v, %v; want LSN kept, partial dropped", f, cut)
+	}
+	// Forked before the checkpoint: cut at the fork.
+	if f, cut := d.Forked(0x4000); !cut || f.LSN != 0x4000 || f.Partial != nil {
+		t.Errorf("fork before the checkpoint: %+v, %v; want cut at 0/4000", f, cut)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/slot"
 )
 
 // resumePoint is the checkpoint an exactly-once session found at start:
@@ -50,6 +51,36 @@ func (r *Relay) readCheckpoint(ctx context.Context, rt *router.Router) (resumePo
 	return resumePoint{found: found, ckpt: d}, nil
 }
 
+// onThisTimeline cuts the checkpoint found at start where the server's
+// timeline forked from the checkpoint's (a failover): past that point the
+// old primary's WAL, whose events the checkpoint covers, is not the new
+// primary's, and skipping by it would drop the new primary's transactions
+// there. Events the old primary published past the fork belong to
+// transactions the new primary does not have (a standby that was behind,
+// without synchronized_standby_slots): they stay in Kafka, and the log
+// says so.
+func (r *Relay) onThisTimeline(ctx context.Context, p resumePoint, sys pglogrepl.IdentifySystemResult) (resumePoint, error) {
+	if !p.found || p.ckpt.Timeline == 0 || p.ckpt.Timeline == sys.Timeline {
+		return p, nil
+	}
+	switchpoint, err := slot.TimelineSwitch(ctx, r.cfg.PGURL, p.ckpt.Timeline, sys.Timeline)
+	if err != nil {
+		return p, err
+	}
+	forked, cut := p.ckpt.Forked(switchpoint)
+	if cut {
+		r.log.Warn("exactly-once: the checkpoint reaches past the point the server's timeline forked from the old primary's (a failover to a standby that lacked some WAL): events the old primary published after it stay in Kafka, though their transactions are not on the new primary; the new primary's transactions after it are published",
+			zap.Int32("checkpoint_timeline", p.ckpt.Timeline), zap.Int32("timeline", sys.Timeline),
+			zap.Stringer("checkpoint_lsn", p.ckpt.LSN), zap.Stringer("fork_lsn", switchpoint))
+	} else {
+		r.log.Info("exactly-once: the server is on a new timeline (a failover); the checkpoint lies before the fork and holds",
+			zap.Int32("checkpoint_timeline", p.ckpt.Timeline), zap.Int32("timeline", sys.Timeline), zap.Stringer("fork_lsn", switchpoint))
+	}
+	forked.Timeline = sys.Timeline
+	p.ckpt = forked
+	return p, nil
+}
+
 // verifyCheckpoint checks the checkpoint found at start against the
 // stream's IDENTIFY_SYSTEM result before anything is skipped on its word: a
 // checkpoint of another slot or cluster, or ahead of the server's WAL, is
@@ -58,6 +89,9 @@ func (r *Relay) readCheckpoint(ctx context.Context, rt *router.Router) (resumePo
 func (r *Relay) verifyCheckpoint(p resumePoint, sys pglogrepl.IdentifySystemResult) error {
 	if !p.found {
 		return nil
+	}
+	if p.ckpt.Timeline != 0 && p.ckpt.Timeline != sys.Timeline {
+		return &fatalError{fmt.Errorf("exactly-once: the checkpoint is on timeline %d, the server on %d, and the point they forked is unknown", p.ckpt.Timeline, sys.Timeline)}
 	}
 	legacy, err := p.ckpt.Verify(r.cfg.Slot, sys.SystemID, sys.XLogPos)
 	if err != nil {
@@ -99,6 +133,7 @@ type exactlyOnce struct {
 	metrics  *metrics.Metrics
 	slot     string
 	systemID string // the PostgreSQL system identifier, written in every checkpoint
+	timeline int32  // and the timeline the stream's LSNs are on
 	key      []byte // checkpoint record key: the slot name
 
 	// A Kafka transaction commits as soon as the stream runs dry at a
@@ -217,7 +252,7 @@ func (e *exactlyOnce) commitDue(now time.Time) bool {
 // transaction timeout, or once the relay stops, until the stop deadline
 // (see session.kafkaCtx).
 func (e *exactlyOnce) commit() error {
-	d := checkpoint.Durable{Slot: e.slot, SystemID: e.systemID, LSN: e.lastFull, Time: time.Now()}
+	d := checkpoint.Durable{Slot: e.slot, SystemID: e.systemID, Timeline: e.timeline, LSN: e.lastFull, Time: time.Now()}
 	if e.inPG && e.curEvents > 0 {
 		d.Partial = &checkpoint.Partial{CommitLSN: e.curCommit, Events: e.curEvents}
 	}

@@ -355,7 +355,7 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 		if err := r.verifyCheckpoint(*resume, s.system); err != nil {
 			t.Fatal(err)
 		}
-		s.d = r.newExactlyOnce(p, *resume, s.system.SystemID, s)
+		s.d = r.newExactlyOnce(p, *resume, s.system, s)
 	} else {
 		s.d = newAtLeastOnce(p, s.wait)
 	}

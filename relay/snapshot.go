@@ -165,6 +165,7 @@ type snapshotEOS struct {
 	r        *Relay
 	txnStart time.Time
 	systemID string // for the checkpoints; read once, at the first commit
+	timeline int32
 }
 
 // produceFailed is the error of a router that Kafka refused a record of
@@ -227,9 +228,9 @@ func (s *snapshotSender) commit(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.eos.systemID = sys.SystemID
+		s.eos.systemID, s.eos.timeline = sys.SystemID, sys.Timeline
 	}
-	d := checkpoint.Durable{Slot: r.cfg.Slot, SystemID: s.eos.systemID, LSN: s.lsn, Time: time.Now()}
+	d := checkpoint.Durable{Slot: r.cfg.Slot, SystemID: s.eos.systemID, Timeline: s.eos.timeline, LSN: s.lsn, Time: time.Now()}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Router.TransactionTimeout)
 	defer cancel()
 	if err := s.rt.CommitKafkaTxn(cctx, []byte(r.cfg.Slot), d.Marshal()); err != nil {

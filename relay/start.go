@@ -124,19 +124,24 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		return nil, nil, err
 	}
 	return func(sys pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
+		resume, err := r.onThisTimeline(ctx, resume, sys)
+		if err != nil {
+			return nil, err
+		}
 		if err := r.verifyCheckpoint(resume, sys); err != nil {
 			return nil, err
 		}
-		return r.newExactlyOnce(rt, resume, sys.SystemID, s), nil
+		return r.newExactlyOnce(rt, resume, sys, s), nil
 	}, st, nil
 }
 
 // newExactlyOnce is the exactly-once delivery of session s through p,
-// resuming after the checkpoint found at start.
-func (r *Relay) newExactlyOnce(p producer, resume resumePoint, systemID string, s *session) *exactlyOnce {
+// resuming after the checkpoint found at start, on the system and
+// timeline of sys.
+func (r *Relay) newExactlyOnce(p producer, resume resumePoint, sys pglogrepl.IdentifySystemResult, s *session) *exactlyOnce {
 	return &exactlyOnce{
 		p: p, wait: s.wait, kafkaCtx: s.kafkaCtx, metrics: r.metrics,
-		slot: r.cfg.Slot, systemID: systemID, key: []byte(r.cfg.Slot),
+		slot: r.cfg.Slot, systemID: sys.SystemID, timeline: sys.Timeline, key: []byte(r.cfg.Slot),
 		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval, minInterval: r.cfg.TxnMinInterval,
 		skip: checkpoint.NewSkip(resume.ckpt, resume.found), lastFull: resume.ckpt.LSN,
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -305,3 +306,41 @@ func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`)
 
 // quoteLiteral quotes a PostgreSQL string literal.
 func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+
+// TimelineSwitch is the WAL position at which timeline from ended in the
+// history of timeline to (TIMELINE_HISTORY): where a promoted standby's
+// WAL forked from its old primary's. Timeline from must be an ancestor of
+// to.
+func TimelineSwitch(ctx context.Context, url string, from, to int32) (decoder.LSN, error) {
+	cfg, err := ReplicationConfig(url)
+	if err != nil {
+		return 0, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("replication connection: %w", connectError(err, url))
+	}
+	defer conn.Close(context.Background())
+	h, err := pglogrepl.TimelineHistory(ctx, conn, to)
+	if err != nil {
+		return 0, fmt.Errorf("TIMELINE_HISTORY %d: %w", to, err)
+	}
+	return parseSwitch(string(h.Content), from, to)
+}
+
+// parseSwitch finds in a timeline history file (lines of parent timeline,
+// switch point, reason) the point where timeline from ended.
+func parseSwitch(history string, from, to int32) (decoder.LSN, error) {
+	for _, line := range strings.Split(history, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		tli, err := strconv.ParseInt(f[0], 10, 32)
+		if err != nil || int32(tli) != from {
+			continue
+		}
+		return ParseLSN(f[1])
+	}
+	return 0, fmt.Errorf("timeline %d is not in the history of timeline %d: the server's WAL is not a continuation of the checkpoint's", from, to)
+}
