@@ -315,6 +315,9 @@ func (s *session) handle(data []byte) error {
 // row is not published, and without a word a misconfigured --table or a
 // partition published under its own name would look like a quiet outbox.
 func (r *Relay) unmappedInsert(t decoder.Table, oid uint32) {
+	if t.Schema == r.cfg.RecordSchema && t.Name == slot.RecordTableName {
+		return // walrelay's own record, in a FOR ALL TABLES publication
+	}
 	c, ok := r.unmapped[t]
 	if !ok {
 		if r.unmapped == nil {

@@ -75,9 +75,12 @@ type RecordedTable struct {
 	MemberOID uint32 `json:"member_oid"`
 }
 
+// RecordTableName is the record table's name in its schema.
+const RecordTableName = "slots"
+
 // recordTable is the record table's qualified, quoted name.
 func recordTable(schema string) string {
-	return pgx.Identifier{schema, "slots"}.Sanitize()
+	return pgx.Identifier{schema, RecordTableName}.Sanitize()
 }
 
 // recordDDL creates the record table. The comment says what it is to
