@@ -229,6 +229,13 @@ type Relay struct {
 	// record is what the slot streams from, as prepare found and wrote it
 	// down (slot.Record); the publication watch checks it still holds.
 	record slot.Record
+	// watch checks the publication still publishes what record says
+	// (watch.go); watchMu serialises its checks.
+	watch   *slot.Watch
+	watchMu sync.Mutex
+	// refused is set once the relay stopped on a change under it
+	// (refuse): nothing more is confirmed or refused again.
+	refused atomic.Bool
 	// verified is the position up to which the publication watch found
 	// the publication intact: the session confirms nothing past it.
 	// verifyWanted wakes the watch when the session has more to confirm.

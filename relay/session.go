@@ -459,6 +459,11 @@ func (s *session) finish(cause error) error {
 		flushErr = s.d.Flush(flushCtx)
 	}()
 	s.wait(done, false) // keep confirming while draining
+	if stopping {
+		ctx, cancel := context.WithDeadline(context.Background(), s.stopDeadline())
+		s.r.vouchFinal(ctx, s.tr.Advance().LSN)
+		cancel()
+	}
 	s.housekeep(true)
 	if stopping {
 		if flushErr != nil {

@@ -8,9 +8,12 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
@@ -51,9 +54,9 @@ func (r *Relay) confirmable(pos, start decoder.LSN) decoder.LSN {
 // session has positions to confirm beyond the last one vouched for, at
 // most once per ConfirmDelay, and stops the relay with a *slot.GapError
 // when it no longer publishes an outbox table the slot streamed from. A
-// failed check (the connection) vouches for nothing and is tried again.
+// failed check (the connection) vouches for nothing and is tried again;
+// one that finds the server shutting down ends the session.
 func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFunc) {
-	w := slot.NewWatch(r.setupConfig(), r.record, r.log)
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -73,31 +76,28 @@ func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFu
 				c, err := slot.Connect(ctx, r.cfg.PGURL)
 				if err != nil {
 					if ctx.Err() == nil {
-						r.log.Warn("publication watch: cannot connect; nothing is confirmed until it can check the publication", zap.Error(err))
+						r.watchFailed(err, "cannot connect")
 					}
 					sleepCtx(ctx, time.Second)
 					continue
 				}
 				conn = c
 			}
-			at, ok, err := w.Check(ctx, conn)
+			ok, err := r.vouch(ctx, conn)
 			var gap *slot.GapError
 			switch {
 			case errors.As(err, &gap):
-				gap.Since = r.Confirmed()
 				r.refuse(ctx, conn, gap)
 				stop(gap)
 				return
 			case err != nil:
 				if ctx.Err() == nil {
-					r.log.Warn("publication watch: the check failed; nothing is confirmed until it succeeds", zap.Error(err))
+					r.watchFailed(err, "the check failed")
 				}
 				conn.Close(context.Background())
 				conn = nil
 			case ok:
 				stuckSince = time.Time{}
-				for v := r.verified.Load(); uint64(at) > v && !r.verified.CompareAndSwap(v, uint64(at)); v = r.verified.Load() {
-				}
 			case stuckSince.IsZero():
 				stuckSince = began
 			case time.Since(stuckSince) > stuckCheckWarn:
@@ -110,11 +110,76 @@ func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFu
 	}
 }
 
+// vouch runs one check of the publication on conn and moves verified
+// forward when it vouches; ok is false when a change was in progress.
+func (r *Relay) vouch(ctx context.Context, conn *pgx.Conn) (ok bool, err error) {
+	r.watchMu.Lock()
+	defer r.watchMu.Unlock()
+	if r.watch == nil {
+		r.watch = slot.NewWatch(r.setupConfig(), r.record, r.log)
+	}
+	at, ok, err := r.watch.Check(ctx, conn)
+	var gap *slot.GapError
+	if errors.As(err, &gap) {
+		gap.Since = r.Confirmed()
+		return false, gap
+	}
+	if ok {
+		for v := r.verified.Load(); uint64(at) > v && !r.verified.CompareAndSwap(v, uint64(at)); v = r.verified.Load() {
+		}
+	}
+	return ok, err
+}
+
+// vouchFinal checks the publication once more as a session stops, so that
+// a clean stop confirms everything Kafka acknowledged (the watch stops
+// with the relay's context). A change found then is refused as always.
+func (r *Relay) vouchFinal(ctx context.Context, pos decoder.LSN) {
+	if pos <= decoder.LSN(r.verified.Load()) || r.refused.Load() {
+		return
+	}
+	conn, err := slot.Connect(ctx, r.cfg.PGURL)
+	if err != nil {
+		r.log.Warn("cannot check the publication before stopping: the last acknowledged events are confirmed at the next start", zap.Error(err))
+		return
+	}
+	defer conn.Close(context.Background())
+	var gap *slot.GapError
+	if _, err := r.vouch(ctx, conn); errors.As(err, &gap) {
+		r.refuse(ctx, conn, gap)
+		r.log.Error("stopping: "+gap.Error(), zap.String("slot", r.cfg.Slot))
+	}
+}
+
+// watchFailed logs a check that could not run, and ends the session when
+// the server is shutting down: its walsender waits, before it exits, for
+// the relay to confirm the server's last WAL, which cannot be vouched for
+// while connections are refused; ending the stream lets the shutdown go on,
+// and the next session resumes from the confirmed position.
+func (r *Relay) watchFailed(err error, what string) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "57") {
+		r.log.Info("publication watch: the server is shutting down; ending the stream so that its walsender can exit", zap.Error(err))
+		if s := r.current.Load(); s != nil {
+			select {
+			case s.failed <- fmt.Errorf("the server is shutting down: %w", err):
+			default:
+			}
+			s.stream.Interrupt()
+		}
+		return
+	}
+	r.log.Warn("publication watch: "+what+"; nothing is confirmed until it can check the publication", zap.Error(err))
+}
+
 // refuse writes down in the record why the relay stops, so that a restart
 // refuses too, even after the change was undone. Failing that, the
 // refusal still stops this relay; the log says the record could not be
 // written.
 func (r *Relay) refuse(ctx context.Context, conn *pgx.Conn, gap *slot.GapError) {
+	if r.refused.Swap(true) {
+		return // the same refusal, found again on the way out
+	}
 	r.metrics.GapRefusals.Inc()
 	if conn == nil || conn.IsClosed() {
 		c, err := slot.Connect(ctx, r.cfg.PGURL)

@@ -108,16 +108,39 @@ func recordDDL(schema string) []string {
 	}
 }
 
-// ensureRecordTable creates the record table when it is missing. A role
-// that may not create it gets the statements to have a superuser run.
-func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error {
+// recordTableReady reports whether the record table exists, refusing (a
+// *SetupError naming the GRANT) one the role may not read and write.
+func recordTableReady(ctx context.Context, conn *pgx.Conn, schema string) (bool, error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", recordTable(schema)).Scan(&exists); err != nil {
-		return fmt.Errorf("look up walrelay's record table: %w", err)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			return false, fmt.Errorf("look up walrelay's record table: %w", err)
+		}
+		exists = true // in a schema the role may not use: the privilege check below says so
 	}
-	if exists {
-		return nil
+	if !exists {
+		return false, nil
 	}
+	var role string
+	var ok bool
+	err := conn.QueryRow(ctx, `SELECT current_user, has_schema_privilege($2, 'USAGE') AND has_table_privilege($1, 'SELECT')
+		AND has_table_privilege($1, 'INSERT') AND has_table_privilege($1, 'UPDATE') AND has_table_privilege($1, 'DELETE')`,
+		recordTable(schema), schema).Scan(&role, &ok)
+	if err != nil {
+		return false, fmt.Errorf("read the privileges on walrelay's record table: %w", err)
+	}
+	if !ok {
+		r := pgx.Identifier{role}.Sanitize()
+		return false, setupErrorf("role %q may not read and write walrelay's record table %s, where walrelay writes down what it streams from: as its owner run GRANT USAGE ON SCHEMA %s TO %s; GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s",
+			role, recordTable(schema), pgx.Identifier{schema}.Sanitize(), r, recordTable(schema), r)
+	}
+	return true, nil
+}
+
+// ensureRecordTable creates the record table. A role that may not create
+// it gets the statements to have a superuser run.
+func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error {
 	ddl := recordDDL(schema)
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		for _, q := range ddl {
@@ -132,7 +155,7 @@ func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error
 	case errors.As(err, &pgErr) && pgErr.Code == "42501":
 		var role string
 		conn.QueryRow(ctx, "SELECT current_user").Scan(&role)
-		return setupErrorf("cannot create walrelay's record table %s (%s): walrelay writes down there what it streams from, to refuse replacing it after a failover or a migration; as a superuser run CREATE SCHEMA %s AUTHORIZATION %s, or choose a schema the role may create tables in with --record-schema",
+		return setupErrorf("cannot create walrelay's record table %s (%s): walrelay writes down there what it streams from, to refuse replacing it after a failover or a migration; as a superuser run CREATE SCHEMA %s AUTHORIZATION %s (or walrelay setup, then grant the role SELECT, INSERT, UPDATE, DELETE on it), or choose a schema the role may create tables in with --record-schema",
 			recordTable(schema), pgErr.Message, pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize())
 	case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07"):
 		return nil // created concurrently by another walrelay

@@ -111,12 +111,16 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 			return Record{}, err
 		}
 	}
-	if err := ensureRecordTable(ctx, conn, cfg.RecordSchema); err != nil {
-		return Record{}, err
-	}
-	rec, recorded, err := ReadRecord(ctx, conn, cfg.RecordSchema, cfg.Slot)
+	haveRecords, err := recordTableReady(ctx, conn, cfg.RecordSchema)
 	if err != nil {
 		return Record{}, err
+	}
+	var rec Record
+	var recorded bool
+	if haveRecords {
+		if rec, recorded, err = ReadRecord(ctx, conn, cfg.RecordSchema, cfg.Slot); err != nil {
+			return Record{}, err
+		}
 	}
 	var accepted *GapError
 	if recorded {
@@ -144,6 +148,12 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 	if err := ensurePublication(ctx, conn, cfg, log); err != nil {
 		return Record{}, err
 	}
+	// Before the slot: a refusal here must not leave a slot holding WAL.
+	if !haveRecords {
+		if err := ensureRecordTable(ctx, conn, cfg.RecordSchema); err != nil {
+			return Record{}, err
+		}
+	}
 	if err := ensureSlot(ctx, conn, cfg, version, log); err != nil {
 		return Record{}, err
 	}
@@ -166,10 +176,23 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 		log.Info("recorded what the slot streams from: walrelay will refuse to replace the slot, the publication or an outbox table's membership if they change under it",
 			zap.String("slot", cfg.Slot), zap.String("record", recordTable(cfg.RecordSchema)))
 	}
+	if recorded && accepted == nil && sameSource(rec, now) {
+		// Nothing to write down: a start writes no WAL the slot would
+		// then hold until a relay confirms it.
+		now.ConfirmedLSN = max(now.ConfirmedLSN, rec.ConfirmedLSN)
+		return now, nil
+	}
 	if err := writeRecord(ctx, conn, cfg.RecordSchema, now); err != nil {
 		return Record{}, err
 	}
 	return now, nil
+}
+
+// sameSource reports whether two records describe the same publication and
+// tables on the same system.
+func sameSource(a, b Record) bool {
+	return a.Publication == b.Publication && a.PublicationOID == b.PublicationOID && a.PublicationXmin == b.PublicationXmin &&
+		a.SystemID == b.SystemID && slices.Equal(a.Tables, b.Tables)
 }
 
 // currentRecord is the record of what the slot streams from now.
