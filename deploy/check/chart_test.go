@@ -686,8 +686,8 @@ func TestChartRunFlags(t *testing.T) {
 	}
 }
 
-// TestChartRefuses: values the chart must refuse at render time, with a
-// message naming the value.
+// TestChartRefuses: values the chart must refuse at render time (its
+// templates, or values.schema.json), with a message naming the value.
 func TestChartRefuses(t *testing.T) {
 	for _, tc := range []struct{ set, want string }{
 		{"config.pg-url=postgres://u:p@h/db", "config.pg-url: set by the chart's own values"},
@@ -695,6 +695,10 @@ func TestChartRefuses(t *testing.T) {
 		{"config.max-inflight-byte=1", "config.max-inflight-byte: not a flag of `walrelay run`"},
 		{"postgres.urlSecret.name=", "postgres.urlSecret.name: name the Secret"},
 		{"kafka.sasl.mechanism=plain", "kafka.sasl.passwordSecret.name"},
+		{"kafka.sasl.mechanism=plain,kafka.sasl.passwordSecret.name=s", "kafka.sasl.user"},
+		{"kafka.broker=k:9092", "additional properties 'broker' not allowed"},
+		{"slot=Orders", "does not match pattern"},
+		{"delivery=exactly-twice", "/delivery"},
 		{"serviceMonitor.enabled=true,service.enabled=false", "serviceMonitor.enabled needs service.enabled"},
 	} {
 		_, err := render(t, chartCases[0], "--set", tc.set)
