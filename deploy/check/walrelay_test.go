@@ -25,6 +25,15 @@ var (
 	binErr  error
 )
 
+// TestMain removes the walrelay binary walrelayBinary built, if it did.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
 // walrelayBinary is the walrelay binary the deploy checks run: $WALRELAY_BIN
 // (the Makefile passes the one `make build` made), else one built here.
 func walrelayBinary(t *testing.T) string {

@@ -43,6 +43,15 @@ var (
 	}
 )
 
+// TestMain removes the image the tests built (buildImage shares one).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
 // buildImage runs Build once for the package's tests, as `make image` does.
 func buildImage(t *testing.T) (string, Options) {
 	t.Helper()
