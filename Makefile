@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-kafka lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium
+.PHONY: all build test test-kafka test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-systemd
 
 all: build
 
@@ -15,12 +15,32 @@ build:
 # Everything CI checks: formatting, vet, every test with the race detector
 # (unit, fuzz seed corpus, integration against a throwaway PostgreSQL and
 # an in-process Kafka-protocol broker), one pass of each benchmark, and the
-# Grafana dashboard and Prometheus rules (deploy/check, its own module).
-# deps first installs what the tests need beyond Go.
+# operator assets (test-deploy). deps first installs what the tests need
+# beyond Go.
 test: deps lint
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run '^$$' -bench . -benchtime 1x $(PKGS)
-	cd deploy/check && $(GO) vet ./... && $(GO) test -count=1 ./...
+	@$(MAKE) --no-print-directory test-deploy
+
+# The operator assets in deploy/, two modules of their own (their
+# Prometheus, Kubernetes and registry dependencies stay out of walrelay's
+# go.mod): deploy/check tests the Grafana dashboard, the Prometheus rules,
+# the Helm chart (helm lint and template with the defaults and the ci/
+# values files, every object decoded strictly with the Kubernetes API
+# types, the real binary started with the rendered environment) and the
+# systemd unit (systemd-analyze verify when it is installed); deploy/image
+# builds the image `make image` builds and checks it and the Dockerfile.
+test-deploy: build deps-helm deps-systemd
+	cd deploy/check && $(GO) vet ./... && WALRELAY_HELM=$(HELM) WALRELAY_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
+	cd deploy/image && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# The container image, without a container engine: bin/image/oci (an OCI
+# image layout: skopeo copy oci:bin/image/oci:$(VERSION) docker://…, or
+# crane push) and bin/image/walrelay-image.tar (docker load -i, podman
+# load -i, kind load image-archive). Reproducible: the same commit and Go
+# give the same digest (SOURCE_DATE_EPOCH overrides the commit's time).
+image:
+	cd deploy/image && $(GO) run . -version $(VERSION) -out $(CURDIR)/bin/image
 
 # The integration suite (and internal/kafkacluster's own tests) on Apache
 # Kafka instead of kfake: one broker JVM for the package (needs OpenJDK 17+
@@ -54,7 +74,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka deps-debezium
+DEPS := deps-postgres deps-kafka deps-debezium deps-helm deps-systemd
 
 deps: $(DEPS)
 
@@ -100,6 +120,31 @@ deps-debezium:
 	      echo "deps-debezium: Maven could not resolve Debezium's jars (is Maven Central reachable?); only make test-kafka needs them"; \
 	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
 	    fi; \
+	  fi; \
+	fi
+
+# helm for the chart's checks, a pinned version installed once by go install
+# (from the Go module proxy) into the user's cache directory; later runs
+# find it there.
+TOOLS_DIR    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/walrelay/tools
+HELM_VERSION := v3.22.0
+HELM         := $(TOOLS_DIR)/helm-$(HELM_VERSION)/helm
+deps-helm:
+	@if [ ! -x "$(HELM)" ]; then \
+	  echo "== installing helm $(HELM_VERSION) into $(dir $(HELM)) (go install, once)"; \
+	  GOBIN="$(dir $(HELM))" $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) || \
+	    { echo "deps-helm: go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) failed (is the Go module proxy reachable?); make test-deploy needs it"; exit 1; }; \
+	fi
+
+# systemd-analyze, for `systemd-analyze verify` of deploy/systemd's unit
+# (Debian's systemd package; installing it starts nothing). Without root or
+# passwordless sudo it says so, and that check is skipped.
+deps-systemd:
+	@if ! command -v systemd-analyze >/dev/null; then \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo -n"; \
+	  echo "== installing systemd (systemd-analyze, for the unit's check)"; \
+	  if ! { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null; }; then \
+	    echo "deps-systemd: could not install systemd (run: sudo apt-get install systemd); the unit's systemd-analyze check is skipped"; \
 	  fi; \
 	fi
 
