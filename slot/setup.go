@@ -395,13 +395,9 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 // makeFailoverSlot turns an existing slot into a failover slot. A slot in
 // use is left alone: the relay streaming from it does this at its start.
 func makeFailoverSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
-	rcfg, err := ReplicationConfig(cfg.URL)
+	rconn, err := replicationConn(ctx, cfg.URL)
 	if err != nil {
 		return err
-	}
-	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
-	if err != nil {
-		return fmt.Errorf("replication connection: %w", connectError(err, cfg.URL))
 	}
 	defer rconn.Close(context.Background())
 	_, err = rconn.Exec(ctx, "ALTER_REPLICATION_SLOT "+quoteIdent(cfg.Slot)+" (FAILOVER true)").ReadAll()
@@ -428,13 +424,9 @@ func createSlotCommand(name string, failover bool) string {
 }
 
 func createSlot(ctx context.Context, cfg SetupConfig, failover bool, log *zap.Logger) error {
-	rcfg, err := ReplicationConfig(cfg.URL)
+	rconn, err := replicationConn(ctx, cfg.URL)
 	if err != nil {
 		return err
-	}
-	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
-	if err != nil {
-		return fmt.Errorf("replication connection: %w", connectError(err, cfg.URL))
 	}
 	defer rconn.Close(context.Background())
 	res, err := pglogrepl.ParseCreateReplicationSlot(rconn.Exec(ctx, createSlotCommand(cfg.Slot, failover)))

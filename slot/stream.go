@@ -122,13 +122,9 @@ func (s *Stream) PID() uint32 { return s.conn.PID() }
 // own: the cluster's system identifier, timeline and WAL flush position,
 // for callers that have no stream open.
 func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemResult, error) {
-	cfg, err := ReplicationConfig(url)
+	conn, err := replicationConn(ctx, url)
 	if err != nil {
 		return pglogrepl.IdentifySystemResult{}, err
-	}
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return pglogrepl.IdentifySystemResult{}, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
 	defer conn.Close(context.Background())
 	res, err := pglogrepl.IdentifySystem(ctx, conn)
@@ -154,6 +150,20 @@ func ReplicationConfig(url string) (*pgconn.Config, error) {
 	// expects bytea in hex whatever the server's default is.
 	cfg.RuntimeParams["bytea_output"] = "hex"
 	return cfg, nil
+}
+
+// replicationConn opens a replication connection (replication=database)
+// for one command or two: slot commands, IDENTIFY_SYSTEM, TIMELINE_HISTORY.
+func replicationConn(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	cfg, err := ReplicationConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
+	}
+	return conn, nil
 }
 
 // Receive returns the next message, or ErrTimeout once deadline passes.
@@ -312,13 +322,9 @@ func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''
 // WAL forked from its old primary's. Timeline from must be an ancestor of
 // to.
 func TimelineSwitch(ctx context.Context, url string, from, to int32) (decoder.LSN, error) {
-	cfg, err := ReplicationConfig(url)
+	conn, err := replicationConn(ctx, url)
 	if err != nil {
 		return 0, err
-	}
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return 0, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
 	defer conn.Close(context.Background())
 	h, err := pglogrepl.TimelineHistory(ctx, conn, to)
