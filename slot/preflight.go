@@ -296,7 +296,7 @@ func warnSameTopics(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *z
 		log.Debug("cannot read the other replication slots' walsenders", zap.Error(err))
 		return
 	}
-	type other struct{ slot, app, query string }
+	type other struct{ Slot, App, Query string }
 	others, err := pgx.CollectRows(rows, pgx.RowToStructByPos[other])
 	if err != nil {
 		log.Debug("cannot read the other replication slots' walsenders", zap.Error(err))
@@ -304,16 +304,16 @@ func warnSameTopics(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *z
 	}
 	tag := topicsTagPrefix + topicsTag(cfg.TopicTemplate)
 	for _, o := range others {
-		if o.app != tag {
+		if o.App != tag {
 			continue
 		}
-		m := publicationNames.FindStringSubmatch(o.query)
+		m := publicationNames.FindStringSubmatch(o.Query)
 		if m == nil || !slices.Contains(splitPublicationNames(strings.ReplaceAll(m[1], "''", "'")), cfg.Publication) {
 			continue
 		}
 		log.Warn("another walrelay streams the same publication to the same topics from another slot: both publish every event, so consumers receive each one twice; stop one of the relays and drop its slot, or give them different --publication or --topic-template",
-			zap.String("slot", cfg.Slot), zap.String("other_slot", o.slot), zap.String("publication", cfg.Publication),
-			zap.String("topic_template", cfg.TopicTemplate), zap.String("fix", "walrelay drop --slot "+o.slot))
+			zap.String("slot", cfg.Slot), zap.String("other_slot", o.Slot), zap.String("publication", cfg.Publication),
+			zap.String("topic_template", cfg.TopicTemplate), zap.String("fix", "walrelay drop --slot "+o.Slot))
 	}
 }
 
