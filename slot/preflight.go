@@ -37,11 +37,17 @@ import (
 // UTF-8 whatever the database stores. pgx relies on UTF-8 as well.
 const clientEncoding = "UTF8"
 
-// checkEndpoint refuses an endpoint walrelay cannot stream from: a hot
-// standby, a database in SQL_ASCII (text of no known encoding), or a
+// checkEndpoint refuses an endpoint walrelay cannot stream from: a
 // connection pooler in front of PostgreSQL that cannot pass a replication
-// connection (pgbouncer). It runs first, on conn to cfg.URL.
+// connection (pgbouncer), a hot standby, or a database in SQL_ASCII (text
+// of no known encoding). It runs first, on conn to cfg.URL. The pooler is
+// looked for before conn runs a query: through a pooler in transaction
+// mode, a server connection may still hold prepared statements of an
+// earlier client, on which the first query would fail instead.
 func checkEndpoint(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
+	if err := checkReplicationConnection(ctx, cfg.URL); err != nil {
+		return err
+	}
 	var inRecovery bool
 	var version int
 	var encoding, db string
@@ -60,7 +66,7 @@ func checkEndpoint(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	if encoding == "SQL_ASCII" {
 		return setupErrorf("database %q has encoding SQL_ASCII: PostgreSQL stores its text as bytes of no known encoding, which walrelay cannot convert to the UTF-8 its records carry; move the outbox to a database created with ENCODING 'UTF8' (or any encoding PostgreSQL converts to UTF-8, such as LATIN1)", db)
 	}
-	return checkReplicationConnection(ctx, cfg.URL)
+	return nil
 }
 
 // checkReplicationConnection opens a replication connection and runs
