@@ -77,11 +77,7 @@ func checkEndpoint(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 // IDENTIFY_SYSTEM. Any other failure is left to the checks and the stream
 // that follow, which say what they find.
 func checkReplicationConnection(ctx context.Context, url string) error {
-	rcfg, err := ReplicationConfig(url)
-	if err != nil {
-		return err
-	}
-	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
+	rconn, err := replicationConn(ctx, url)
 	var why string
 	switch {
 	case err != nil && strings.Contains(err.Error(), "unsupported startup parameter"):
