@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-kafka test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-systemd
+.PHONY: all build test test-kafka test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer
 
 all: build
 
@@ -74,7 +74,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka deps-debezium deps-helm deps-systemd
+DEPS := deps-postgres deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer
 
 deps: $(DEPS)
 
@@ -82,6 +82,12 @@ deps: $(DEPS)
 # smoke test's baseline.
 deps-postgres:
 	@bash scripts/ensure-postgres --client --retry "make $(MAKECMDGOALS)"
+
+# pgbouncer, which TestOddStartupRefusals puts in front of PostgreSQL as
+# --pg-url. Without root or passwordless sudo it says what to run and
+# fails nothing: that test skips, saying so.
+deps-pgbouncer:
+	@bash scripts/ensure-pgbouncer
 
 # Apache Kafka's jars for `make test-kafka`, resolved by Maven from
 # internal/kafkacluster/pom.xml into ~/.m2 once, and their classpath cached

@@ -50,6 +50,13 @@ type SetupConfig struct {
 	// what is missing is created again. Only an operator sets it
 	// (walrelay setup --accept-gap).
 	AcceptGap bool
+	// Binary is --binary: the mapped columns must be of types the decoder
+	// renders from pgoutput's binary format (decoder.BinaryRenders).
+	Binary bool
+	// TopicTemplate, when set, is the relay's topic template: a start
+	// warns when another walrelay streams the same publication from
+	// another slot to the same template (StreamOptions.TopicTemplate).
+	TopicTemplate string
 	// Snapshot, when set, publishes the rows present when the slot is
 	// created. It is called only when Prepare creates the slot, with the
 	// name of a snapshot exported at the slot's consistent point (import
@@ -77,6 +84,7 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "walrelay"
 	}
+	cfg.RuntimeParams["client_encoding"] = clientEncoding
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		if err := connectError(err, url); IsSetupError(err) {
@@ -102,6 +110,9 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 	}
 	defer conn.Close(context.Background())
 
+	if err := checkEndpoint(ctx, conn, cfg); err != nil {
+		return Record{}, err
+	}
 	version, err := checkServer(ctx, conn)
 	if err != nil {
 		return Record{}, err
@@ -110,6 +121,9 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 		if err := checkTable(ctx, conn, t, cfg.Columns); err != nil {
 			return Record{}, err
 		}
+	}
+	if err := checkOutbox(ctx, conn, cfg, log); err != nil {
+		return Record{}, err
 	}
 	haveRecords, err := recordTableReady(ctx, conn, cfg.RecordSchema)
 	if err != nil {

@@ -30,6 +30,10 @@ type StreamOptions struct {
 	Messages bool
 	// Read tunes how the socket is read.
 	Read ReadOptions
+	// TopicTemplate, when set, tags the connection's application_name
+	// (when --pg-url sets none) so that another relay can see which topics
+	// this one streams to (see SetupConfig.TopicTemplate).
+	TopicTemplate string
 }
 
 // MessageKind tells a data message from a keepalive.
@@ -83,6 +87,7 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 		return nil, err
 	}
 	applyReadOptions(cfg, opts.Read)
+	tagApplicationName(cfg, opts.TopicTemplate)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
@@ -147,8 +152,10 @@ func ReplicationConfig(url string) (*pgconn.Config, error) {
 		cfg.RuntimeParams["application_name"] = "walrelay"
 	}
 	// pgoutput renders values with the session's settings; the decoder
-	// expects bytea in hex whatever the server's default is.
+	// expects bytea in hex whatever the server's default is, and text in
+	// UTF-8 whatever the database's encoding is.
 	cfg.RuntimeParams["bytea_output"] = "hex"
+	cfg.RuntimeParams["client_encoding"] = clientEncoding
 	return cfg, nil
 }
 
