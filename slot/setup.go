@@ -98,6 +98,9 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
 }
 
 func checkServer(ctx context.Context, conn *pgx.Conn) error {
+	if err := checkServerVersion(ctx, conn); err != nil {
+		return err
+	}
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
 		return fmt.Errorf("read wal_level: %w", err)
