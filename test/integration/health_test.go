@@ -372,7 +372,11 @@ func TestStatusCommand(t *testing.T) {
 	if err := rr.stop(t); err != nil {
 		t.Fatalf("relay stopped with %v", err)
 	}
-	e.exec(`SELECT pg_logical_emit_message(false, 'test', repeat('x', 10000))`)
+	// Transactional: its commit flushes the WAL, so pg_current_wal_lsn (the
+	// position written, which status reads) is past it before status runs;
+	// a non-transactional message sits in the WAL buffers until the WAL
+	// writer's next round.
+	e.exec(`SELECT pg_logical_emit_message(true, 'test', repeat('x', 10000))`)
 	out, code = runOutput(t, "status", "--pg-url", e.url, "--slot", e.name, "--max-lag-bytes", "1")
 	if code != 1 || !strings.Contains(out, "exceeds --max-lag-bytes") {
 		t.Errorf("status with lag over --max-lag-bytes 1: exit %d, want 1:\n%s", code, out)
