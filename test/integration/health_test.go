@@ -162,6 +162,13 @@ func TestQuietOutboxBusyDatabase(t *testing.T) {
 		advance bool
 	}{{"idle advance and heartbeats", true}, {"control: both disabled", false}} {
 		t.Run(tc.name, func(t *testing.T) {
+			if !tc.advance {
+				// 14's pgoutput streams every transaction of the database,
+				// the noise table's as an empty BEGIN and COMMIT, and the
+				// relay confirms each: the slot moves without idle advance.
+				// 15 skips empty transactions.
+				needPG(t, 15)
+			}
 			t.Parallel()
 			e := newEnv(t)
 			cfg := e.config()
