@@ -43,6 +43,9 @@ PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDelet
 PG_TEST_PKGS := ./internal/devcluster ./test/integration
 
 test-pg: deps deps-pg-versions
+	@missing=$$(echo '$(PG_CORE_TESTS)' | sed 's/^\^(//; s/)\$$$$//' | tr '|' '\n' | while read -r n; do \
+	  grep -qsE "^func $$n\(" $(addsuffix /*_test.go,$(PG_TEST_PKGS)) || echo "$$n"; done); \
+	if [ -n "$$missing" ]; then echo "test-pg: PG_CORE_TESTS names tests that do not exist:" $$missing; exit 1; fi
 	@set -e; for v in $(PG_FULL_VERSIONS) $(PG_CORE_VERSIONS); do \
 	  case " $(PG_FULL_VERSIONS) " in *" $$v "*) run=; what="the whole suite";; *) run='$(PG_CORE_TESTS)'; what="the core subset";; esac; \
 	  echo "== PostgreSQL $$v: $$what"; start=$$(date +%s); \
