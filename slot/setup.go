@@ -323,6 +323,9 @@ func advanceSlot(ctx context.Context, conn *pgx.Conn, slot string) (decoder.LSN,
 // checkServer refuses a server walrelay cannot stream from and returns
 // its version (server_version_num).
 func checkServer(ctx context.Context, conn *pgx.Conn) (int, error) {
+	if err := checkServerVersion(ctx, conn); err != nil {
+		return 0, err
+	}
 	var walLevel string
 	var version int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level'), current_setting('server_version_num')::int").Scan(&walLevel, &version); err != nil {
