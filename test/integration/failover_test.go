@@ -202,6 +202,10 @@ func TestFailoverWithoutFailoverSlotIsRefused(t *testing.T) {
 	args := append(e.args(), "--no-failover-slot")
 	p := startProc(t, nil, args...)
 	e.waitSlotActive(p)
+	out, _ := runOutput(t, "status", "--pg-url", e.url, "--slot", e.name)
+	if want := map[bool]string{true: "not a failover slot: a failover loses it", false: "a failover to one of its 1 standbys loses the slot"}[pgVersion >= 170000]; !strings.Contains(out, want) {
+		t.Errorf("status does not warn %q:\n%s", want, out)
+	}
 	// Writers start once the slot exists: rows committed before it (and
 	// deleted in their transaction) are in no slot's stream.
 	fw := e.startFailoverWriters(4, 5*time.Millisecond)
@@ -212,7 +216,7 @@ func TestFailoverWithoutFailoverSlotIsRefused(t *testing.T) {
 	before := e.committedCount()
 	rs.failover(nil)
 	code, elapsed, exited := p.wait(2 * time.Minute)
-	out := finalLines(p.out.String())
+	out = finalLines(p.out.String())
 	t.Logf("the running relay, %s after the failover: exit %d: %s", elapsed.Round(time.Millisecond), code, out)
 	if !exited || code != 2 {
 		t.Fatalf("the running relay did not refuse (exited %v, code %d)", exited, code)
@@ -268,6 +272,10 @@ func TestFailoverSlotCarriesOn(t *testing.T) {
 			}
 			p := startProc(t, nil, args...)
 			e.waitSlotActive(p)
+			// status says the failover keeps the slot.
+			if out, _ := runOutput(t, "status", "--pg-url", e.url, "--slot", e.name); !strings.Contains(out, "failover slot, held back by synchronized_standby_slots") {
+				t.Errorf("status does not say synchronized_standby_slots protects the failover slot:\n%s", out)
+			}
 			fw := e.startFailoverWriters(4, 5*time.Millisecond)
 			defer fw.halt()
 			const failovers = 3
