@@ -3,9 +3,11 @@ package relay
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
@@ -89,8 +91,8 @@ func (r *Relay) recordSlot(info slot.Info) {
 }
 
 // beater builds the heartbeat: WAL nudges in the source database and, when
-// a topic is set, heartbeat records through the current producer.
-func (r *Relay) beater() *heartbeat.Beater {
+// a topic is set, heartbeat records through hb.
+func (r *Relay) beater(hb *heartbeatProducer) *heartbeat.Beater {
 	return heartbeat.NewBeater(heartbeat.BeaterConfig{
 		Interval: r.cfg.HeartbeatInterval,
 		URL:      r.cfg.PGURL,
@@ -106,12 +108,39 @@ func (r *Relay) beater() *heartbeat.Beater {
 				ReceivedLSN:  decoder.LSN(r.received.Load()).String(),
 			}
 		},
-		Produce: func(ctx context.Context, topic string, key, value []byte) error {
-			rt := r.router.Load()
-			if rt == nil {
-				return errors.New("no producer: Kafka is not connected")
-			}
-			return rt.ProduceHeartbeat(ctx, topic, key, value)
-		},
+		Produce: hb.produce,
 	}, r.log.Named("heartbeat"), r.metrics)
+}
+
+// heartbeatProducer produces heartbeat records through a Kafka client of
+// its own, made on first use: a heartbeat is never part of an exactly-once
+// Kafka transaction, and it is sent whether or not the events' producer is
+// being replaced.
+type heartbeatProducer struct {
+	opts []kgo.Opt
+	mu   sync.Mutex
+	cl   *kgo.Client
+}
+
+func (h *heartbeatProducer) produce(ctx context.Context, topic string, key, value []byte) error {
+	h.mu.Lock()
+	if h.cl == nil {
+		cl, err := kgo.NewClient(h.opts...)
+		if err != nil {
+			h.mu.Unlock()
+			return err
+		}
+		h.cl = cl
+	}
+	cl := h.cl
+	h.mu.Unlock()
+	return cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}).FirstErr()
+}
+
+func (h *heartbeatProducer) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cl != nil {
+		h.cl.Close()
+	}
 }

@@ -378,7 +378,9 @@ func (r *Relay) Run(parent context.Context) error {
 	defer stop(nil)
 	bg.Go(func() { r.watchSlot(ctx, stop) })
 	bg.Go(func() { r.watchPublication(ctx, stop) })
-	bg.Go(func() { r.beater().Run(ctx) })
+	hb := &heartbeatProducer{opts: r.cfg.KafkaOptions}
+	defer hb.close() // after the heartbeat stopped (deferred calls run last first)
+	bg.Go(func() { r.beater(hb).Run(ctx) })
 	// stopped is Run's result once it stops: err when retrying gave up
 	// for good, else the cause background work stopped the relay with,
 	// else nil (a clean stop).
@@ -416,7 +418,7 @@ func (r *Relay) Run(parent context.Context) error {
 			r.router.Store(rt)
 		}
 		err := r.session(ctx, rt)
-		if rt.Failed() || rt.TookTransactionalID() {
+		if rt.Failed() || rt.Txn() != nil && rt.Txn().TookID() {
 			// A producer that lost a record is not reused: its
 			// idempotence state and buffered records are suspect. Nor
 			// is one that took the transactional id: another relay may
@@ -511,13 +513,28 @@ func (r *Relay) setupConfig() slot.SetupConfig {
 	}
 }
 
+// newRouter is the relay's router, started (startRouter) with the
+// heartbeat topic among its extra topics. With exactly-once delivery the
+// transactional id is taken only once the slot is held
+// (initTransactions): a standby fences nobody.
 func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
-	rt, err := router.New(r.cfg.Router, r.cfg.KafkaOptions, r.log, r.metrics, r.onProduceError)
+	var extra []string
+	if r.cfg.HeartbeatTopic != "" && r.cfg.HeartbeatInterval > 0 {
+		extra = append(extra, r.cfg.HeartbeatTopic)
+	}
+	return startRouter(ctx, r.cfg, r.log, r.metrics, r.onProduceError, extra...)
+}
+
+// startRouter makes a router for cfg and readies it: a broker reached
+// first (unreachable brokers, a wrong SASL password or an untrusted
+// certificate say so, rather than time out creating topics; what retrying
+// cannot fix is a *fatalError), then the dead-letter topic and the extra
+// topics prepared (Router.Start). fatal is the router's fatal handler.
+func startRouter(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Metrics, fatal func(error), extra ...string) (*router.Router, error) {
+	rt, err := router.New(cfg.Router, cfg.KafkaOptions, log, m, fatal)
 	if err != nil {
 		return nil, &fatalError{err}
 	}
-	// Reach a broker first: unreachable brokers, a wrong SASL password or an
-	// untrusted certificate should say so, not time out creating topics.
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	err = rt.Ping(pingCtx)
 	cancel()
@@ -531,16 +548,10 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		}
 		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}
-	var extra []string
-	if r.cfg.HeartbeatTopic != "" && r.cfg.HeartbeatInterval > 0 {
-		extra = append(extra, r.cfg.HeartbeatTopic)
-	}
 	if err := rt.Start(ctx, extra...); err != nil {
 		rt.Close()
 		return nil, err
 	}
-	// With exactly-once delivery the transactional id is taken only once
-	// the slot is held (initTransactions): a standby fences nobody.
 	return rt, nil
 }
 

@@ -64,7 +64,7 @@ func (r *Router) redirect(o *outRecord, err error) {
 	t.refused.Store(true)
 	r.log.Warn("Kafka refuses the topic for good; its events go to the dead-letter topic",
 		zap.String("topic", t.name), zap.Error(err))
-	if r.eos || r.cfg.OnInvalid == InvalidFail {
+	if r.txn != nil || r.cfg.OnInvalid == InvalidFail {
 		r.fail(fmt.Errorf("produce to %s: %w", t.name, err))
 		return
 	}

@@ -127,7 +127,7 @@ type Config struct {
 	OnPublished func(*kgo.Record)
 
 	// TransactionalID, when set, makes delivery exactly-once: records are
-	// produced in Kafka transactions, each closed by CommitKafkaTxn with a
+	// produced in Kafka transactions, each closed by Txn.Commit with a
 	// checkpoint record, and a record's transaction is acked only when its
 	// Kafka transaction commits.
 	TransactionalID string
@@ -225,11 +225,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Router produces outbox events to Kafka. Send, Start and the Kafka
-// transaction methods (KafkaTxnOpen, KafkaTxnRecords, CommitKafkaTxn, AbortKafkaTxn,
-// ReadCheckpoint) belong to one goroutine, the one that sends, or to one
-// goroutine it waits for; Flush, Inflight, Failed, Err, Ping, ProduceHeartbeat
-// and Close are safe for concurrent use.
+// Router produces outbox events to Kafka. Send, Start and the methods of
+// its Txn belong to one goroutine, the one that sends, or to one goroutine
+// it waits for; Flush, Inflight, Failed, Err, Ping and Close are safe for
+// concurrent use.
 type Router struct {
 	cfg       Config
 	tmpl      topics.Template
@@ -256,17 +255,10 @@ type Router struct {
 	close   context.CancelFunc
 	bg      sync.WaitGroup
 
-	// Exactly-once delivery (see kafkatxn.go).
-	eos       bool
-	connOpts  []kgo.Opt // the caller's connection options, for side clients
-	inTxn     bool
-	txnAcks   []ackRun     // ackers of the open Kafka transaction, in order
-	txnEvents int          // records in the open Kafka transaction
-	txnBegan  atomic.Int64 // when the open Kafka transaction began, Unix ns (read by promises)
-	txnBroken atomic.Bool  // a transactional call failed: replace the producer
-	txnInit   atomic.Bool  // InitTransactions succeeded (TookTransactionalID)
-	hbMu      sync.Mutex   // guards hbClient
-	hbClient  *kgo.Client  // non-transactional, for heartbeat records
+	connOpts []kgo.Opt // the caller's connection options, for the checkpoint reader
+	// txn is the transactional producer's state (txn.go); nil with
+	// at-least-once delivery.
+	txn *Txn
 }
 
 // New returns a Router and its producer, a franz-go client built from
@@ -314,7 +306,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		kgo.MetadataMinAge(250 * time.Millisecond),
 	}, opts...)
 	if cfg.TransactionalID != "" {
-		r.eos = true
+		r.txn = &Txn{r: r}
 		all = append(all, kgo.TransactionalID(cfg.TransactionalID), kgo.TransactionTimeout(cfg.TransactionTimeout))
 	}
 	var err error
@@ -351,8 +343,8 @@ const dlqSlack = 1024
 // size limits; and counts the event topics that exist on the broker
 // towards MaxTopics. It blocks until the broker answers or ctx ends.
 func (r *Router) Start(ctx context.Context, extra ...string) error {
-	if r.eos {
-		if err := r.prepareCheckpointTopic(ctx); err != nil {
+	if r.txn != nil {
+		if err := r.txn.prepareCheckpointTopic(ctx); err != nil {
 			return err
 		}
 	}
@@ -536,8 +528,8 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	o := recordOf(rec)
 	r.gate.release(o.size)
 	if err != nil {
-		if r.eos {
-			if err = r.fenceError(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnTimedOut) {
+		if r.txn != nil {
+			if err = r.txn.fenceError(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnTimedOut) {
 				r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
 				return
 			}
@@ -562,7 +554,7 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	if r.cfg.OnPublished != nil {
 		r.cfg.OnPublished(rec)
 	}
-	if !r.eos {
+	if r.txn == nil {
 		o.ack.Ack() // exactly-once acks at the Kafka transaction's commit
 	}
 }
@@ -581,11 +573,11 @@ func (r *Router) fail(err error) {
 // more pending on its transaction; with exactly-once delivery, inside the
 // open Kafka transaction (begun here when none is).
 func (r *Router) produce(o *outRecord) error {
-	if r.eos {
-		if err := r.beginTxn(); err != nil {
+	if r.txn != nil {
+		if err := r.txn.begin(); err != nil {
 			return err
 		}
-		r.txnAck(o.ack)
+		r.txn.track(o.ack)
 	}
 	r.gate.acquire(o.size)
 	o.ack.Add()
@@ -597,7 +589,11 @@ func (r *Router) produce(o *outRecord) error {
 // a transactional call failed; the router should then be closed and
 // replaced: franz-go keeps a transactional producer whose commit or abort
 // failed in an error state that only a new producer ID clears.
-func (r *Router) Failed() bool { return r.failed.Load() || r.txnBroken.Load() }
+func (r *Router) Failed() bool { return r.failed.Load() || r.txn != nil && r.txn.broken.Load() }
+
+// Txn is the transactional producer of a router made with a
+// TransactionalID (exactly-once delivery), nil otherwise.
+func (r *Router) Txn() *Txn { return r.txn }
 
 // Err returns the error Kafka refused a record with for good (what made
 // Failed true), or nil.
@@ -626,9 +622,4 @@ func (r *Router) Close() {
 	r.close()
 	r.bg.Wait()
 	r.client.Close()
-	r.hbMu.Lock()
-	if r.hbClient != nil {
-		r.hbClient.Close()
-	}
-	r.hbMu.Unlock()
 }
