@@ -417,25 +417,26 @@ func (f Facts) Explain(opts ExplainOptions) []Cause {
 	}
 	var causes []Cause
 	causes = append(causes, f.relayCauses(opts)...)
-	for _, x := range f.Xacts {
-		held := info.CatalogXmin != nil && x.Xid == *info.CatalogXmin
-		if !held && (!x.Visible || x.Age < heldAge) {
+	for i, x := range f.Xacts {
+		if !f.pins(x.XidAge) {
 			continue
 		}
-		causes = append(causes, f.xactCause(x, held))
+		// A short transaction of normal traffic is not blamed; one whose
+		// age PostgreSQL hides (another role's) only when it is the
+		// oldest and the slot's restart_lsn lags far behind what the
+		// relay confirmed.
+		if x.Visible && x.Age < heldAge || !x.Visible && (i > 0 || int64(info.ConfirmedLSN-info.RestartLSN) < behindBytes) {
+			continue
+		}
+		causes = append(causes, f.xactCause(x))
 	}
 	for _, p := range f.Prepared {
-		held := info.CatalogXmin != nil && p.Xid == *info.CatalogXmin
-		if !held && p.Age < heldAge {
+		if !f.pins(p.XidAge) || p.Age < heldAge {
 			continue
 		}
-		pin := ""
-		if held {
-			pin = " = the slot's catalog_xmin"
-		}
 		causes = append(causes, Cause{Kind: "prepared_transaction", Holds: holdsSlot,
-			Text: fmt.Sprintf("prepared transaction %s (xid %d%s) in database %q, prepared %s ago by %q: until it is committed or rolled back, across restarts, PostgreSQL keeps the WAL from its first change and the catalog rows of its time",
-				quoteLiteral(p.GID), p.Xid, pin, p.Database, round(p.Age), p.Owner),
+			Text: fmt.Sprintf("prepared transaction %s (xid %d) in database %q, prepared %s ago by %q: until it is committed or rolled back, across restarts, PostgreSQL keeps the WAL from its first change and the catalog rows of its time%s",
+				quoteLiteral(p.GID), p.Xid, p.Database, DurationText(p.Age), p.Owner, f.pinText()),
 			Fix: fmt.Sprintf("finish it as its transaction manager meant, in database %q: COMMIT PREPARED %s or ROLLBACK PREPARED %s", p.Database, quoteLiteral(p.GID), quoteLiteral(p.GID))})
 	}
 	if c, ok := f.quietOutbox(); ok {
@@ -555,11 +556,11 @@ func (f Facts) quietOutbox() (Cause, bool) {
 func (f Facts) inactiveSince(opts ExplainOptions) string {
 	info := f.Info
 	if info.InactiveSince != nil {
-		return fmt.Sprintf(" (inactive_since %s, %s ago)", info.InactiveSince.UTC().Format(time.RFC3339), round(info.Now.Sub(*info.InactiveSince)))
+		return fmt.Sprintf(" (inactive_since %s, %s ago)", info.InactiveSince.UTC().Format(time.RFC3339), DurationText(info.Now.Sub(*info.InactiveSince)))
 	}
 	if opts.Record != nil && !opts.Record.UpdatedAt.IsZero() {
 		return fmt.Sprintf(" (PostgreSQL before 17 does not say since when; walrelay last moved its record of the slot at %s, %s ago)",
-			opts.Record.UpdatedAt.UTC().Format(time.RFC3339), round(info.Now.Sub(opts.Record.UpdatedAt)))
+			opts.Record.UpdatedAt.UTC().Format(time.RFC3339), DurationText(info.Now.Sub(opts.Record.UpdatedAt)))
 	}
 	return ""
 }
@@ -578,16 +579,28 @@ func (f Facts) idleWarning() string {
 	return s
 }
 
-func (f Facts) xactCause(x Xact, held bool) Cause {
-	pin := ""
-	if held {
-		pin = " = the slot's catalog_xmin"
+// pins reports whether a transaction open with an xid xidAge
+// transactions old holds the slot: the slot's catalog_xmin is not newer
+// than it, so it cannot pass it until it ends.
+func (f Facts) pins(xidAge int64) bool {
+	return f.Info.CatalogXminAge != nil && *f.Info.CatalogXminAge >= xidAge
+}
+
+// pinText says where the slot's catalog_xmin stands.
+func (f Facts) pinText() string {
+	if f.Info.CatalogXmin == nil {
+		return ""
 	}
+	return fmt.Sprintf(" (the slot's catalog_xmin %d stays at or before it)", *f.Info.CatalogXmin)
+}
+
+func (f Facts) xactCause(x Xact) Cause {
+	pin := f.pinText()
 	const what = "PostgreSQL keeps the WAL from its first change and the catalog rows of its time until it ends: the slot cannot move past it"
 	if !x.Visible {
 		return Cause{Kind: "open_transaction", Holds: holdsSlot,
-			Text: fmt.Sprintf("open transaction of pid %d (xid %d%s, %d transactions ago; a session of another role: its database, age and query show only to that role or pg_read_all_stats): %s",
-				x.PID, x.Xid, pin, x.XidAge, what),
+			Text: fmt.Sprintf("open transaction of pid %d in database %q (user %q; xid %d, %d transactions ago; its age, state and query show only to its role or pg_read_all_stats), the oldest of the cluster, while restart_lsn lags %s behind what the relay confirmed: %s%s",
+				x.PID, x.Database, x.User, x.Xid, x.XidAge, BytesText(int64(f.Info.ConfirmedLSN-f.Info.RestartLSN)), what, pin),
 			Fix: fmt.Sprintf("have its session commit or roll back, or end it: SELECT pg_terminate_backend(%d)", x.PID)}
 	}
 	who := fmt.Sprintf("pid %d in database %q (user %q", x.PID, x.Database, x.User)
@@ -599,7 +612,7 @@ func (f Facts) xactCause(x Xact, held bool) Cause {
 		who += " (" + x.BackendType + ")"
 	}
 	return Cause{Kind: "open_transaction", Holds: holdsSlot,
-		Text: fmt.Sprintf("open transaction: %s, open %s, %s, xid %d%s: %q; %s", who, round(x.Age), x.State, x.Xid, pin, firstLine(x.Query), what),
+		Text: fmt.Sprintf("open transaction: %s, open %s, %s, xid %d: %q; %s%s", who, DurationText(x.Age), x.State, x.Xid, firstLine(x.Query), what, pin),
 		Fix: fmt.Sprintf("end it: COMMIT or ROLLBACK in its session, or SELECT pg_terminate_backend(%d); idle_in_transaction_session_timeout (now %s) ends abandoned ones by itself",
 			x.PID, f.Settings.IdleInTransactionTimeout)}
 }
@@ -693,6 +706,21 @@ func round(d time.Duration) time.Duration {
 		return d.Round(time.Minute)
 	}
 	return d.Round(time.Second)
+}
+
+// DurationText prints a duration for people: rounded to the second
+// (minute above an hour), without Go's trailing zero units ("24h", not
+// "24h0m0s").
+func DurationText(d time.Duration) string {
+	t := round(d).String()
+	t = strings.TrimSuffix(t, "0s")
+	if strings.HasSuffix(t, "h0m") {
+		t = strings.TrimSuffix(t, "0m")
+	}
+	if t == "" {
+		return "0s"
+	}
+	return t
 }
 
 // BytesText prints a byte count for people, with the exact figure.

@@ -68,8 +68,8 @@ type slotStatus struct {
 	InvalidationSource string `json:"invalidation_source"`
 	// Failover says what a failover of the primary does to the slot.
 	Failover string `json:"failover"`
-	// Explain is what holds the slot, with --explain.
-	Explain  []slot.Cause `json:"explain,omitempty"`
+	// Explain is what holds the slot, with --explain (null without).
+	Explain  []slot.Cause `json:"explain"`
 	Healthy  bool         `json:"healthy"`
 	Problems []string     `json:"problems"`
 	// Warnings need a look but do not make the slot unhealthy.
@@ -191,9 +191,9 @@ func (c *statusCmd) timeLeft(ctx context.Context, conn *pgx.Conn, info slot.Info
 		switch {
 		case !info.Active && info.InactiveSince != nil:
 			st.Warnings = append(st.Warnings, fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot, inactive since %s, at the first checkpoint after %s (in %s) unless a relay streams from it first",
-				s.IdleSlotTimeout, info.InactiveSince.UTC().Format(time.RFC3339), info.InactiveSince.Add(d).UTC().Format(time.RFC3339), max(info.InactiveSince.Add(d).Sub(info.Now), 0).Round(time.Second)))
+				s.IdleSlotTimeout, info.InactiveSince.UTC().Format(time.RFC3339), info.InactiveSince.Add(d).UTC().Format(time.RFC3339), slot.DurationText(max(info.InactiveSince.Add(d).Sub(info.Now), 0))))
 		case plan > 0 && d < plan:
-			st.Warnings = append(st.Warnings, fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay streams from it that long, less than --planned-outage %s: set it to 0 or above %s", s.IdleSlotTimeout, plan, plan))
+			st.Warnings = append(st.Warnings, fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay streams from it that long, less than --planned-outage %s: set it to 0 or above %s", s.IdleSlotTimeout, slot.DurationText(plan), slot.DurationText(plan)))
 		}
 	}
 	if info.SafeWALSize == nil || info.Invalidated() || c.RateWindow <= 0 {
@@ -227,7 +227,7 @@ func (c *statusCmd) timeLeft(ctx context.Context, conn *pgx.Conn, info slot.Info
 	st.TimeToInvalidation = &left
 	if d := time.Duration(left * float64(time.Second)); plan > 0 && d < plan {
 		st.Warnings = append(st.Warnings, fmt.Sprintf("at the server's WAL rate (%s/s over %s) the slot's safe_wal_size of %s lasts about %s: max_slot_wal_keep_size = %s invalidates it that soon if it stops moving, less than --planned-outage %s; keep the relay confirming, and raise max_slot_wal_keep_size to at least %s if the disk holds it",
-			bytesText(int64(rate)), c.RateWindow, bytesText(*info.SafeWALSize), d.Round(time.Second), s.MaxSlotWALKeepSize, plan, bytesText(int64(rate*plan.Seconds()))))
+			bytesText(int64(rate)), slot.DurationText(c.RateWindow), bytesText(*info.SafeWALSize), slot.DurationText(d), s.MaxSlotWALKeepSize, slot.DurationText(plan), bytesText(int64(rate*plan.Seconds()))))
 	}
 	return nil
 }
@@ -285,7 +285,7 @@ func printStatus(w io.Writer, st slotStatus) {
 		rows = append(rows, [2]string{"wal_rate", bytesText(int64(*st.WALRate)) + "/s"})
 	}
 	if st.TimeToInvalidation != nil {
-		rows = append(rows, [2]string{"time_left", fmt.Sprintf("about %s at this WAL rate before max_slot_wal_keep_size invalidates the slot, if it stops moving", time.Duration(*st.TimeToInvalidation*float64(time.Second)).Round(time.Second))})
+		rows = append(rows, [2]string{"time_left", fmt.Sprintf("about %s at this WAL rate before max_slot_wal_keep_size invalidates the slot, if it stops moving", slot.DurationText(time.Duration(*st.TimeToInvalidation*float64(time.Second))))})
 	}
 	rows = append(rows, [2]string{"inactive_since", inactive}, [2]string{"invalidated", invalidated},
 		[2]string{"failover", st.Failover}, [2]string{"health", health})
