@@ -713,12 +713,11 @@ func round(d time.Duration) time.Duration {
 // "24h0m0s").
 func DurationText(d time.Duration) string {
 	t := round(d).String()
-	t = strings.TrimSuffix(t, "0s")
+	if strings.HasSuffix(t, "m0s") {
+		t = strings.TrimSuffix(t, "0s")
+	}
 	if strings.HasSuffix(t, "h0m") {
 		t = strings.TrimSuffix(t, "0m")
-	}
-	if t == "" {
-		return "0s"
 	}
 	return t
 }
