@@ -680,8 +680,8 @@ func (f Facts) clusterCauses() []Cause {
 			continue
 		}
 		causes = append(causes, Cause{Kind: "standby", Holds: "the cluster's xmin, not this slot",
-			Text: fmt.Sprintf("standby %q (walsender pid %d, from %s) holds xmin %d (%d transactions ago) through hot_standby_feedback, without a slot: %s",
-				s.ApplicationName, s.PID, s.Client, s.Xmin, s.XminAge, notThis),
+			Text: fmt.Sprintf("standby %q (walsender pid %d, from %s) holds xmin %d (%d transactions ago) through hot_standby_feedback, without a slot: it does not hold this slot, but vacuum keeps the cluster's rows from that xmin on (the outbox's deleted rows too)",
+				s.ApplicationName, s.PID, s.Client, s.Xmin, s.XminAge),
 			Fix: "long queries on the standby hold it: end them, or bound them with max_standby_streaming_delay"})
 	}
 	return causes

@@ -2,13 +2,17 @@ package integration
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -251,6 +255,95 @@ func TestExplainOtherSlots(t *testing.T) {
 	e.waitFor("walrelay_source_oldest_slot_retained_wal_bytes above the slot's own", 30*time.Second, func() (bool, error) {
 		all, own := metricOf(reg, "walrelay_source_oldest_slot_retained_wal_bytes"), metricOf(reg, "walrelay_slot_retained_wal_bytes")
 		return all > own && metricOf(reg, "walrelay_source_replication_xmin_age") > 0, fmt.Errorf("oldest slot %v, own %v", all, own)
+	})
+}
+
+// TestExplainStandbyXmin: a physical walsender without a slot whose
+// standby sends hot_standby_feedback with an xmin older than the slot's
+// catalog_xmin. The standby is this test speaking the replication
+// protocol to the real server (a physical stream and a feedback message,
+// as a standby's walreceiver sends them): status --explain names it by
+// its application_name, says it holds the cluster's xmin and not this
+// slot, and walrelay_source_replication_xmin_age counts it.
+func TestExplainStandbyXmin(t *testing.T) {
+	e, _ := newClusterEnv(t, nil)
+	cfg := e.config()
+	cfg.SlotPollInterval = 200 * time.Millisecond
+	_, reg := e.startRelayGathered(cfg)
+	conn := e.conn()
+	var xmin int64
+	if err := conn.QueryRow(e.ctx, "SELECT txid_current() % 4294967296").Scan(&xmin); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("the slot's catalog_xmin past the standby's xmin", 60*time.Second, func() (bool, error) {
+		if info := e.slotInfo(); info.CatalogXmin != nil && *info.CatalogXmin > xmin {
+			return true, nil
+		}
+		e.insertOutbox("o", 1)
+		_, err := conn.Exec(e.ctx, "CHECKPOINT")
+		return false, err
+	})
+
+	rcfg, err := pgconn.ParseConfig(e.url + "&replication=true&application_name=feedback_standby")
+	if err != nil {
+		t.Fatal(err)
+	}
+	standby, err := pgconn.ConnectConfig(e.ctx, rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Close(context.Background()) })
+	sys, err := pglogrepl.IdentifySystem(e.ctx, standby)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A physical stream without a slot (pglogrepl always names one).
+	standby.Frontend().SendQuery(&pgproto3.Query{String: "START_REPLICATION PHYSICAL " + sys.XLogPos.String()})
+	if err := standby.Frontend().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for started := false; !started; {
+		msg, err := standby.ReceiveMessage(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			t.Fatal(pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyBothResponse:
+			started = true
+		}
+	}
+	// Hot standby feedback: 'h', the client's time (microseconds since
+	// 2000-01-01), xmin and its epoch, catalog_xmin and its epoch.
+	msg := []byte{'h'}
+	msg = binary.BigEndian.AppendUint64(msg, uint64(time.Since(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).Microseconds()))
+	msg = binary.BigEndian.AppendUint32(msg, uint32(xmin))
+	msg = binary.BigEndian.AppendUint32(msg, 0)
+	msg = binary.BigEndian.AppendUint32(msg, 0)
+	msg = binary.BigEndian.AppendUint32(msg, 0)
+	buf, err := (&pgproto3.CopyData{Data: msg}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Frontend().SendUnbufferedEncodedCopyData(buf); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("pg_stat_replication showing the standby's xmin", 30*time.Second, func() (bool, error) {
+		var got *int64
+		err := conn.QueryRow(e.ctx, `SELECT backend_xmin::text::bigint FROM pg_stat_replication WHERE application_name = 'feedback_standby'`).Scan(&got)
+		return got != nil && *got == xmin, err
+	})
+	text, c := e.waitCause("standby", 30*time.Second)
+	t.Logf("status --explain:\n%s", explainSection(text))
+	mustContain(t, "the standby's cause", c.Text+" fix: "+c.Fix, `standby "feedback_standby"`, fmt.Sprintf("holds xmin %d", xmin),
+		"through hot_standby_feedback, without a slot", "it does not hold this slot", "max_standby_streaming_delay")
+	if c.Holds != "the cluster's xmin, not this slot" {
+		t.Errorf("holds %q", c.Holds)
+	}
+	e.waitFor("walrelay_source_replication_xmin_age > 0", 30*time.Second, func() (bool, error) {
+		v := metricOf(reg, "walrelay_source_replication_xmin_age")
+		return v > 0, fmt.Errorf("%v", v)
 	})
 }
 
