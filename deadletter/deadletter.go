@@ -37,7 +37,11 @@ const (
 	// ReasonUnmappable is a row of an outbox table that lacked a mapped
 	// column when the row was written (decoder.Event.Unmappable): a column
 	// dropped or renamed while the relay ran.
-	ReasonUnmappable      Reason = "unmappable"
+	ReasonUnmappable Reason = "unmappable"
+	// ReasonUndecodable is a row with a mapped value the decoder cannot
+	// render (decoder.Event.Undecodable), such as a binary value of a
+	// type --binary does not cover.
+	ReasonUndecodable     Reason = "undecodable"
 	ReasonTopicNotAllowed Reason = "topic_not_allowed" // not matched by the topic allowlist
 	ReasonTooManyTopics   Reason = "too_many_topics"   // past the bound on event topics
 )
@@ -46,7 +50,7 @@ const (
 func Reasons() []Reason { return append([]Reason(nil), reasons...) }
 
 var reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge, ReasonUnmappable,
-	ReasonTopicNotAllowed, ReasonTooManyTopics}
+	ReasonUndecodable, ReasonTopicNotAllowed, ReasonTooManyTopics}
 
 // aboutTopic reports whether the reason concerns the event's topic, so
 // the dead letter names that topic.
@@ -85,7 +89,8 @@ func (e *InvalidEventError) Error() string {
 }
 
 // Check finds what makes ev invalid whatever its topic, or "" when
-// nothing does: a row its table's columns could not map, or a missing
+// nothing does: a row its table's columns could not map, a value that
+// could not be decoded, or a missing
 // aggregate type (unless fixed: a template without placeholder needs
 // none), aggregate id or id. Whether its topic will take it is for the
 // router and package topics to say.
@@ -93,6 +98,8 @@ func Check(ev *decoder.Event, fixed bool) (reason Reason, detail string) {
 	switch {
 	case ev.Unmappable != nil:
 		return ReasonUnmappable, ev.Unmappable.Error()
+	case ev.Undecodable != nil:
+		return ReasonUndecodable, ev.Undecodable.Error()
 	case len(ev.AggregateType) == 0 && !fixed:
 		return ReasonNoAggregateType, "aggregate type is NULL or empty"
 	case ev.AggregateID == nil:

@@ -57,9 +57,10 @@ func (e *Error) Fatal() bool { return e.fatal }
 // test with errors.Is.
 var (
 	// ErrMalformed means the message does not follow the pgoutput protocol
-	// (truncated, bad lengths, trailing bytes, unknown message type, a value
-	// that cannot be decoded, an Insert outside a transaction). The stream
-	// cannot be trusted after it.
+	// (truncated, bad lengths, trailing bytes, unknown message type, an
+	// Insert outside a transaction). The stream cannot be trusted after it.
+	// A mapped value that breaks its type's format inside a well-formed
+	// Insert is not a stream error: Event.Undecodable wraps it.
 	ErrMalformed error = &Error{msg: "malformed pgoutput message"}
 
 	// ErrMissingColumn is what Event.Unmappable wraps: the row's outbox
@@ -75,8 +76,9 @@ var (
 	ErrUnknownRelation error = &Error{msg: "insert into a relation that was never announced"}
 
 	// ErrUnsupported means the message uses a protocol feature the relay does
-	// not request (streaming, two-phase) or a binary value of a type it cannot
-	// render as text.
+	// not request (streaming, two-phase), or (wrapped by Event.Undecodable,
+	// not returned by Decode) a binary value of a type it cannot render as
+	// text.
 	ErrUnsupported error = &Error{msg: "unsupported pgoutput feature", fatal: true}
 )
 
@@ -277,6 +279,17 @@ type Event struct {
 	// of the columns the table still has are filled as usual (the id and
 	// aggregate id identify it in a dead-letter record); the others are nil.
 	Unmappable error
+
+	// Undecodable is nil for a row whose mapped values all decoded. It is
+	// set (wrapping ErrUnsupported or ErrMalformed, naming the column, its
+	// type OID and format) for a row with a mapped value the decoder cannot
+	// render: a binary value of a type it does not know (a column whose
+	// type changed to, say, text[] after the startup check), or a value
+	// that breaks its type's format. The message itself was well formed,
+	// so the rows after it decode as usual, and the same WAL would fail
+	// the same way after a restart: such a row is an invalid event, not a
+	// stream error. That value's field is nil; the others are filled.
+	Undecodable error
 }
 
 // field is one event value the mapping asks for: where it comes from and
@@ -400,7 +413,8 @@ func (d *Decoder) Unmapped() (Table, uint32) {
 // transaction state are unchanged, and Event is not valid until the next
 // KindInsert. A Relation message of an outbox table that lacks mapped
 // columns is not an error: it is cached, and its rows are KindInsert with
-// Event.Unmappable set.
+// Event.Unmappable set; nor is an outbox row with a mapped value that
+// cannot be decoded (KindInsert with Event.Undecodable set).
 func (d *Decoder) Decode(data []byte) (Kind, error) {
 	if len(data) == 0 {
 		return KindIgnored, fmt.Errorf("decoder: empty message: %w", ErrMalformed)

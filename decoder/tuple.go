@@ -61,7 +61,11 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	// Size every mapped value first, so the one buffer is allocated once and
 	// exactly; a NULL has size -1 and stays nil, and so does a value over
 	// the limit or left out by the reader (size -2, counted in Omitted).
+	// A value that cannot be decoded stays nil too: the tuple was walked
+	// whole, so the stream is in step, and the row is an invalid event
+	// (Event.Undecodable) rather than a reason to stop the stream.
 	total, omitted := 0, 0
+	var undecodable error
 	for f := range d.fields {
 		c := rel.fieldCols[f]
 		if c < 0 { // a column the table lacks (rel.err says which): nil
@@ -76,7 +80,11 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 		}
 		n, err := valueLen(sp.kind, rel.columns[c].typ, r.buf[sp.off:sp.off+sp.n])
 		if err != nil {
-			return KindIgnored, d.valueError(rel, c, sp, err)
+			if undecodable == nil {
+				undecodable = d.valueError(rel, c, sp, err)
+			}
+			d.sizes[f] = -1
+			continue
 		}
 		if d.limit > 0 && n > d.limit {
 			n, omitted = -2, omitted+n
@@ -97,15 +105,20 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 		// Capped at its own length: appending to one value must not
 		// overwrite the next one in the shared buffer.
 		dst := buf[off : off+n : off+n]
+		off += n
 		if err := decodeValue(dst, sp.kind, rel.columns[c].typ, r.buf[sp.off:sp.off+sp.n]); err != nil {
-			return KindIgnored, d.valueError(rel, c, sp, err)
+			if undecodable == nil {
+				undecodable = d.valueError(rel, c, sp, err)
+			}
+			*fl.dst = nil
+			continue
 		}
 		*fl.dst = dst
-		off += n
 	}
 	d.event.Table = rel.table
 	d.event.Omitted = omitted
 	d.event.Unmappable = rel.err
+	d.event.Undecodable = undecodable
 	d.event.CommitTime = d.begin.CommitTime
 	d.event.Xid = d.begin.Xid
 	return KindInsert, nil

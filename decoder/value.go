@@ -77,7 +77,22 @@ func valueLen(kind byte, typ uint32, v []byte) (int, error) {
 	return 0, errUnknownKind
 }
 
-// binaryLen is valueLen for binary-format values.
+// BinaryRenders reports whether a column of type OID typ can be mapped
+// when pgoutput sends binary values (Config.Binary): the decoder renders
+// only these types' binary form to the bytes the text format would give.
+// Setup checks the mapped columns with it before streaming; a row whose
+// column has another type (changed after that check) is an invalid event
+// (Event.Undecodable). A domain has its own OID and is not among them.
+func BinaryRenders(typ uint32) bool {
+	switch typ {
+	case oidBytea, oidText, oidVarchar, oidBpchar, oidName, oidJSON, oidJSONB, oidUUID, oidInt2, oidInt4, oidInt8:
+		return true
+	}
+	return false
+}
+
+// binaryLen is valueLen for binary-format values. Its cases are the types
+// of BinaryRenders.
 func binaryLen(typ uint32, v []byte) (int, error) {
 	switch typ {
 	case oidBytea, oidText, oidVarchar, oidBpchar, oidName, oidJSON:

@@ -30,6 +30,14 @@ func payloadOf(t *testing.T, binary bool, typ uint32, v val) ([]byte, error) {
 	if k != KindInsert {
 		t.Fatalf("kind %v", k)
 	}
+	// A value that cannot be decoded makes the row an invalid event, not
+	// a stream error.
+	if err := d.Event().Undecodable; err != nil {
+		if d.Event().Payload != nil {
+			t.Errorf("undecodable payload is %q, want nil", d.Event().Payload)
+		}
+		return nil, err
+	}
 	return d.Event().Payload, nil
 }
 
@@ -132,6 +140,40 @@ func TestUnsupportedBinaryNamesType(t *testing.T) {
 	_, err := payloadOf(t, true, 1184, binval(make([]byte, 8)))
 	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "1184") || !strings.Contains(err.Error(), "payload") {
 		t.Fatalf("error %v does not wrap ErrUnsupported naming column and type OID", err)
+	}
+}
+
+// TestBinaryRendersMatchesDecoding: BinaryRenders, which setup checks the
+// mapped columns with, names exactly the types whose binary values the
+// decoder renders.
+func TestBinaryRendersMatchesDecoding(t *testing.T) {
+	for typ := uint32(0); typ < 10000; typ++ {
+		_, err := binaryLen(typ, make([]byte, 16))
+		if renders := !errors.Is(err, errBinaryType); renders != BinaryRenders(typ) {
+			t.Errorf("type OID %d: BinaryRenders %v, but binaryLen says %v", typ, BinaryRenders(typ), err)
+		}
+	}
+}
+
+// TestUndecodableRowKeepsOtherFields: a row with a value the decoder
+// cannot render is an invalid event whose other fields identify it, and
+// the rows after it decode as usual.
+func TestUndecodableRowKeepsOtherFields(t *testing.T) {
+	d := newDecoder(t, withBinary)
+	decode(t, d, relationMsg(outboxOID, "public", "outbox",
+		col("id", oidText), col("aggregate_type", oidText), col("aggregate_id", 1009), col("type", oidText), col("payload", oidText)), KindRelation)
+	decode(t, d, beginMsg(1, 1, 1), KindBegin)
+	decode(t, d, insertMsg(outboxOID, text("1"), text("a"), binval([]byte{0, 0, 0, 1}), null(), binval([]byte("p"))), KindInsert)
+	e := d.Event()
+	if !errors.Is(e.Undecodable, ErrUnsupported) || !strings.Contains(e.Undecodable.Error(), "1009") || !strings.Contains(e.Undecodable.Error(), `"aggregate_id"`) {
+		t.Fatalf("Undecodable = %v, want ErrUnsupported naming aggregate_id and type OID 1009", e.Undecodable)
+	}
+	if string(e.ID) != "1" || string(e.Payload) != "p" || e.AggregateID != nil {
+		t.Fatalf("event = %q, want id and payload kept, aggregate id nil", vals(e))
+	}
+	decode(t, d, insertMsg(outboxOID, text("2"), text("a"), text("{x}"), null(), binval([]byte("q"))), KindInsert)
+	if e := d.Event(); e.Undecodable != nil || string(e.AggregateID) != "{x}" {
+		t.Fatalf("next row: Undecodable %v, aggregate id %q", e.Undecodable, e.AggregateID)
 	}
 }
 

@@ -524,6 +524,7 @@ func (r *Relay) setupConfig() slot.SetupConfig {
 		Columns: r.cfg.Mapping.Columns(), CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
 		AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
 		Failover: !r.cfg.NoFailoverSlot, RecordSchema: r.cfg.RecordSchema,
+		Binary: r.cfg.Binary, TopicTemplate: r.cfg.Router.TopicTemplate,
 	}
 }
 

@@ -41,6 +41,8 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		// sends logical decoding messages from PostgreSQL 14 on).
 		Messages: version >= 140000,
 		Read:     r.cfg.Read,
+		// Another relay on the same publication sees the topics from it.
+		TopicTemplate: r.cfg.Router.TopicTemplate,
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError

@@ -18,8 +18,8 @@ const prepareRetryPause = time.Second
 
 // prepared is the outcome of preparing a topic.
 type prepared struct {
-	err      error
-	maxBytes int // 0: unknown
+	err    error
+	limits topics.Limits
 }
 
 // startPrepare readies t in the background: creates it when topic creation
@@ -38,7 +38,7 @@ func (r *Router) startPrepare(ctx context.Context, t *topic) {
 		ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 		defer cancel()
 		defer context.AfterFunc(r.closing, cancel)()
-		res.maxBytes, res.err = r.prep.Prepare(ctx, t.name)
+		res.limits, res.err = r.prep.Prepare(ctx, t.name)
 	})
 }
 
@@ -49,11 +49,16 @@ func (r *Router) settle(t *topic) {
 	switch {
 	case res.err == nil:
 		t.state = topicReady
-		if res.maxBytes > 0 {
-			t.maxBytes = min(r.cfg.MaxRecordBytes, res.maxBytes)
-			r.limits.Store(t.name, res.maxBytes)
+		if n := res.limits.MaxBytes; n > 0 {
+			t.maxBytes = min(r.cfg.MaxRecordBytes, n)
+			r.limits.Store(t.name, n)
 		}
+		t.tsBefore, t.tsAfter = res.limits.TimestampBefore, res.limits.TimestampAfter
 		r.log.Info("topic ready", zap.String("topic", t.name), zap.Int("max_record_bytes", t.maxBytes))
+		if t.tsBefore > 0 || t.tsAfter > 0 {
+			r.log.Info("the topic refuses record timestamps far from the broker's clock: records whose commit time lies outside the bounds carry the produce time instead, with the commit time in header "+HeaderCommitTime,
+				zap.String("topic", t.name), zap.Duration("timestamp_before_max", t.tsBefore), zap.Duration("timestamp_after_max", t.tsAfter))
+		}
 	case topics.Rejects(res.err):
 		t.state, t.rejectErr = topicRejected, res.err
 		r.log.Warn("Kafka rejects topic; its events go to the dead-letter topic", zap.String("topic", t.name), zap.Error(res.err))

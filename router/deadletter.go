@@ -38,8 +38,14 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 	l := deadletter.Letter{Reason: reason, Detail: detail, LSN: lsn, Topic: r.tmpl.Topic(ev.AggregateType), HeaderID: r.cfg.HeaderID, HeaderType: r.cfg.HeaderType}
 	o := &outRecord{topic: r.dlq, ack: a}
 	// The dead-letter topic's limit: its own max.message.bytes, read by
-	// Start, and --max-record-bytes.
-	o.rec, o.size = deadletter.ForEvent(ev, l, r.dlq.name, r.dlq.maxBytes)
+	// Start, and --max-record-bytes; less room for the commit time header
+	// when the dead letter will carry the produce time.
+	limit := r.dlq.maxBytes
+	if needsProduceTime(r.dlq, ev.CommitTime) {
+		limit -= commitTimeHeaderBytes
+	}
+	o.rec, o.size = deadletter.ForEvent(ev, l, r.dlq.name, limit)
+	stamp(o)
 	return r.produce(o)
 }
 
@@ -67,7 +73,8 @@ func (r *Router) redirect(o *outRecord, err error) {
 		return
 	}
 	d := &outRecord{topic: r.dlq, ack: o.ack}
-	d.rec, d.size = deadletter.ForRefused(&o.rec, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes)
+	d.rec, d.size = deadletter.ForRefused(&o.rec, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes-commitTimeHeaderBytes)
+	stamp(d)
 	r.gate.acquire(d.size)
 	r.client.TryProduce(context.Background(), &d.rec, r.promise)
 }

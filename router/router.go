@@ -332,12 +332,16 @@ const dlqSlack = 1024
 
 // Start prepares the dead-letter topic and the extra topics (such as the
 // heartbeat topic): creates them when topic creation is on and reads their
-// size limits. It blocks until the broker answers or ctx ends.
+// size limits; and counts the event topics that exist on the broker
+// towards MaxTopics. It blocks until the broker answers or ctx ends.
 func (r *Router) Start(ctx context.Context, extra ...string) error {
 	if r.eos {
 		if err := r.prepareCheckpointTopic(ctx); err != nil {
 			return err
 		}
+	}
+	if err := r.countExistingTopics(ctx, append([]string{r.dlq.name, r.cfg.CheckpointTopic}, extra...)); err != nil {
+		return err
 	}
 	var names []string
 	if r.cfg.OnInvalid == InvalidDeadLetter {
@@ -407,6 +411,7 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	if reason == "" {
 		o := r.newRecord(ev, t, a)
 		o.table, o.lsn = ev.Table, lsn
+		stamp(o)
 		if o.size > t.maxBytes {
 			reason, detail = deadletter.ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d, the limit of topic %s", o.size, t.maxBytes, t.name)
 		} else {
@@ -469,6 +474,7 @@ func (r *Router) topicNamed(name string) *topic {
 	if why := r.topics.Refusal(name); why != "" {
 		t.state, t.rejectErr = topicRejected, errors.New(why) // refused under an earlier router
 	}
+	t.produceTime.Store(r.topics.ProduceTime(name)) // a timestamp refused under an earlier router
 	r.byName[name] = t
 	return t
 }
@@ -519,6 +525,10 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 				r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
 				return
 			}
+		}
+		if errors.Is(err, kerr.InvalidTimestamp) {
+			r.refusedTimestamp(o, err)
+			return
 		}
 		if topics.RefusedForGood(err) && o.topic != r.dlq && o.table != nil {
 			r.redirect(o, err)

@@ -1,10 +1,14 @@
 package router
 
 import (
+	"context"
+	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 )
 
 // topicState is what the router knows about one destination topic.
@@ -30,6 +34,13 @@ type topic struct {
 	maxBytes  int           // the largest record the topic accepts
 	published prometheus.Counter
 	refused   atomic.Bool // Kafka refused a record of it for good (set on the promise goroutine)
+	// tsBefore and tsAfter bound how far a record's timestamp may lie
+	// from the broker's clock (topics.Limits); 0: no bound known.
+	tsBefore, tsAfter time.Duration
+	// produceTime: Kafka refused a record's timestamp (the commit time):
+	// every record carries the produce time (set on the promise
+	// goroutine, and from the topic set when the entry is made).
+	produceTime atomic.Bool
 }
 
 // retryWait is a channel that delivers when the next attempt may start.
@@ -37,4 +48,37 @@ func (t *topic) retryWait() <-chan struct{} {
 	ch := make(chan struct{})
 	time.AfterFunc(time.Until(t.retryAt), func() { close(ch) })
 	return ch
+}
+
+// countExistingTopics counts the topics on the broker that the topic
+// template makes (and the allowlist allows) as event topics in use: the
+// bound on event topics (MaxTopics) is about what exists, not about what
+// this process has produced to, so it holds across restarts, and a topic
+// that exists stays usable whatever the bound. skip names the relay's
+// other topics (dead-letter, checkpoint, heartbeat), which a template
+// such as "{aggregate_type}" would also match.
+func (r *Router) countExistingTopics(ctx context.Context, skip []string) error {
+	if r.tmpl.Fixed() || r.cfg.MaxTopics < 0 {
+		return nil
+	}
+	td, err := r.admin.ListTopics(ctx)
+	if err != nil {
+		return fmt.Errorf("list topics to count the event topics that exist (--max-topics): %w", err)
+	}
+	var names []string
+	for name, d := range td {
+		if d.IsInternal || d.Err != nil || slices.Contains(skip, name) || !r.tmpl.Produces(name) ||
+			r.allow != nil && !r.allow.MatchString(name) {
+			continue
+		}
+		names = append(names, name)
+	}
+	n := r.topics.Seed(names)
+	if n >= r.cfg.MaxTopics {
+		r.log.Warn("the event topics on the broker reach --max-topics: they stay in use, and events of further aggregate types are dead-lettered (too_many_topics); raise --max-topics, or delete topics no longer used",
+			zap.Int("event_topics", n), zap.Int("max_topics", r.cfg.MaxTopics))
+	} else if len(names) > 0 {
+		r.log.Info("event topics that exist on the broker count towards --max-topics", zap.Int("event_topics", n), zap.Int("max_topics", r.cfg.MaxTopics))
+	}
+	return nil
 }

@@ -145,6 +145,14 @@ func recordTableReady(ctx context.Context, conn *pgx.Conn, schema string) (bool,
 // it gets the statements to have a superuser run.
 func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error {
 	ddl := recordDDL(schema)
+	var haveSchema bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&haveSchema); err != nil {
+		return fmt.Errorf("look up schema %q: %w", schema, err)
+	}
+	if haveSchema {
+		// CREATE SCHEMA IF NOT EXISTS still needs CREATE on the database.
+		ddl = ddl[1:]
+	}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		for _, q := range ddl {
 			if _, err := tx.Exec(ctx, q); err != nil {

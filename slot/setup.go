@@ -50,6 +50,13 @@ type SetupConfig struct {
 	// what is missing is created again. Only an operator sets it
 	// (walrelay setup --accept-gap).
 	AcceptGap bool
+	// Binary is --binary: the mapped columns must be of types the decoder
+	// renders from pgoutput's binary format (decoder.BinaryRenders).
+	Binary bool
+	// TopicTemplate, when set, is the relay's topic template: a start
+	// warns when another walrelay streams the same publication from
+	// another slot to the same template (StreamOptions.TopicTemplate).
+	TopicTemplate string
 	// Snapshot, when set, publishes the rows present when the slot is
 	// created. It is called only when Prepare creates the slot, with the
 	// name of a snapshot exported at the slot's consistent point (import
@@ -77,6 +84,7 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "walrelay"
 	}
+	cfg.RuntimeParams["client_encoding"] = clientEncoding
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		if err := connectError(err, url); IsSetupError(err) {
@@ -102,6 +110,9 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 	}
 	defer conn.Close(context.Background())
 
+	if err := checkEndpoint(ctx, conn, cfg); err != nil {
+		return Record{}, err
+	}
 	version, err := checkServer(ctx, conn)
 	if err != nil {
 		return Record{}, err
@@ -110,6 +121,9 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 		if err := checkTable(ctx, conn, t, cfg.Columns); err != nil {
 			return Record{}, err
 		}
+	}
+	if err := checkOutbox(ctx, conn, cfg, log); err != nil {
+		return Record{}, err
 	}
 	haveRecords, err := recordTableReady(ctx, conn, cfg.RecordSchema)
 	if err != nil {
@@ -322,6 +336,9 @@ func advanceSlot(ctx context.Context, conn *pgx.Conn, slot string) (decoder.LSN,
 // checkServer refuses a server walrelay cannot stream from and returns
 // its version (server_version_num).
 func checkServer(ctx context.Context, conn *pgx.Conn) (int, error) {
+	if err := checkServerVersion(ctx, conn); err != nil {
+		return 0, err
+	}
 	var walLevel string
 	var version int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level'), current_setting('server_version_num')::int").Scan(&walLevel, &version); err != nil {
@@ -417,13 +434,9 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 // makeFailoverSlot turns an existing slot into a failover slot. A slot in
 // use is left alone: the relay streaming from it does this at its start.
 func makeFailoverSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
-	rcfg, err := ReplicationConfig(cfg.URL)
+	rconn, err := replicationConn(ctx, cfg.URL)
 	if err != nil {
 		return err
-	}
-	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
-	if err != nil {
-		return fmt.Errorf("replication connection: %w", connectError(err, cfg.URL))
 	}
 	defer rconn.Close(context.Background())
 	_, err = rconn.Exec(ctx, "ALTER_REPLICATION_SLOT "+quoteIdent(cfg.Slot)+" (FAILOVER true)").ReadAll()
@@ -450,13 +463,9 @@ func createSlotCommand(name string, failover bool) string {
 }
 
 func createSlot(ctx context.Context, cfg SetupConfig, failover bool, log *zap.Logger) error {
-	rcfg, err := ReplicationConfig(cfg.URL)
+	rconn, err := replicationConn(ctx, cfg.URL)
 	if err != nil {
 		return err
-	}
-	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
-	if err != nil {
-		return fmt.Errorf("replication connection: %w", connectError(err, cfg.URL))
 	}
 	defer rconn.Close(context.Background())
 	res, err := pglogrepl.ParseCreateReplicationSlot(rconn.Exec(ctx, createSlotCommand(cfg.Slot, failover)))

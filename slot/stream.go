@@ -30,6 +30,10 @@ type StreamOptions struct {
 	Messages bool
 	// Read tunes how the socket is read.
 	Read ReadOptions
+	// TopicTemplate, when set, tags the connection's application_name
+	// (when --pg-url sets none) so that another relay can see which topics
+	// this one streams to (see SetupConfig.TopicTemplate).
+	TopicTemplate string
 }
 
 // MessageKind tells a data message from a keepalive.
@@ -83,6 +87,7 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 		return nil, err
 	}
 	applyReadOptions(cfg, opts.Read)
+	tagApplicationName(cfg, opts.TopicTemplate)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
@@ -122,13 +127,9 @@ func (s *Stream) PID() uint32 { return s.conn.PID() }
 // own: the cluster's system identifier, timeline and WAL flush position,
 // for callers that have no stream open.
 func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemResult, error) {
-	cfg, err := ReplicationConfig(url)
+	conn, err := replicationConn(ctx, url)
 	if err != nil {
 		return pglogrepl.IdentifySystemResult{}, err
-	}
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return pglogrepl.IdentifySystemResult{}, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
 	defer conn.Close(context.Background())
 	res, err := pglogrepl.IdentifySystem(ctx, conn)
@@ -151,9 +152,25 @@ func ReplicationConfig(url string) (*pgconn.Config, error) {
 		cfg.RuntimeParams["application_name"] = "walrelay"
 	}
 	// pgoutput renders values with the session's settings; the decoder
-	// expects bytea in hex whatever the server's default is.
+	// expects bytea in hex whatever the server's default is, and text in
+	// UTF-8 whatever the database's encoding is.
 	cfg.RuntimeParams["bytea_output"] = "hex"
+	cfg.RuntimeParams["client_encoding"] = clientEncoding
 	return cfg, nil
+}
+
+// replicationConn opens a replication connection (replication=database)
+// for one command or two: slot commands, IDENTIFY_SYSTEM, TIMELINE_HISTORY.
+func replicationConn(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	cfg, err := ReplicationConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
+	}
+	return conn, nil
 }
 
 // Receive returns the next message, or ErrTimeout once deadline passes.
@@ -312,13 +329,9 @@ func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''
 // WAL forked from its old primary's. Timeline from must be an ancestor of
 // to.
 func TimelineSwitch(ctx context.Context, url string, from, to int32) (decoder.LSN, error) {
-	cfg, err := ReplicationConfig(url)
+	conn, err := replicationConn(ctx, url)
 	if err != nil {
 		return 0, err
-	}
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return 0, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
 	defer conn.Close(context.Background())
 	h, err := pglogrepl.TimelineHistory(ctx, conn, to)

@@ -37,15 +37,31 @@ const OtherLabel = "other"
 // series, and the topics Kafka refused for good. It is safe for concurrent
 // use; its size is bounded by the two bounds passed to Use and Label.
 type Set struct {
-	mu      sync.Mutex
-	used    map[string]bool
-	series  map[string]bool
-	refused map[string]string // topic → why
+	mu          sync.Mutex
+	used        map[string]bool
+	series      map[string]bool
+	refused     map[string]string // topic → why
+	produceTime map[string]bool
 }
 
 // NewSet returns an empty Set.
 func NewSet() *Set {
-	return &Set{used: map[string]bool{}, series: map[string]bool{}, refused: map[string]string{}}
+	return &Set{used: map[string]bool{}, series: map[string]bool{}, refused: map[string]string{}, produceTime: map[string]bool{}}
+}
+
+// Seed records names as event topics already in use, whatever the bound:
+// topics that exist on the broker (made by this relay before a restart,
+// or by an earlier process) count towards it, and stay usable even when
+// there are more of them than the bound allows, so that a restart never
+// turns an established aggregate type into dead letters. It returns how
+// many event topics are counted now.
+func (s *Set) Seed(names []string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range names {
+		s.used[n] = true
+	}
+	return len(s.used)
 }
 
 // Use records name as an event topic; false when that would exceed max
@@ -84,6 +100,23 @@ func (s *Set) Refuse(name, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.refused[name] = why
+}
+
+// UseProduceTime remembers that Kafka refused a record of topic name for
+// its timestamp (INVALID_TIMESTAMP): its records carry the time they are
+// produced from then on, under later producers too.
+func (s *Set) UseProduceTime(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.produceTime[name] = true
+}
+
+// ProduceTime reports whether topic name's records carry the produce
+// time (UseProduceTime).
+func (s *Set) ProduceTime(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.produceTime[name]
 }
 
 // Refusal is why Kafka refused topic name for good, or "".

@@ -1,6 +1,9 @@
 package topics
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // Use admits new topics up to the bound and keeps admitting those already
 // used; Label gives its own series to the first topics only.
@@ -38,5 +41,48 @@ func TestParseAllow(t *testing.T) {
 	}
 	if _, err := ParseAllow("("); err == nil {
 		t.Fatal("ParseAllow accepted an invalid expression")
+	}
+}
+
+// Seed counts topics that exist whatever the bound, and they stay usable
+// while new ones are refused.
+func TestSetSeed(t *testing.T) {
+	s := NewSet()
+	if n := s.Seed([]string{"a", "b", "c"}); n != 3 {
+		t.Fatalf("Seed counted %d topics, want 3", n)
+	}
+	if s.Use("d", 2) || !s.Use("a", 2) || !s.Use("c", 2) {
+		t.Fatal("Use after Seed past the bound: want d refused, a and c admitted")
+	}
+	if s.ProduceTime("a") {
+		t.Fatal("ProduceTime of a topic whose timestamps were never refused")
+	}
+	s.UseProduceTime("a")
+	if !s.ProduceTime("a") || s.ProduceTime("b") {
+		t.Fatal("UseProduceTime: want a only")
+	}
+}
+
+// limitsOf takes the least of a topic's timestamp bounds, ignores
+// Kafka's "no bound" default, and none apply under LogAppendTime.
+func TestLimitsOf(t *testing.T) {
+	const noBound = "9223372036854775807"
+	for _, c := range []struct {
+		name          string
+		values        map[string]string
+		before, after time.Duration
+		maxBytes      int
+	}{
+		{"defaults", map[string]string{"max.message.bytes": "1048588", "message.timestamp.before.max.ms": noBound, "message.timestamp.after.max.ms": "3600000"}, 0, time.Hour, 1048588},
+		{"before bound", map[string]string{"message.timestamp.before.max.ms": "86400000", "message.timestamp.after.max.ms": noBound}, 24 * time.Hour, 0, 0},
+		{"difference is least", map[string]string{"message.timestamp.before.max.ms": "86400000", "message.timestamp.difference.max.ms": "60000"}, time.Minute, time.Minute, 0},
+		{"zero is strictest", map[string]string{"message.timestamp.before.max.ms": "0"}, time.Millisecond, 0, 0},
+		{"log append time", map[string]string{"message.timestamp.type": "LogAppendTime", "message.timestamp.before.max.ms": "1000"}, 0, 0, 0},
+		{"nothing readable", map[string]string{"message.timestamp.before.max.ms": "x"}, 0, 0, 0},
+	} {
+		l := limitsOf(c.values)
+		if l.TimestampBefore != c.before || l.TimestampAfter != c.after || l.MaxBytes != c.maxBytes {
+			t.Errorf("%s: limits %+v, want before %s, after %s, max bytes %d", c.name, l, c.before, c.after, c.maxBytes)
+		}
 	}
 }

@@ -57,6 +57,12 @@ func (t Template) Topic(aggregateType []byte) string {
 	return t.prefix + string(aggregateType) + t.suffix
 }
 
+// Produces reports whether name is a topic the template makes of some
+// (non-empty) aggregate type; never for a fixed template.
+func (t Template) Produces(name string) bool {
+	return !t.fixed && len(name) > len(t.prefix)+len(t.suffix) && strings.HasPrefix(name, t.prefix) && strings.HasSuffix(name, t.suffix)
+}
+
 // Fixed reports whether the template has no placeholder: every event goes
 // to one topic, whatever (even no) aggregate type it has.
 func (t Template) Fixed() bool { return t.fixed }

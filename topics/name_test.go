@@ -190,3 +190,20 @@ func TestValidNameQuotesTheCharacter(t *testing.T) {
 		}
 	}
 }
+
+// Produces tells the topics a template makes from those it cannot.
+func TestTemplateProduces(t *testing.T) {
+	tmpl, err := ParseTemplate("outbox.{aggregate_type}.v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"outbox.order.v1": true, "outbox.a.b.v1": true, "outbox..v1": false, "outbox.order": false, "other.order.v1": false} {
+		if got := tmpl.Produces(name); got != want {
+			t.Errorf("Produces(%q) = %v, want %v", name, got, want)
+		}
+	}
+	fixed, _ := ParseTemplate("events")
+	if fixed.Produces("events") {
+		t.Error("a fixed template produces no event topic of its own to count")
+	}
+}

@@ -33,6 +33,10 @@ type PostgresOptions struct {
 	Port int
 	// KeepDir leaves the data directory behind on Stop, for debugging.
 	KeepDir bool
+	// BinDir is the directory holding initdb, pg_ctl and postgres; empty
+	// (the default) means the one BinDir finds. InstalledBinDir names a
+	// version of the matrix.
+	BinDir string
 }
 
 // Postgres is a running throwaway cluster. Its superuser is "postgres" with
@@ -42,6 +46,11 @@ type Postgres struct {
 	Port int
 	bin  string
 	opts PostgresOptions
+	// Slot is, on a standby, its physical replication slot on Upstream.
+	Slot string
+	// Upstream is, on a standby, the server it streams from.
+	Upstream *Postgres
+	killed   bool // Kill ran: nothing to stop
 }
 
 // DefaultRoot is where Debian and Ubuntu's postgresql package puts the
@@ -113,13 +122,12 @@ func installCommand() string {
 
 // hasServer reports whether dir holds executable initdb and pg_ctl.
 func hasServer(dir string) bool {
-	for _, n := range []string{"initdb", "pg_ctl"} {
-		fi, err := os.Stat(filepath.Join(dir, n))
-		if err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
-			return false
-		}
-	}
-	return true
+	return isExecutable(filepath.Join(dir, "initdb")) && isExecutable(filepath.Join(dir, "pg_ctl"))
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }
 
 // majorMinor parses the version directory of <root>/<version>/bin: "16"
@@ -143,19 +151,9 @@ func majorMinor(binDir string) ([2]int, bool) {
 // StartPostgres initialises and starts a cluster in a new temporary
 // directory.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
-	bin, err := BinDir()
+	p, err := newPostgres(opts)
 	if err != nil {
 		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "walrelay-pg-")
-	if err != nil {
-		return nil, err
-	}
-	p := &Postgres{Dir: dir, Port: opts.Port, bin: bin, opts: opts}
-	if p.Port == 0 {
-		if p.Port, err = FreePort(); err != nil {
-			return nil, err
-		}
 	}
 	if err := p.init(ctx); err != nil {
 		p.cleanup()
@@ -168,28 +166,67 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	return p, nil
 }
 
+// newPostgres makes the directory of a new cluster, owned by the account
+// the server runs as, and picks its binaries and port.
+func newPostgres(opts PostgresOptions) (*Postgres, error) {
+	bin := opts.BinDir
+	if bin == "" {
+		var err error
+		if bin, err = BinDir(); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp("", "walrelay-pg-")
+	if err != nil {
+		return nil, err
+	}
+	p := &Postgres{Dir: dir, Port: opts.Port, bin: bin, opts: opts}
+	if p.Port == 0 {
+		if p.Port, err = FreePort(); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	if err := os.Chmod(p.Dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if os.Geteuid() == 0 {
+		// The server refuses to run as root; the directory must belong to
+		// the account it runs as.
+		uid, gid, err := serverAccount()
+		if err == nil {
+			err = os.Chown(p.Dir, uid, gid)
+		}
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// serverAccount is the postgres user's uid and gid, whom the server runs as
+// when the caller is root.
+func serverAccount() (uid, gid int, err error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return 0, 0, fmt.Errorf("running as root needs a postgres user to start PostgreSQL as: %w", err)
+	}
+	uid, _ = strconv.Atoi(u.Uid)
+	gid, _ = strconv.Atoi(u.Gid)
+	return uid, gid, nil
+}
+
+// BinDir is the directory of the binaries this cluster runs.
+func (p *Postgres) BinDir() string { return p.bin }
+
 func (p *Postgres) dataDir() string { return filepath.Join(p.Dir, "data") }
 
 // LogFile is the server's log.
 func (p *Postgres) LogFile() string { return filepath.Join(p.Dir, "postgres.log") }
 
 func (p *Postgres) init(ctx context.Context) error {
-	if err := os.Chmod(p.Dir, 0o755); err != nil {
-		return err
-	}
-	if os.Geteuid() == 0 {
-		// The server refuses to run as root; the directory must belong to
-		// the account it runs as.
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return fmt.Errorf("running as root needs a postgres user to start PostgreSQL as: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(p.Dir, uid, gid); err != nil {
-			return err
-		}
-	}
 	if out, err := p.run(ctx, "initdb", "-D", p.dataDir(), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "--locale=C"); err != nil {
 		return fmt.Errorf("initdb: %w\n%s", err, out)
 	}
@@ -211,13 +248,19 @@ func (p *Postgres) init(ctx context.Context) error {
 	for k, v := range p.opts.Settings {
 		conf[k] = v
 	}
+	return p.appendConf("walrelay devcluster", conf)
+}
+
+// appendConf appends settings to postgresql.conf under a comment: a later
+// line wins over an earlier one, so this overrides what the file set.
+func (p *Postgres) appendConf(comment string, conf map[string]string) error {
 	keys := make([]string, 0, len(conf))
 	for k := range conf {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	var b bytes.Buffer
-	b.WriteString("\n# walrelay devcluster\n")
+	fmt.Fprintf(&b, "\n# %s\n", comment)
 	for _, k := range keys {
 		fmt.Fprintf(&b, "%s = %s\n", k, conf[k])
 	}
@@ -225,9 +268,11 @@ func (p *Postgres) init(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	_, err = f.Write(b.Bytes())
-	return err
+	if _, err := f.Write(b.Bytes()); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // run runs a PostgreSQL binary, as the postgres user when we are root.
@@ -249,11 +294,16 @@ func (p *Postgres) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pg_ctl start: %w\n%s\n%s", err, out, p.tailLog())
 	}
+	p.killed = false
 	return nil
 }
 
-// Stop stops the server (fast mode: disconnects clients).
+// Stop stops the server (fast mode: disconnects clients). After Kill there
+// is nothing to stop.
 func (p *Postgres) Stop() error {
+	if p.killed {
+		return nil
+	}
 	out, err := p.run(context.Background(), "pg_ctl", "stop", "-w", "-m", "fast", "-D", p.dataDir())
 	if err != nil {
 		return fmt.Errorf("pg_ctl stop: %w\n%s", err, out)
@@ -289,6 +339,16 @@ func (p *Postgres) tailLog() string {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
+}
+
+// queryRow runs one query on the postgres database and scans its row.
+func (p *Postgres) queryRow(ctx context.Context, sql string, dest ...any) error {
+	conn, err := pgx.Connect(ctx, p.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return conn.QueryRow(ctx, sql).Scan(dest...)
 }
 
 // URL is a connection URL for database db as the superuser.

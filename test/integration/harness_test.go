@@ -14,7 +14,13 @@
 //	WALRELAY_TEST_BROKERS=localhost:9092
 //
 // The PostgreSQL role must be able to create databases; each test works in
-// a database and on topics of its own. Tests that inject broker faults need
+// a database and on topics of its own.
+//
+// WALRELAY_TEST_PG picks the server of the throwaway clusters: local (the
+// default: the server devcluster.BinDir finds, Debian's) or a major version
+// of the matrix, 14 to 18, installed by `make deps-pg-versions` (`make
+// test-pg` runs the suite on each). Its bin directory goes first on PATH,
+// so every cluster a test starts, and `walrelay dev` run by one, uses it. Tests that inject broker faults need
 // kfake and are skipped on any other broker; the tests of apache_test.go
 // need Apache Kafka and are skipped on any other.
 package integration
@@ -52,6 +58,7 @@ import (
 var (
 	pgAdminURL string // superuser URL of the cluster the tests use
 	pgCluster  *devcluster.Postgres
+	pgVersion  int      // its server_version_num
 	extBrokers []string // set when running against an external Kafka
 	// apache is the package's Apache Kafka node (WALRELAY_TEST_KAFKA=apache).
 	apache  *kafkacluster.Cluster
@@ -66,10 +73,22 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) (code int) {
 	ctx := context.Background()
+	pgBin, err := devcluster.TestBinDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	if u := os.Getenv("WALRELAY_TEST_PG_URL"); u != "" {
+		if pgBin != "" {
+			fmt.Fprintf(os.Stderr, "WALRELAY_TEST_PG_URL and %s=%s both pick a server: unset one\n", devcluster.TestPGEnv, os.Getenv(devcluster.TestPGEnv))
+			return 1
+		}
 		pgAdminURL = u
 	} else {
-		pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{Settings: map[string]string{
+		if pgBin != "" {
+			os.Setenv("PATH", pgBin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		}
+		pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{BinDir: pgBin, Settings: map[string]string{
 			// Short, so tests of backpressure see a relay that stopped
 			// answering get disconnected.
 			"wal_sender_timeout": "'10s'",
@@ -82,6 +101,15 @@ func run(m *testing.M) (code int) {
 		pgCluster = pg
 		pgAdminURL = pg.URL("postgres")
 	}
+	if pgVersion, err = serverVersion(ctx, pgAdminURL); err != nil {
+		fmt.Fprintln(os.Stderr, "read PostgreSQL's version:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "PostgreSQL %d.%d", pgVersion/10000, pgVersion%10000)
+	if pgCluster != nil {
+		fmt.Fprintf(os.Stderr, " from %s", pgCluster.BinDir())
+	}
+	fmt.Fprintln(os.Stderr)
 	if b := os.Getenv("WALRELAY_TEST_BROKERS"); b != "" {
 		extBrokers = strings.Split(b, ",")
 	}
@@ -193,6 +221,26 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 		}
 	})
 	return e
+}
+
+// serverVersion is the server_version_num of the server of url.
+func serverVersion(ctx context.Context, url string) (int, error) {
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close(context.Background())
+	var v int
+	err = c.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&v)
+	return v, err
+}
+
+// needPG skips tests of what PostgreSQL older than major lacks.
+func needPG(t *testing.T, major int) {
+	t.Helper()
+	if pgVersion < major*10000 {
+		t.Skipf("needs PostgreSQL %d or later; this server is %d (run with %s=%d or later)", major, pgVersion/10000, devcluster.TestPGEnv, major)
+	}
 }
 
 // needApache skips tests of what only Apache Kafka shows.

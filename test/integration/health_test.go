@@ -162,6 +162,13 @@ func TestQuietOutboxBusyDatabase(t *testing.T) {
 		advance bool
 	}{{"idle advance and heartbeats", true}, {"control: both disabled", false}} {
 		t.Run(tc.name, func(t *testing.T) {
+			if !tc.advance {
+				// 14's pgoutput streams every transaction of the database,
+				// the noise table's as an empty BEGIN and COMMIT, and the
+				// relay confirms each: the slot moves without idle advance.
+				// 15 skips empty transactions.
+				needPG(t, 15)
+			}
 			t.Parallel()
 			e := newEnv(t)
 			cfg := e.config()
@@ -372,7 +379,11 @@ func TestStatusCommand(t *testing.T) {
 	if err := rr.stop(t); err != nil {
 		t.Fatalf("relay stopped with %v", err)
 	}
-	e.exec(`SELECT pg_logical_emit_message(false, 'test', repeat('x', 10000))`)
+	// Transactional: its commit flushes the WAL, so pg_current_wal_lsn (the
+	// position written, which status reads) is past it before status runs;
+	// a non-transactional message sits in the WAL buffers until the WAL
+	// writer's next round.
+	e.exec(`SELECT pg_logical_emit_message(true, 'test', repeat('x', 10000))`)
 	out, code = runOutput(t, "status", "--pg-url", e.url, "--slot", e.name, "--max-lag-bytes", "1")
 	if code != 1 || !strings.Contains(out, "exceeds --max-lag-bytes") {
 		t.Errorf("status with lag over --max-lag-bytes 1: exit %d, want 1:\n%s", code, out)

@@ -184,6 +184,7 @@ func TestUnmappedInsertsLoggedAndCounted(t *testing.T) {
 // TestColumnListWithoutMappedColumnRefused: a publication whose column
 // list leaves out a mapped column is refused at startup, naming it.
 func TestColumnListWithoutMappedColumnRefused(t *testing.T) {
+	needPG(t, 15) // publication column lists are new in 15
 	e := newEnv(t)
 	e.exec(fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE outbox (id, aggregate_type, aggregate_id, type) WITH (publish = 'insert')`, pgx.Identifier{e.name}.Sanitize()))
 	refusedWith(t, e.args(), "column list", `"payload"`, "public.outbox")
@@ -193,6 +194,7 @@ func TestColumnListWithoutMappedColumnRefused(t *testing.T) {
 // --allow-row-filter; with it, walrelay starts, logs the expression at
 // WARN and streams the rows the filter passes.
 func TestRowFilter(t *testing.T) {
+	needPG(t, 15) // publication row filters are new in 15
 	e := newEnv(t)
 	e.exec(fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE outbox WHERE (aggregate_type <> 'internal') WITH (publish = 'insert')`, pgx.Identifier{e.name}.Sanitize()))
 	refusedWith(t, e.args(), "row filter", "internal", "--allow-row-filter")

@@ -435,3 +435,39 @@ func TestPublicationChangeStillCommittingIsNotConfirmedPast(t *testing.T) {
 		t.Logf("%d of %d rows committed after the change were published", len(during)-len(m), len(during))
 	}
 }
+
+// TestRecordTableGrantAdvice: a least-privilege role (REPLICATION, SELECT
+// on the outbox) meeting a record table another role created is refused
+// with the GRANT to run; once run as printed, the role streams.
+func TestRecordTableGrantAdvice(t *testing.T) {
+	e := newEnv(t)
+	out, code := runOutput(t, "setup", "--pg-url", e.url, "--slot", e.name, "--publication", e.name)
+	if code != 0 {
+		t.Fatalf("setup exit %d:\n%s", code, out)
+	}
+	role := e.name + "_r"
+	u := e.createRole(role, "REPLICATION", "pw")
+	e.exec(fmt.Sprintf("GRANT SELECT ON outbox TO %s", pgx.Identifier{role}.Sanitize()))
+	args := withFlag(withFlag(e.args(), "--pg-url", u), "--startup-timeout", "5s")
+	refusedWith(t, args, "may not read and write walrelay's record table", "GRANT USAGE ON SCHEMA")
+	out, _, _, _ = runBounded(t, 30*time.Second, nil, args...)
+	final := finalLines(out)
+	i := strings.Index(final, "as its owner run ")
+	if i < 0 {
+		t.Fatalf("no statement to run in:\n%s", final)
+	}
+	grant := strings.TrimSpace(strings.Split(final[i+len("as its owner run "):], "\n")[0])
+	for _, q := range strings.Split(grant, "; ") {
+		e.exec(q)
+	}
+	p := startProc(t, nil, args...)
+	e.waitFor("the role streaming", 60*time.Second, func() (bool, error) {
+		select {
+		case <-p.done:
+			return false, fmt.Errorf("walrelay exited:\n%s", p.out.String())
+		default:
+		}
+		i, err := e.slotInfoErr()
+		return err == nil && i.Active, err
+	})
+}
