@@ -347,6 +347,62 @@ func TestExplainStandbyXmin(t *testing.T) {
 	})
 }
 
+// TestExplainStandbySlotXmin: a real streaming standby (devcluster, with
+// hot_standby_feedback = on and a physical slot) runs a long query; its
+// feedback puts the query's xmin on its slot. status --explain names the
+// slot, the standby streaming from it and the xmin, says it holds the
+// cluster's xmin, not this slot, and what holds it on the standby.
+func TestExplainStandbySlotXmin(t *testing.T) {
+	e, primary := newClusterEnv(t, nil)
+	cfg := e.config()
+	cfg.SlotPollInterval = 200 * time.Millisecond
+	e.startRelayGathered(cfg)
+	standby, err := primary.StartStandby(e.ctx, devcluster.StandbyOptions{Settings: map[string]string{"wal_receiver_status_interval": "'1s'"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Close() })
+	if err := standby.WaitReplayed(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	q, err := pgx.Connect(e.ctx, standby.URL(e.name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close(context.Background()) })
+	// A long report on the standby: its snapshot's xmin is what
+	// hot_standby_feedback sends the primary.
+	var xmin int64
+	for _, sql := range []string{"BEGIN ISOLATION LEVEL REPEATABLE READ", "SELECT count(*) FROM outbox"} {
+		if _, err := q.Exec(e.ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.QueryRow(e.ctx, "SELECT backend_xmin::text::bigint FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&xmin); err != nil {
+		t.Fatal(err)
+	}
+	conn := e.conn()
+	e.waitFor("the standby's slot holding xmin "+fmt.Sprint(xmin)+" and the relay's slot past it", 60*time.Second, func() (bool, error) {
+		var held *int64
+		if err := conn.QueryRow(e.ctx, `SELECT xmin::text::bigint FROM pg_replication_slots WHERE slot_type = 'physical'`).Scan(&held); err != nil {
+			return false, err
+		}
+		if info := e.slotInfo(); held != nil && *held <= xmin && info.CatalogXmin != nil && *info.CatalogXmin > *held {
+			return true, nil
+		}
+		e.insertOutbox("o", 1)
+		_, err := conn.Exec(e.ctx, "CHECKPOINT")
+		return false, fmt.Errorf("standby slot xmin %v (err %v)", held, err)
+	})
+	text, c := e.waitCause("replication_slot", 30*time.Second)
+	t.Logf("status --explain:\n%s", explainSection(text))
+	mustContain(t, "the standby slot's cause", c.Text+" fix: "+c.Fix, "(physical, streamed by pid", "(standby ", "holds xmin",
+		"it does not hold this slot", "hot_standby_feedback = on", "max_standby_streaming_delay")
+	if c.Holds != "the cluster's WAL and xmin, not this slot" {
+		t.Errorf("holds %q", c.Holds)
+	}
+}
+
 // TestExplainRelayStopped: with no relay running, status --explain blames
 // the relay: none streams, none is connected, since when (inactive_since
 // on 17+, the record's last move before), and the WAL it keeps.

@@ -1,14 +1,12 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/slot"
@@ -228,9 +226,7 @@ func TestDropLostSlot(t *testing.T) {
 // the setting, and the printed path, after setting the timeout to 0 as
 // the refusal says, publishes every row still in the outbox.
 func TestIdleTimeoutAdvice(t *testing.T) {
-	if v := serverVersionNum(t, pgAdminURL); v < 180000 {
-		t.Skipf("needs PostgreSQL 18 (idle_replication_slot_timeout); the tests' server is %d. Put an 18 server's bin directory first on PATH (or use the version matrix) to run it", v)
-	}
+	needPG(t, 18) // idle_replication_slot_timeout
 	e, _ := newClusterEnv(t, map[string]string{"idle_replication_slot_timeout": "'1s'", "checkpoint_timeout": "'30min'"})
 	c := e.consume()
 	p := startProc(t, nil, withFlag(e.args(), "--slot-poll-interval", "200ms")...)
@@ -297,19 +293,4 @@ func TestIdleTimeoutAdvice(t *testing.T) {
 		t.Errorf("rows read: %v, want before 10, outage 100, after 5", got)
 	}
 	stopProc(t, p)
-}
-
-// serverVersionNum is the server_version_num of the server of url.
-func serverVersionNum(t *testing.T, url string) int {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	var v int
-	if err := conn.QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&v); err != nil {
-		t.Fatal(err)
-	}
-	return v
 }
