@@ -137,6 +137,8 @@ func (r *Relay) relayState(info slot.Info, w *slotWatch) string {
 		switch {
 		case info.Active:
 			return slot.RelayStandby
+		case !r.everStreamed.Load():
+			return slot.RelayStarting
 		case rt == nil:
 			return slot.RelayConnectingKafka
 		default:

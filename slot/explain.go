@@ -51,6 +51,8 @@ const (
 	RelayConnectingKafka = "connecting to kafka"
 	// RelayRestarting: no stream; the relay retries after a failure.
 	RelayRestarting = "restarting"
+	// RelayStarting: the relay has not streamed yet.
+	RelayStarting = "starting"
 	// relayHeartbeat names the relay's heartbeat connection.
 	relayHeartbeat = "heartbeat"
 )
@@ -479,6 +481,7 @@ func (f Facts) relayCauses(opts ExplainOptions) []Cause {
 			RelayConnectingKafka: "it cannot reach Kafka, or Kafka refused it, so it does not read the slot",
 			RelayRestarting:      "its last stream failed and it retries after a backoff",
 			RelayStandby:         "it waits as a standby for the slot, which nobody holds now: it takes it at its next attempt",
+			RelayStarting:        "it has not streamed yet (an initial snapshot, or retrying until --startup-timeout)",
 		}[r.State]
 		if what == "" {
 			what = "it does not stream"

@@ -28,10 +28,14 @@ func TestInvalidationReason(t *testing.T) {
 			"rows_removed", []string{"hot_standby_feedback = off", "hot_standby_feedback = on"}},
 		{"17: wal_level_insufficient", Info{ServerVersion: 170000, WALStatus: "lost", InvalidationReason: "wal_level_insufficient", Conflicting: ptr(true)},
 			"wal_level_insufficient", []string{"wal_level = replica", "wal_level = logical"}},
-		{"16: conflict", Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true)},
-			"rows_removed or wal_level_insufficient", []string{"PostgreSQL 16 reports wal_status = lost and conflicting = true", "hot_standby_feedback = on"}},
-		{"16: no conflict", Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(false)},
-			"wal_removed", []string{"conflicting = false", "max_slot_wal_keep_size = 1GB"}},
+		{"16: standby, restart_lsn kept", Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true), RestartLSN: 0x500}, // with s.InRecovery below
+			"rows_removed or wal_level_insufficient", []string{"PostgreSQL 16 reports wal_status = lost on a standby with restart_lsn kept", "hot_standby_feedback = on"}},
+		{"16: primary", Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true), RestartLSN: 0x500},
+			"wal_removed", []string{"PostgreSQL 16 reports wal_status = lost", "max_slot_wal_keep_size = 1GB"}},
+		{"16: standby, restart_lsn cleared", Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true)},
+			"wal_removed", []string{"with restart_lsn cleared", "max_slot_wal_keep_size = 1GB"}},
+		{"17: lost before the checkpoint", Info{ServerVersion: 170000, WALStatus: "lost", RestartLSN: 0x500},
+			"wal_removed", []string{"before PostgreSQL set invalidation_reason", "max_slot_wal_keep_size = 1GB"}},
 		{"15", Info{ServerVersion: 150010, WALStatus: "lost"},
 			"wal_removed", []string{"before 16 reports wal_status = lost", "max_slot_wal_keep_size = 1GB"}},
 	} {
@@ -40,6 +44,8 @@ func TestInvalidationReason(t *testing.T) {
 			if !tc.info.Invalidated() {
 				t.Fatal("not invalidated")
 			}
+			s := s
+			s.InRecovery = strings.Contains(tc.name, "standby")
 			inv := tc.info.Invalidation(s)
 			if inv.Reason != tc.reason {
 				t.Errorf("reason %q, want %q", inv.Reason, tc.reason)

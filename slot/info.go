@@ -55,8 +55,9 @@ type Info struct {
 	// empty when the server does not report it. Invalidated tells an
 	// invalidated slot on every version.
 	InvalidationReason string `json:"invalidation_reason"`
-	// Conflicting is 16+'s conflicting: invalidated by a conflict with
-	// recovery (rows_removed or wal_level_insufficient).
+	// Conflicting is 16+'s conflicting: on 17+ invalidated by a conflict
+	// with recovery (rows_removed or wal_level_insufficient); 16 sets it
+	// for every invalidated logical slot.
 	Conflicting *bool `json:"conflicting"`
 	// ServerVersion is the server's server_version_num.
 	ServerVersion int `json:"-"`

@@ -40,21 +40,30 @@ type Invalidation struct {
 }
 
 // Invalidation tells why the slot of info was invalidated. PostgreSQL 17+
-// reports invalidation_reason; 16 reports wal_status = lost with
-// conflicting = true for a conflict with recovery (rows_removed or
-// wal_level_insufficient, not which); before 16 the only way to lose a
+// reports invalidation_reason. 16 reports wal_status = lost (and
+// conflicting = true for any invalidated logical slot, so that says
+// nothing): a conflict with recovery (rows_removed or
+// wal_level_insufficient, not which) happens only on a standby and keeps
+// restart_lsn, wal_removed clears it. Before 16 the only way to lose a
 // slot is max_slot_wal_keep_size (wal_removed).
 func (i Info) Invalidation(s Settings) Invalidation {
 	var inv Invalidation
 	switch {
 	case i.InvalidationReason != "":
 		inv.Reason, inv.Source = i.InvalidationReason, "invalidation_reason = "+i.InvalidationReason
-	case i.Conflicting != nil && *i.Conflicting:
+	case i.ServerVersion >= 170000:
+		// The WAL is gone and the next checkpoint sets the reason.
+		inv.Reason = "wal_removed"
+		inv.Source = inv.Reason + ": wal_status = lost before PostgreSQL set invalidation_reason"
+	case i.ServerVersion >= 160000 && s.InRecovery && i.RestartLSN != 0:
+		// 16 says conflicting = true for every invalidated logical slot,
+		// but only wal_removed clears restart_lsn, and only a standby
+		// conflicts with recovery.
 		inv.Reason = "rows_removed or wal_level_insufficient"
-		inv.Source = inv.Reason + ": PostgreSQL 16 reports wal_status = lost and conflicting = true, a conflict with recovery, not which"
+		inv.Source = inv.Reason + ": PostgreSQL 16 reports wal_status = lost on a standby with restart_lsn kept, a conflict with recovery, not which"
 	case i.ServerVersion >= 160000:
 		inv.Reason = "wal_removed"
-		inv.Source = inv.Reason + ": PostgreSQL 16 reports wal_status = lost and conflicting = false"
+		inv.Source = inv.Reason + ": PostgreSQL 16 reports wal_status = lost; with restart_lsn cleared, or on a primary, only max_slot_wal_keep_size invalidates a slot"
 	default:
 		inv.Reason = "wal_removed"
 		inv.Source = inv.Reason + ": PostgreSQL before 16 reports wal_status = lost, and only max_slot_wal_keep_size invalidates a slot there"
