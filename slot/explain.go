@@ -262,6 +262,9 @@ func (f *Facts) readRelays(ctx context.Context, conn *pgx.Conn) error {
 			return err
 		}
 		c.State = strings.TrimPrefix(name, prefix)
+		if len(name) >= maxAppName {
+			c.State = uncut(c.State)
+		}
 		if c.State == relayHeartbeat {
 			f.Heartbeat = true
 			continue
@@ -269,6 +272,34 @@ func (f *Facts) readRelays(ctx context.Context, conn *pgx.Conn) error {
 		f.Relays = append(f.Relays, c)
 	}
 	return rows.Err()
+}
+
+// relayStates are the words a relay names its connections with.
+var relayStates = []string{RelayStreaming, RelayWaitingForKafka, RelayBackpressure, RelayStandby, RelayConnectingKafka,
+	RelayRestarting, RelayStarting, relayHeartbeat}
+
+// uncut is the state a name PostgreSQL cut to maxAppName began: the one
+// state it is a prefix of, else "" (unknown).
+func uncut(state string) string {
+	found := ""
+	for _, s := range relayStates {
+		if state != "" && strings.HasPrefix(s, state) {
+			if found != "" {
+				return ""
+			}
+			found = s
+		}
+	}
+	return found
+}
+
+// AppNameAsShown is name as pg_stat_activity shows it: cut to the 63
+// bytes PostgreSQL keeps.
+func AppNameAsShown(name string) string {
+	if len(name) > maxAppName {
+		return name[:maxAppName]
+	}
+	return name
 }
 
 // readXacts finds open transactions by the lock each holds on its own

@@ -195,3 +195,20 @@ func TestDurationText(t *testing.T) {
 		}
 	}
 }
+
+// TestUncut: a relay state PostgreSQL cut off with a long slot name is
+// recognised while one state begins that way.
+func TestUncut(t *testing.T) {
+	for in, want := range map[string]string{
+		"heartbea": relayHeartbeat, "h": relayHeartbeat, "waiting for k": RelayWaitingForKafka, "backp": RelayBackpressure,
+		"st": "", "sta": "", "stan": RelayStandby, "star": RelayStarting, "str": RelayStreaming, "": "", "connecting": RelayConnectingKafka,
+	} {
+		if got := uncut(in); got != want {
+			t.Errorf("uncut(%q) = %q, want %q", in, got, want)
+		}
+	}
+	long := strings.Repeat("s", 50)
+	if got := AppNameAsShown(HeartbeatAppName(long)); len(got) != 63 || uncut(strings.TrimPrefix(got, RelayAppName(long, ""))) != relayHeartbeat {
+		t.Errorf("the heartbeat of a 50-character slot shows as %q", got)
+	}
+}

@@ -445,7 +445,7 @@ func TestExplainRelayWaitingForKafka(t *testing.T) {
 	relayNamed := func(state string) {
 		e.waitFor("the relay's connection named "+state, 30*time.Second, func() (bool, error) {
 			var n int
-			err := e.conn().QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, slot.RelayAppName(e.name, state)).Scan(&n)
+			err := e.conn().QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, slot.AppNameAsShown(slot.RelayAppName(e.name, state))).Scan(&n)
 			return n == 1, err
 		})
 	}
@@ -528,7 +528,7 @@ func TestExplainQuietOutbox(t *testing.T) {
 			if tc.heartbeat > 0 {
 				e.waitFor("the heartbeat's connection", 30*time.Second, func() (bool, error) {
 					var n int
-					err := conn.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, slot.HeartbeatAppName(e.name)).Scan(&n)
+					err := conn.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, slot.AppNameAsShown(slot.HeartbeatAppName(e.name))).Scan(&n)
 					return n == 1, err
 				})
 			}
