@@ -743,9 +743,12 @@ func round(d time.Duration) time.Duration {
 }
 
 // DurationText prints a duration for people: rounded to the second
-// (minute above an hour), without Go's trailing zero units ("24h", not
-// "24h0m0s").
+// (minute above an hour, millisecond below a second), without Go's
+// trailing zero units ("24h", not "24h0m0s").
 func DurationText(d time.Duration) string {
+	if d > 0 && d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
 	t := round(d).String()
 	if strings.HasSuffix(t, "m0s") {
 		t = strings.TrimSuffix(t, "0s")
