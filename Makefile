@@ -55,16 +55,20 @@ test-kafka: deps
 # oldest supported (14) to the newest (18), with binaries that
 # deps-pg-versions installs. The oldest and the newest run everything; the
 # versions between run PG_CORE_TESTS. Each run prints its wall time.
+# PostgreSQL 15 is left out here: make test runs the whole suite on the
+# local server, Debian's 15.
 PG_FULL_VERSIONS := 14 18
-PG_CORE_VERSIONS := 15 16 17
+PG_CORE_VERSIONS := 16 17
 # The core subset, one -run regexp: delivery, kills, snapshot, partitioned
-# outbox, schema change, exactly-once, standby and failover.
-PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted)$$
+# outbox, schema change, exactly-once, standby and failover, and the
+# database changing under the relay (publication, table, slot, failover).
+PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestOddStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover)$$
 PG_TEST_PKGS := ./internal/devcluster ./test/integration
-# A -skip regexp for the whole-suite runs, empty by default: to trim CI
-# time, name the long tests whose subject is not the server's version
-# (e.g. ^(TestSoakKillsAndBrokerRestarts|TestChainSoak)$$).
-PG_FULL_SKIP :=
+# A -skip regexp for the whole-suite runs, to keep CI under 50 minutes: the
+# long tests whose subject is not the server's version (soaks of kills and
+# broker restarts, the benchmark's smoke run, a ten-second broker outage),
+# and the chain's failover soak, which the core run gives 17.
+PG_FULL_SKIP := ^(TestSoakKillsAndBrokerRestarts|TestChainSoak|TestBenchSmoke|TestBrokerDownTenSeconds|TestChainFailover)$$
 
 test-pg: deps deps-pg-versions
 	@missing=$$(echo '$(PG_CORE_TESTS)' | sed 's/^\^(//; s/)\$$$$//' | tr '|' '\n' | while read -r n; do \

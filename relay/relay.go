@@ -46,7 +46,6 @@ import (
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
-	"github.com/walrelay/walrelay/topics"
 )
 
 // Config configures a Relay. Zero durations mean their documented defaults.
@@ -292,10 +291,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if _, err := decoder.New(decoder.Config{Tables: cfg.Tables, Mapping: cfg.Mapping, Binary: cfg.Binary}); err != nil {
 		return nil, err
 	}
-	if _, err := topics.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
-		return nil, err
-	}
-	if _, err := topics.ParseAllow(cfg.Router.TopicAllow); err != nil {
+	if err := cfg.Router.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {

@@ -165,7 +165,7 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
 	switch {
 	case errors.Is(err, slot.ErrNoSlot) && r.slotSeen:
-		gap := &slot.GapError{What: fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (by an operator, or lost in a failover to a standby without a synchronized copy)", r.cfg.Slot),
+		gap := &slot.GapError{What: fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (by an operator, or lost in a failover: only a failover slot synchronized to the promoted standby survives one, PostgreSQL 17+)", r.cfg.Slot),
 			Since: r.Confirmed()}
 		r.refuse(ctx, conn, gap)
 		return 0, 0, gap

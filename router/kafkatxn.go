@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/walrelay/walrelay/checkpointtopic"
+	"github.com/walrelay/walrelay/router/internal/checkpointtopic"
 )
 
 // Exactly-once delivery: the producer is transactional. The first record

@@ -52,7 +52,8 @@ import (
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
-	"github.com/walrelay/walrelay/topics"
+	"github.com/walrelay/walrelay/router/internal/letter"
+	"github.com/walrelay/walrelay/router/internal/topics"
 )
 
 // Acker is the transaction a record belongs to; *checkpoint.Txn is one. Add
@@ -196,6 +197,34 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// Validate reports what in c no router can work with: a topic template,
+// dead-letter or checkpoint topic name Kafka would refuse, an on-invalid
+// policy or an allowlist that does not parse. Fields left zero are checked
+// as their defaults.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if _, err := topics.ParseTemplate(c.TopicTemplate); err != nil {
+		return err
+	}
+	if err := topics.ValidName(c.DeadLetterTopic); err != nil {
+		return fmt.Errorf("dead-letter topic: %w", err)
+	}
+	switch c.OnInvalid {
+	case InvalidDeadLetter, InvalidFail, InvalidSkip:
+	default:
+		return fmt.Errorf("on-invalid %q: want dlq, fail or skip", c.OnInvalid)
+	}
+	if _, err := topics.ParseAllow(c.TopicAllow); err != nil {
+		return err
+	}
+	if c.TransactionalID != "" {
+		if err := topics.ValidName(c.CheckpointTopic); err != nil {
+			return fmt.Errorf("checkpoint topic: %w", err)
+		}
+	}
+	return nil
+}
+
 // Router produces outbox events to Kafka. Send, Start and the Kafka
 // transaction methods (KafkaTxnOpen, KafkaTxnRecords, CommitKafkaTxn, AbortKafkaTxn,
 // ReadCheckpoint) belong to one goroutine, the one that sends, or to one
@@ -252,22 +281,11 @@ type Router struct {
 // its last confirmed position.
 func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal func(error)) (*Router, error) {
 	cfg.setDefaults()
-	tmpl, err := topics.ParseTemplate(cfg.TopicTemplate)
-	if err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := topics.ValidName(cfg.DeadLetterTopic); err != nil {
-		return nil, fmt.Errorf("dead-letter topic: %w", err)
-	}
-	switch cfg.OnInvalid {
-	case InvalidDeadLetter, InvalidFail, InvalidSkip:
-	default:
-		return nil, fmt.Errorf("on-invalid %q: want dlq, fail or skip", cfg.OnInvalid)
-	}
-	allow, err := topics.ParseAllow(cfg.TopicAllow)
-	if err != nil {
-		return nil, err
-	}
+	tmpl, _ := topics.ParseTemplate(cfg.TopicTemplate)
+	allow, _ := topics.ParseAllow(cfg.TopicAllow)
 	r := &Router{
 		cfg:       cfg,
 		tmpl:      tmpl,
@@ -296,12 +314,10 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		kgo.MetadataMinAge(250 * time.Millisecond),
 	}, opts...)
 	if cfg.TransactionalID != "" {
-		if err := topics.ValidName(cfg.CheckpointTopic); err != nil {
-			return nil, fmt.Errorf("checkpoint topic: %w", err)
-		}
 		r.eos = true
 		all = append(all, kgo.TransactionalID(cfg.TransactionalID), kgo.TransactionTimeout(cfg.TransactionTimeout))
 	}
+	var err error
 	if r.client, err = kgo.NewClient(all...); err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
@@ -426,7 +442,7 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 
 // route finds the destination of ev, or why it has none.
 func (r *Router) route(ev *decoder.Event) (reason deadletter.Reason, t *topic, detail string) {
-	if reason, detail := deadletter.Check(ev, r.tmpl.Fixed()); reason != "" {
+	if reason, detail := letter.Check(ev, r.tmpl.Fixed()); reason != "" {
 		return reason, nil, detail
 	}
 	// With a fixed template every aggregate type shares one entry: the

@@ -121,12 +121,25 @@ func writeOrders(ctx context.Context, s *shop.Service, n int, pause time.Duratio
 			case <-time.After(pause):
 			}
 		}
-		id, err := s.Place(ctx, fmt.Sprintf("customer-%d", i%7), int64(1000+i))
-		if err == nil {
-			_, err = s.Advance(ctx, id)
-		}
-		if err == nil {
-			_, err = s.Advance(ctx, id)
+		var id int64
+		err := retrying(ctx, func() (err error) {
+			id, err = s.Place(ctx, fmt.Sprintf("customer-%d", i%7), int64(1000+i))
+			return err
+		})
+		// Paid, then shipped. A commit whose reply was lost may have
+		// advanced it already (Advance says so once it is shipped), or
+		// not placed it at all (no such order: on to the next).
+		for version := 1; err == nil && version < 3; {
+			err = retrying(ctx, func() (err error) {
+				version, err = s.Advance(ctx, id)
+				switch {
+				case errors.Is(err, shop.ErrFinal):
+					version, err = 3, nil
+				case errors.Is(err, pgx.ErrNoRows):
+					version, err = 3, nil
+				}
+				return err
+			})
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -136,6 +149,26 @@ func writeOrders(ctx context.Context, s *shop.Service, n int, pause time.Duratio
 		}
 	}
 	return nil
+}
+
+// retrying runs f until it succeeds or ctx ends, as a service does when a
+// PostgreSQL restart or failover breaks its connections: the pool connects
+// afresh (to the new primary, through a multi-host URL). A transaction
+// whose commit reply was lost may have committed: the ledger compares with
+// the orders table, so it stays right either way.
+func retrying(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "orders: retrying in 200ms:", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 type consumerFlags struct {

@@ -11,6 +11,7 @@ package shop
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -85,6 +86,9 @@ func (s *Service) Place(ctx context.Context, customer string, totalCents int64) 
 	return id, err
 }
 
+// ErrFinal is Advance's error for an order that is shipped already.
+var ErrFinal = errors.New("nothing comes after")
+
 // Advance moves an order to its next status (placed, paid, shipped) and
 // writes the event, in one transaction; it returns the new version.
 func (s *Service) Advance(ctx context.Context, id int64) (int, error) {
@@ -96,7 +100,7 @@ func (s *Service) Advance(ctx context.Context, id int64) (int, error) {
 		}
 		next := map[string]string{"placed": "paid", "paid": "shipped"}[status]
 		if next == "" {
-			return fmt.Errorf("order %d is %s: nothing comes after", id, status)
+			return fmt.Errorf("order %d is %s: %w", id, status, ErrFinal)
 		}
 		ev.OrderID, ev.Version, ev.Type = id, ev.Version+1, map[string]string{"paid": "OrderPaid", "shipped": "OrderShipped"}[next]
 		if _, err := tx.Exec(ctx, `UPDATE orders SET status = $2, version = $3 WHERE id = $1`, id, next, ev.Version); err != nil {
