@@ -34,7 +34,8 @@ func (e *env) explain() (string, []slot.Cause) {
 	var st struct {
 		Explain []slot.Cause `json:"explain"`
 	}
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &st); err != nil {
+	// An unhealthy slot's error follows the JSON on stderr.
+	if err := json.NewDecoder(strings.NewReader(out[strings.Index(out, "{"):])).Decode(&st); err != nil {
 		e.t.Fatalf("status --explain --json: %v\n%s", err, out)
 	}
 	if st.Explain == nil {

@@ -133,6 +133,14 @@ func TestLostSlotAdvice(t *testing.T) {
 		mustContain(t, "status", out, "invalidation_reason = wal_removed", "inactive_since")
 	}
 
+	text, causes := e.explain()
+	t.Logf("status --explain:\n%s", explainSection(text))
+	if len(causes) != 1 || causes[0].Kind != "invalidated" {
+		t.Errorf("explain of an invalidated slot: %+v, want the invalidation alone", causes)
+	} else {
+		mustContain(t, "explain", causes[0].Text+" fix: "+causes[0].Fix, reason, setting, "walrelay setup --accept-gap", "walrelay snapshot")
+	}
+
 	out, code, elapsed, exited := runBounded(t, 45*time.Second, nil, withFlag(e.args(), "--startup-timeout", "5s")...)
 	final := finalLines(out)
 	t.Logf("run: exit %d after %s: %s", code, elapsed.Round(time.Millisecond), final)
