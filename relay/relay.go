@@ -126,6 +126,11 @@ type Config struct {
 	// ReadyMaxLag is the replication lag above which the relay reports not
 	// ready (default 60s; negative disables the check).
 	ReadyMaxLag time.Duration
+	// PlannedOutage is the relay outage to plan for: the slot watch warns
+	// once when idle_replication_slot_timeout, or max_slot_wal_keep_size
+	// at the WAL rate it measures, would invalidate the slot during one
+	// (default 24h; negative disables the warning).
+	PlannedOutage time.Duration
 	// ExactlyOnce delivers through Kafka transactions with a checkpoint
 	// record in each (Router.TransactionalID defaults to "walrelay-<slot>").
 	ExactlyOnce bool
@@ -146,6 +151,11 @@ type Config struct {
 	// After the first stream it retries forever.
 	StartupTimeout time.Duration
 }
+
+// DefaultPlannedOutage is the relay outage the README tells operators to
+// plan for: a day, so that a relay that failed at night is back before
+// the slot is lost.
+const DefaultPlannedOutage = 24 * time.Hour
 
 // DefaultMaxMessageBytes is the default cap on one replication message
 // (Read.MaxMessageBytes): far above the default record limit, so a row
@@ -174,6 +184,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadyMaxLag == 0 {
 		c.ReadyMaxLag = 60 * time.Second
+	}
+	if c.PlannedOutage == 0 {
+		c.PlannedOutage = DefaultPlannedOutage
 	}
 	if c.ExactlyOnce && c.Router.TransactionalID == "" {
 		c.Router.TransactionalID = "walrelay-" + c.Slot

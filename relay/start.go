@@ -160,8 +160,10 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 		return 0, 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
 	case err != nil:
 		return 0, 0, err
-	case info.WALStatus == "lost":
-		return 0, 0, slot.InvalidatedError(r.cfg.Slot)
+	case info.Invalidated():
+		gap := slot.ReadInvalidatedError(ctx, conn, info, r.Confirmed())
+		r.refuse(ctx, conn, gap)
+		return 0, 0, gap
 	}
 	r.recordSlot(info)
 	// A session that ended on a broken connection may have had acks the
