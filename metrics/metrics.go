@@ -47,6 +47,7 @@ type Metrics struct {
 	SlotFailover          prometheus.Gauge
 	SlotFailoverProtected prometheus.Gauge
 	GapRefusals           prometheus.Counter
+	UnconfirmedCommits    prometheus.Counter
 
 	// What holds the slot (slot.Facts), read with the slot every
 	// --slot-poll-interval.
@@ -213,6 +214,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		SlotFailoverProtected: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_failover_protected",
 			Help: "1 when the slot is a failover slot and synchronized_standby_slots names only standbys that stream: a promoted standby then keeps the slot, no later than the WAL it has. 0 with standbys means a failover can lose events or the slot.",
+		}),
+		UnconfirmedCommits: f.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_kafka_unconfirmed_commits_total",
+			Help: "Exactly-once: sessions that resent events after a Kafka commit whose outcome was not confirmed (a broker lost during the commit) rather than skip them on a newer checkpoint's word; read_committed consumers may see those events twice.",
 		}),
 		GapRefusals: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_gap_refusals_total",

@@ -51,6 +51,34 @@ func (r *Relay) readCheckpoint(ctx context.Context, txn *router.Txn) (resumePoin
 	return resumePoint{found: found, ckpt: d}, nil
 }
 
+// distrust is the checkpoint a session resumes after, given the one it
+// found: normally the same, but after a Kafka commit of this process whose
+// outcome was not confirmed (a commit cut off by a broker's death), the
+// last checkpoint whose commit Kafka did confirm. On Apache Kafka 4.4 a
+// transaction coordinator killed during a commit has been seen to leave
+// the transaction committed on the checkpoint's partition and aborted on
+// an event partition: skipping by that checkpoint would lose the aborted
+// events, while resending them costs at worst duplicates of a commit that
+// did go through everywhere. It also remembers found as the last sure
+// checkpoint when nothing is in doubt.
+func (r *Relay) distrust(found resumePoint) resumePoint {
+	if !r.commitUnsure {
+		r.lastSure = found
+		return found
+	}
+	if found.found && (!r.lastSure.found || found.ckpt.LSN != r.lastSure.ckpt.LSN || !samePartial(found.ckpt.Partial, r.lastSure.ckpt.Partial)) {
+		r.metrics.UnconfirmedCommits.Inc()
+		r.log.Warn("exactly-once: the last Kafka commit's outcome was not confirmed, and a newer checkpoint is there: resending the events after the last checkpoint whose commit Kafka confirmed, rather than skipping them on the newer one's word (a read_committed consumer may see them twice)",
+			zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Stringer("resume_lsn", r.lastSure.ckpt.LSN))
+		return r.lastSure
+	}
+	return found
+}
+
+func samePartial(a, b *checkpoint.Partial) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
+}
+
 // onThisTimeline cuts the checkpoint found at start where the server's
 // timeline forked from the checkpoint's (a failover): past that point the
 // old primary's WAL, whose events the checkpoint covers, is not the new
@@ -134,12 +162,17 @@ type exactlyOnce struct {
 	// failed classifies a failed Kafka transaction: kafkaTxnError for a
 	// session, which afterFence then judges; the snapshot's is fatal when
 	// fenced.
-	failed   func(error) error
-	metrics  *metrics.Metrics
-	slot     string
-	systemID string // the PostgreSQL system identifier, written in every checkpoint
-	timeline int32  // and the timeline the stream's LSNs are on
-	key      []byte // checkpoint record key: the slot name
+	failed func(error) error
+	// committed and unconfirmed, when set, hear of each commit that
+	// Kafka confirmed and of each whose outcome is unknown (see
+	// Relay.distrust).
+	committed   func(checkpoint.Durable)
+	unconfirmed func()
+	metrics     *metrics.Metrics
+	slot        string
+	systemID    string // the PostgreSQL system identifier, written in every checkpoint
+	timeline    int32  // and the timeline the stream's LSNs are on
+	key         []byte // checkpoint record key: the slot name
 
 	// A Kafka transaction commits as soon as the stream runs dry at a
 	// PostgreSQL transaction boundary (Tick with dry), so a commit is
@@ -283,7 +316,13 @@ func (e *exactlyOnce) commit() error {
 	e.wait(done, false) // not interruptible: returns once done
 	e.metrics.KafkaCommit.Observe(time.Since(began).Seconds())
 	if err != nil {
+		if e.unconfirmed != nil {
+			e.unconfirmed()
+		}
 		return e.failed(err)
+	}
+	if e.committed != nil {
+		e.committed(d)
 	}
 	e.metrics.KafkaTransactions.Inc()
 	return nil

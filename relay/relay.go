@@ -254,6 +254,11 @@ type Relay struct {
 	verified     atomic.Uint64
 	wantVerified atomic.Uint64
 	verifyWanted chan struct{}
+	// lastSure is the newest exactly-once checkpoint this process knows
+	// Kafka committed, and commitUnsure says a commit's outcome was not
+	// confirmed since (distrust). Only the session goroutine touches them.
+	lastSure     resumePoint
+	commitUnsure bool
 	// timeline is the timeline of the last stream: a new one means a
 	// failover, after which positions this process kept belong to the old
 	// primary's history.

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
@@ -280,4 +281,34 @@ func gaugeValue(t *testing.T, g prometheus.Metric) float64 {
 		t.Fatal(err)
 	}
 	return out.GetGauge().GetValue()
+}
+
+// TestDistrustAfterAnUnconfirmedCommit: after a Kafka commit whose outcome
+// was not confirmed, a newer checkpoint found at the next start is not
+// skipped by: the session resumes after the last one Kafka confirmed
+// (duplicates at worst). A checkpoint the doubtful commit did not write,
+// and any checkpoint once nothing is in doubt, is taken as found.
+func TestDistrustAfterAnUnconfirmedCommit(t *testing.T) {
+	cfg := validConfig()
+	cfg.ExactlyOnce = true
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sure := resumePoint{found: true, ckpt: checkpoint.Durable{Slot: "walrelay", LSN: 100}}
+	if got := r.distrust(sure); got.ckpt.LSN != 100 {
+		t.Fatalf("nothing in doubt: resumed after %s, want the checkpoint found", got.ckpt.LSN)
+	}
+	r.commitUnsure = true
+	newer := resumePoint{found: true, ckpt: checkpoint.Durable{Slot: "walrelay", LSN: 200}}
+	if got := r.distrust(newer); got.ckpt.LSN != 100 {
+		t.Fatalf("after an unconfirmed commit: resumed after %s, want the last confirmed 0/64", got.ckpt.LSN)
+	}
+	if got := r.distrust(sure); got.ckpt.LSN != 100 {
+		t.Fatalf("the doubtful commit did not land: resumed after %s, want 0/64", got.ckpt.LSN)
+	}
+	r.commitUnsure = false
+	if got := r.distrust(newer); got.ckpt.LSN != 200 {
+		t.Fatalf("doubt cleared: resumed after %s, want the checkpoint found", got.ckpt.LSN)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -117,8 +118,10 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		if err := r.initTransactions(ctx, rt); err != nil {
 			return err
 		}
-		var err error
-		resume, err = r.readCheckpoint(ctx, rt.Txn())
+		found, err := r.readCheckpoint(ctx, rt.Txn())
+		if err == nil {
+			resume = r.distrust(found)
+		}
 		return err
 	})
 	if err != nil {
@@ -132,7 +135,12 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		if err := r.verifyCheckpoint(resume, sys); err != nil {
 			return nil, err
 		}
-		return r.newExactlyOnce(rt, rt.Txn(), resume, sys, s.wait, s.kafkaCtx), nil
+		eo := r.newExactlyOnce(rt, rt.Txn(), resume, sys, s.wait, s.kafkaCtx)
+		eo.committed = func(d checkpoint.Durable) {
+			r.lastSure, r.commitUnsure = resumePoint{found: true, ckpt: d}, false
+		}
+		eo.unconfirmed = func() { r.commitUnsure = true }
+		return eo, nil
 	}, st, nil
 }
 
