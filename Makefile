@@ -5,12 +5,17 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer deps-pg-versions
+.PHONY: all build build-bench test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer deps-pg-versions
 
 all: build
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/walrelay
+
+# The benchmark (BENCHMARKS.md), a command of its own so that the daemon
+# does not link it: bin/walrelay-bench measures bin/walrelay, built beside it.
+build-bench: build
+	$(GO) build -o bin/walrelay-bench ./cmd/walrelay-bench
 
 # Everything CI checks: formatting, vet, every test with the race detector
 # (unit, fuzz seed corpus, integration against a throwaway PostgreSQL and
