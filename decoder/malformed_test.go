@@ -69,12 +69,12 @@ func TestMalformed(t *testing.T) {
 // transaction state nor Begin and Commit.
 func TestMalformedKeepsState(t *testing.T) {
 	d := ready(t)
-	decodeErr(t, d, beginMsg(2, 2, 8)[:19], ErrMalformed)
-	decodeErr(t, d, beginMsg(2, 2, 8), ErrMalformed)
+	_ = decodeErr(t, d, beginMsg(2, 2, 8)[:19], ErrMalformed)
+	_ = decodeErr(t, d, beginMsg(2, 2, 8), ErrMalformed)
 	if d.Begin().Xid != 7 {
 		t.Fatalf("Begin changed to %+v", d.Begin())
 	}
-	decodeErr(t, d, commitMsg(0, 5, 6, 7)[:24], ErrMalformed)
+	_ = decodeErr(t, d, commitMsg(0, 5, 6, 7)[:24], ErrMalformed)
 	decode(t, d, insertMsg(outboxOID, text(uuidText), text("a"), text("1"), null(), text("{}")), KindInsert)
 	decode(t, d, commitMsg(0, 5, 6, 7), KindCommit)
 }
@@ -116,7 +116,7 @@ func TestTruncatedEverywhere(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := tc.setup(t)
 			for i := range len(tc.data) {
-				decodeErr(t, d, tc.data[:i], ErrMalformed)
+				_ = decodeErr(t, d, tc.data[:i], ErrMalformed)
 			}
 			decode(t, d, tc.data, tc.want)
 		})

@@ -265,7 +265,7 @@ func (e *exactlyOnce) commit() error {
 		defer close(done)
 		err = e.p.CommitKafkaTxn(ctx, e.key, d.Marshal())
 	}()
-	e.wait(done, false) // not interruptible: returns once done
+	_ = e.wait(done, false) // not interruptible: returns once done
 	e.metrics.KafkaCommit.Observe(time.Since(began).Seconds())
 	if err != nil {
 		return e.error(err)

@@ -367,7 +367,7 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 	go func() { h.done <- s.run() }()
 	t.Cleanup(func() {
 		cancel()
-		<-h.done
+		<-h.done //nolint:errcheck // only waits: the tests that care read the error with end
 	})
 	return h
 }

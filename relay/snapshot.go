@@ -42,7 +42,7 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 		if err != nil {
 			if s.eos != nil && rt.KafkaTxnOpen() {
 				abortCtx, cancel := context.WithTimeout(context.Background(), r.cfg.Router.TransactionTimeout)
-				rt.AbortKafkaTxn(abortCtx) // a failure marks the router for replacement
+				_ = rt.AbortKafkaTxn(abortCtx) // a failure marks the router for replacement
 				cancel()
 			}
 			r.log.Warn("initial snapshot failed; the slot is not created, the next attempt snapshots again",

@@ -196,7 +196,7 @@ func (r *Router) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, 
 		return nil, false, err
 	}
 	if err := r.client.ProduceSync(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: probeKey, Value: probe}).FirstErr(); err != nil {
-		r.AbortKafkaTxn(context.Background())
+		_ = r.AbortKafkaTxn(context.Background())
 		return nil, false, r.txnError(fmt.Errorf("write checkpoint probe: %w", err))
 	}
 	if err := r.client.EndTransaction(ctx, kgo.TryCommit); err != nil {

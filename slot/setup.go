@@ -481,7 +481,8 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockKey); err != nil {
 		return fmt.Errorf("wait for the lock on creating slot %q: %w", cfg.Slot, err)
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", lockKey)
+	// A failed unlock is released with the session, when conn closes.
+	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", lockKey) }()
 	if _, err := ReadInfo(ctx, conn, cfg.Slot); err == nil {
 		log.Info("replication slot was created meanwhile by another walrelay (with its initial snapshot); using it", zap.String("slot", cfg.Slot))
 		return nil

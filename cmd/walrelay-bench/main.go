@@ -76,9 +76,8 @@ func main() {
 		os.Exit(exitUsage)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	code := c.run(ctx)
-	stop()
+	stop() // not deferred: os.Exit skips deferred calls
 	os.Exit(code)
 }
 

@@ -89,9 +89,9 @@ func main() {
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	err = kctx.Run(&c.LogFlags)
+	stop() // not deferred: os.Exit skips deferred calls
 	if err != nil {
 		// One line: pgconn lists each connection attempt on its own line.
 		fmt.Fprintln(os.Stderr, "walrelay:", strings.Join(strings.Fields(err.Error()), " "))

@@ -237,13 +237,13 @@ func (b *bencher) startRelay(url, slotName string, brokers []string, delivery st
 }
 
 func (r *relay) stop() {
-	r.cmd.Process.Signal(os.Interrupt)
+	_ = r.cmd.Process.Signal(os.Interrupt)
 	done := make(chan struct{})
-	go func() { r.cmd.Wait(); close(done) }()
+	go func() { _ = r.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		r.cmd.Process.Kill()
+		_ = r.cmd.Process.Kill()
 		<-done
 	}
 }
