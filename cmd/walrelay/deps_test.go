@@ -10,9 +10,6 @@ import (
 // harnesses (Apache Kafka, Debezium, the Maven classpath) out of the
 // daemon's binary: they belong to cmd/walrelay-bench.
 func TestDaemonDoesNotLinkTheBenchmark(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs go list")
-	}
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
