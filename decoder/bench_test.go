@@ -44,7 +44,7 @@ func TestAllocs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := ready(t)
 			decode(t, d, relationMsg(outboxOID+1, "public", "outbox",
-				slices.DeleteFunc(outboxCols(), func(c relCol) bool { return c.name == "payload" })...), KindRelation)
+				slices.DeleteFunc(outboxCols(), func(c relCol) bool { return c.Name == "payload" })...), KindRelation)
 			if got := testing.AllocsPerRun(1000, func() { _, _ = d.Decode(tc.data) }); got != tc.want {
 				t.Fatalf("%v allocs per Decode, want %v", got, tc.want)
 			}

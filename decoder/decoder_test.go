@@ -257,7 +257,7 @@ func TestUnknownRelation(t *testing.T) {
 // with what identifies it. A corrected Relation heals it.
 func TestMissingColumn(t *testing.T) {
 	without := func(name string) []relCol {
-		return slices.DeleteFunc(outboxCols(), func(c relCol) bool { return c.name == name })
+		return slices.DeleteFunc(outboxCols(), func(c relCol) bool { return c.Name == name })
 	}
 	for _, tc := range []struct {
 		name    string
@@ -288,7 +288,7 @@ func TestMissingColumn(t *testing.T) {
 			decode(t, d, beginMsg(1, 1, 7), KindBegin)
 			row := make([]val, len(tc.cols))
 			for i, c := range tc.cols {
-				row[i] = text("v-" + c.name)
+				row[i] = text("v-" + c.Name)
 			}
 			decode(t, d, insertMsg(outboxOID, row...), KindInsert)
 			ev := d.Event()
@@ -311,7 +311,7 @@ func TestMissingColumn(t *testing.T) {
 			}
 			// What the row still has identifies it; what it lacks is nil.
 			has := func(name string) bool {
-				return slices.ContainsFunc(tc.cols, func(c relCol) bool { return c.name == name })
+				return slices.ContainsFunc(tc.cols, func(c relCol) bool { return c.Name == name })
 			}
 			cfg := Config{Mapping: DefaultMapping()}
 			for _, o := range opts {
