@@ -275,15 +275,23 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 	if err != nil {
 		return nil, err
 	}
+	return publicationGap(cfg, rec, recorded, pub, since, log), nil
+}
+
+// publicationGap compares the publication as it is now with the record of
+// the one the slot streamed from (recorded: its outbox tables still
+// configured): a *GapError names the first thing replaced or removed since,
+// nil means none.
+func publicationGap(cfg SetupConfig, rec Record, recorded map[decoder.Table]RecordedTable, pub Publication, since decoder.LSN, log *zap.Logger) *GapError {
 	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	switch {
 	case !pub.Exists:
-		return &GapError{What: fmt.Sprintf("publication %q was dropped after walrelay streamed from it", cfg.Publication), Since: since}, nil
+		return &GapError{What: fmt.Sprintf("publication %q was dropped after walrelay streamed from it", cfg.Publication), Since: since}
 	case pub.OID != rec.PublicationOID:
-		return &GapError{What: fmt.Sprintf("publication %q was dropped and created again after walrelay streamed from it (OID %d, now %d)", cfg.Publication, rec.PublicationOID, pub.OID), Since: since}, nil
+		return &GapError{What: fmt.Sprintf("publication %q was dropped and created again after walrelay streamed from it (OID %d, now %d)", cfg.Publication, rec.PublicationOID, pub.OID), Since: since}
 	case !pub.Insert:
 		return &GapError{What: fmt.Sprintf("publication %q no longer publishes inserts", cfg.Publication), Since: since,
-			Fix: fmt.Sprintf("restore it with ALTER PUBLICATION %s SET (publish = 'insert')", ident)}, nil
+			Fix: fmt.Sprintf("restore it with ALTER PUBLICATION %s SET (publish = 'insert')", ident)}
 	}
 	if rec.PublicationXmin != "" && pub.xmin != rec.PublicationXmin {
 		// An ALTER PUBLICATION ... SET that left it publishing the outbox:
@@ -296,14 +304,14 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 		t := recorded[pt.Table]
 		switch {
 		case pt.OID != t.OID:
-			return &GapError{What: fmt.Sprintf("outbox table %s was dropped and created again after walrelay streamed from it (OID %d, now %d): PostgreSQL takes a dropped table out of its publications, so inserts into the new table were not published", pt.Table, t.OID, pt.OID), Since: since}, nil
+			return &GapError{What: fmt.Sprintf("outbox table %s was dropped and created again after walrelay streamed from it (OID %d, now %d): PostgreSQL takes a dropped table out of its publications, so inserts into the new table were not published", pt.Table, t.OID, pt.OID), Since: since}
 		case !pt.Published && !pt.AsPartitions:
-			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}, nil
+			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}
 		case t.MemberOID != 0 && pt.MemberOID != 0 && pt.MemberOID != t.MemberOID:
-			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}, nil
+			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // advanceSlot moves the slot's confirmed position to the server's WAL end.
@@ -393,6 +401,18 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 		return fmt.Errorf("read current database: %w", err)
 	}
+	if err := checkSlotInfo(cfg, info, db); err != nil {
+		return err
+	}
+	if failover && info.Failover != nil && !*info.Failover {
+		return makeFailoverSlot(ctx, cfg, log)
+	}
+	return nil
+}
+
+// checkSlotInfo refuses an existing slot walrelay cannot stream from: not
+// a logical pgoutput slot of database db, or invalidated.
+func checkSlotInfo(cfg SetupConfig, info Info, db string) error {
 	switch {
 	case info.SlotType != "logical":
 		return setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another --slot", cfg.Slot, info.SlotType)
@@ -402,9 +422,6 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another --slot", cfg.Slot, info.Database, db)
 	case info.WALStatus == "lost":
 		return InvalidatedError(cfg.Slot)
-	}
-	if failover && info.Failover != nil && !*info.Failover {
-		return makeFailoverSlot(ctx, cfg, log)
 	}
 	return nil
 }
