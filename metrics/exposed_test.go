@@ -25,8 +25,9 @@ var update = flag.Bool("update", false, "rewrite testdata/exposed.prom with what
 const exposedFile = "testdata/exposed.prom"
 
 // exposed returns a registry with New's metrics, each labelled family with
-// one series (a vector shows nothing until a label value is used), and
-// walrelay_ready ready.
+// one series (a vector shows nothing until a label value is used), each
+// optional gauge set (it shows nothing until then), and walrelay_ready
+// ready.
 func exposed(t *testing.T) *prometheus.Registry {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
@@ -37,6 +38,8 @@ func exposed(t *testing.T) *prometheus.Registry {
 	m.StreamRestarts.WithLabelValues("kafka")
 	m.SlotWALStatus.WithLabelValues("reserved").Set(1)
 	m.UnmappedInserts.WithLabelValues("public.other")
+	m.SlotSafeWALSize.Set(1 << 30)
+	m.SlotTimeToInvalidation.Set(3600)
 	m.SetReadiness(func() error { return nil })
 	return reg
 }

@@ -131,10 +131,15 @@ func TestCheckSlotInfo(t *testing.T) {
 		{"physical", func(i *Info) { i.SlotType, i.Plugin = "physical", "" }, "shop", "is a physical slot"},
 		{"another plugin", func(i *Info) { i.Plugin = "wal2json" }, "shop", `uses plugin "wal2json", not pgoutput`},
 		{"another database", func(i *Info) { i.Database = "billing" }, "shop", `belongs to database "billing", not "shop"`},
-		{"invalidated", func(i *Info) { i.WALStatus = "lost" }, "shop", InvalidatedError("walrelay").Error()},
 	} {
 		info := good
 		tc.change(&info)
 		wantRefusal(t, checkSlotInfo(cfg, info, tc.db), `replication slot "walrelay"`, tc.want)
+	}
+	// An invalidated slot of the right kind is ensureSlot's to replace.
+	lost := good
+	lost.WALStatus = "lost"
+	if err := checkSlotInfo(cfg, lost, "shop"); err != nil {
+		t.Errorf("an invalidated pgoutput slot refused: %v", err)
 	}
 }

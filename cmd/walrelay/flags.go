@@ -199,6 +199,7 @@ type HealthFlags struct {
 	IdleAdvance       bool          `default:"true" negatable:"" help:"Confirm a keepalive's WAL position once everything received before it is acknowledged, so a quiet outbox in a busy database does not pin WAL. Turn off only to diagnose."`
 	SlotPollInterval  time.Duration `default:"10s" help:"How often pg_replication_slots is read for the slot metrics and to detect an invalidated slot."`
 	ReadyMaxLag       time.Duration `default:"60s" help:"Replication lag above which /readyz reports not ready; 0 disables the lag check."`
+	PlannedOutage     time.Duration `default:"24h" help:"The relay outage to plan for: walrelay warns at startup when idle_replication_slot_timeout, or max_slot_wal_keep_size at the server's WAL rate, would invalidate the slot during one this long; 0 disables the warning."`
 }
 
 // DeliveryFlags choose at-least-once or exactly-once delivery.
@@ -299,10 +300,11 @@ func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlag
 		HeartbeatTopic:    hf.HeartbeatTopic,
 		SlotPollInterval:  hf.SlotPollInterval,
 		ReadyMaxLag:       readyMaxLag(hf.ReadyMaxLag),
+		PlannedOutage:     readyMaxLag(hf.PlannedOutage),
 	}, nil
 }
 
-// readyMaxLag maps the flag's "0 disables" to the relay's negative value.
+// readyMaxLag maps a flag's "0 disables" to the relay's negative value.
 func readyMaxLag(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1
