@@ -5,12 +5,17 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer deps-pg-versions
+.PHONY: all build build-bench test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions
 
 all: build
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/walrelay
+
+# The benchmark (BENCHMARKS.md), a command of its own so that the daemon
+# does not link it: bin/walrelay-bench measures bin/walrelay, built beside it.
+build-bench: build
+	$(GO) build -o bin/walrelay-bench ./cmd/walrelay-bench
 
 # Everything CI checks: formatting, vet, every test with the race detector
 # (unit, fuzz seed corpus, integration against a throwaway PostgreSQL and
@@ -81,12 +86,19 @@ test-pg: deps deps-pg-versions
 	  echo "== PostgreSQL $$v: $$what passed in $$(( $$(date +%s) - start ))s"; \
 	done
 
-lint:
+# gofmt, go vet and golangci-lint with .golangci.yml (the linters it runs
+# and why each exclusion is there) over walrelay's module; deploy/'s two
+# modules are vetted by test-deploy.
+lint: deps-golangci-lint
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^deploy/check/') deploy/check); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GOLANGCI_LINT) run $(PKGS)
 
+# Every package's tests but test/integration's, with -short: the few that
+# start PostgreSQL (outbox's write test, devcluster's standbys) skip, and
+# kafkacluster's need WALRELAY_TEST_KAFKA=apache; make test runs them all.
 unit:
-	$(GO) test -race -count=1 ./decoder ./router ./checkpoint ./slot ./relay ./heartbeat ./metrics
+	$(GO) test -race -count=1 -short $$($(GO) list $(PKGS) | grep -v '/test/integration$$')
 
 integration:
 	$(GO) test -race -count=1 -timeout 20m ./test/integration
@@ -171,6 +183,17 @@ deps-helm:
 	  echo "== installing helm $(HELM_VERSION) into $(dir $(HELM)) (go install, once)"; \
 	  GOBIN="$(dir $(HELM))" $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) || \
 	    { echo "deps-helm: go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) failed (is the Go module proxy reachable?); make test-deploy needs it"; exit 1; }; \
+	fi
+
+# golangci-lint for make lint, pinned and installed like helm. v2: the
+# version .golangci.yml's format is for.
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT         := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
+deps-golangci-lint:
+	@if [ ! -x "$(GOLANGCI_LINT)" ]; then \
+	  echo "== installing golangci-lint $(GOLANGCI_LINT_VERSION) into $(dir $(GOLANGCI_LINT)) (go install, once)"; \
+	  GOBIN="$(dir $(GOLANGCI_LINT))" $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) || \
+	    { echo "deps-golangci-lint: go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) failed (is the Go module proxy reachable?); make lint needs it"; exit 1; }; \
 	fi
 
 # systemd-analyze, for `systemd-analyze verify` of deploy/systemd's unit

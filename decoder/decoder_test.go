@@ -201,7 +201,7 @@ func TestUnmappedInsert(t *testing.T) {
 		t.Fatalf("Unmapped() = %v, %d, want public.orders, %d", tab, oid, otherOID)
 	}
 	// A wrong column count is still an error: a Relation message was missed.
-	decodeErr(t, d, insertMsg(otherOID, text("1")), ErrMalformed)
+	_ = decodeErr(t, d, insertMsg(otherOID, text("1")), ErrMalformed)
 	decode(t, d, insertMsg(outboxOID, text(uuidText), text("a"), text("1"), null(), text("{}")), KindInsert)
 	// A partition published under its own name is a relation of its own.
 	decode(t, d, relationMsg(otherOID+1, "public", "outbox_2026", outboxCols()...), KindRelation)
@@ -257,7 +257,7 @@ func TestUnknownRelation(t *testing.T) {
 // with what identifies it. A corrected Relation heals it.
 func TestMissingColumn(t *testing.T) {
 	without := func(name string) []relCol {
-		return slices.DeleteFunc(outboxCols(), func(c relCol) bool { return c.name == name })
+		return slices.DeleteFunc(outboxCols(), func(c relCol) bool { return c.Name == name })
 	}
 	for _, tc := range []struct {
 		name    string
@@ -288,7 +288,7 @@ func TestMissingColumn(t *testing.T) {
 			decode(t, d, beginMsg(1, 1, 7), KindBegin)
 			row := make([]val, len(tc.cols))
 			for i, c := range tc.cols {
-				row[i] = text("v-" + c.name)
+				row[i] = text("v-" + c.Name)
 			}
 			decode(t, d, insertMsg(outboxOID, row...), KindInsert)
 			ev := d.Event()
@@ -311,7 +311,7 @@ func TestMissingColumn(t *testing.T) {
 			}
 			// What the row still has identifies it; what it lacks is nil.
 			has := func(name string) bool {
-				return slices.ContainsFunc(tc.cols, func(c relCol) bool { return c.name == name })
+				return slices.ContainsFunc(tc.cols, func(c relCol) bool { return c.Name == name })
 			}
 			cfg := Config{Mapping: DefaultMapping()}
 			for _, o := range opts {
@@ -364,7 +364,7 @@ func TestRelationResent(t *testing.T) {
 	// count is now malformed, the new one decodes.
 	added := append(outboxCols(), col("created_at", 1184))
 	decode(t, d, relationMsg(outboxOID, "public", "outbox", added...), KindRelation)
-	decodeErr(t, d, row(), ErrMalformed)
+	_ = decodeErr(t, d, row(), ErrMalformed)
 	decode(t, d, row(text("2025-01-01 00:00:00+00")), KindInsert)
 	if got := vals(d.Event()); !slices.Equal(got, want) {
 		t.Fatalf("after ADD COLUMN: %q", got)

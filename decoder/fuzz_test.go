@@ -111,7 +111,7 @@ func fuzzSeeds() map[string][]byte {
 			insertMsg(outboxOID, text(uuidText), text("order"), text(strings.Repeat("k", 40)), omitted(3), text("{}"), omitted(1<<20)), commit),
 		// ALTER TABLE outbox DROP COLUMN payload, a row, ADD COLUMN payload.
 		"seed-missing-column": frames(
-			relationMsg(outboxOID, "public", "outbox", slices.DeleteFunc(slices.Clone(cols), func(c relCol) bool { return c.name == "payload" })...),
+			relationMsg(outboxOID, "public", "outbox", slices.DeleteFunc(slices.Clone(cols), func(c relCol) bool { return c.Name == "payload" })...),
 			begin, insertMsg(outboxOID, text(uuidText), text("order"), text("42"), text("OrderCreated"), null()),
 			rel, row(text("{}")), commit),
 	}

@@ -39,19 +39,19 @@ func TestMalformed(t *testing.T) {
 		{"origin trailing byte", fresh, append(originMsg(1, "a"), 0), "trailing"},
 		{"type trailing byte", fresh, append(typeMsg(1, "a", "b"), 0), "trailing"},
 		{"message trailing byte", fresh, append(logicalMsg(false, 1, "p", []byte("c")), 0), "trailing"},
-		{"message negative length", fresh, start('M').u8(0).u64(1).str("p").i32(-1).bytes(), "negative length"},
-		{"message content too long", fresh, start('M').u8(0).u64(1).str("p").u32(10).raw([]byte("abc")).bytes(), "content at offset 16"},
-		{"relation without NUL", fresh, start('R').u32(1).raw([]byte("public")).bytes(), "namespace at offset 5"},
-		{"relation column count too high", fresh, start('R').u32(1).str("public").str("outbox").u8('d').u16(65535).bytes(), "column 0 column flags"},
+		{"message negative length", fresh, start('M').U8(0).U64(1).Str("p").I32(-1), "negative length"},
+		{"message content too long", fresh, start('M').U8(0).U64(1).Str("p").U32(10).Raw([]byte("abc")), "content at offset 16"},
+		{"relation without NUL", fresh, start('R').U32(1).Raw([]byte("public")), "namespace at offset 5"},
+		{"relation column count too high", fresh, start('R').U32(1).Str("public").Str("outbox").U8('d').U16(65535), "column 0 column flags"},
 		{"too few columns", inTxn, insertMsg(outboxOID, row[:4]...), "4 columns, relation public.outbox has 5"},
 		{"too many columns", inTxn, insertMsg(outboxOID, append(row, null())...), "6 columns"},
 		{"other table, wrong column count", inTxn, insertMsg(otherOID, text("1")), "1 columns, relation public.orders has 2"},
 		{"unchanged TOAST", inTxn, insertMsg(outboxOID, text(uuidText), text("a"), text("1"), null(), toast()), `"payload"`},
-		{"unknown kind", inTxn, insertMsg(outboxOID, text(uuidText), val{kind: 'x'}, text("1"), null(), text("{}")), "unknown kind 0x78"},
-		{"negative length", inTxn, start('I').u32(outboxOID).u8('N').u16(5).u8('t').i32(-5).bytes(), "negative length -5"},
-		{"length past the end", inTxn, start('I').u32(outboxOID).u8('N').u16(5).u8('t').i32(0x7fffffff).raw([]byte("abc")).bytes(), `column value "id" of public.outbox at offset 13`},
+		{"unknown kind", inTxn, insertMsg(outboxOID, text(uuidText), val{Kind: 'x'}, text("1"), null(), text("{}")), "unknown kind 0x78"},
+		{"negative length", inTxn, start('I').U32(outboxOID).U8('N').U16(5).U8('t').I32(-5), "negative length -5"},
+		{"length past the end", inTxn, start('I').U32(outboxOID).U8('N').U16(5).U8('t').I32(0x7fffffff).Raw([]byte("abc")), `column value "id" of public.outbox at offset 13`},
 		{"binary not requested", inTxn, insertMsg(outboxOID, binval(make([]byte, 16)), text("a"), text("1"), null(), text("{}")), "binary format was not requested"},
-		{"bad tuple tag", inTxn, tuple(start('I').u32(outboxOID).u8('K'), row...), "want 'N'"},
+		{"bad tuple tag", inTxn, tuple(start('I').U32(outboxOID).U8('K'), row...), "want 'N'"},
 		{"begin truncated", fresh, beginMsg(1, 1, 1)[:10], "commit time at offset 9"},
 		{"commit truncated", inTxn, commitMsg(0, 1, 2, 3)[:15], "end LSN at offset 10"},
 	} {
@@ -69,12 +69,12 @@ func TestMalformed(t *testing.T) {
 // transaction state nor Begin and Commit.
 func TestMalformedKeepsState(t *testing.T) {
 	d := ready(t)
-	decodeErr(t, d, beginMsg(2, 2, 8)[:19], ErrMalformed)
-	decodeErr(t, d, beginMsg(2, 2, 8), ErrMalformed)
+	_ = decodeErr(t, d, beginMsg(2, 2, 8)[:19], ErrMalformed)
+	_ = decodeErr(t, d, beginMsg(2, 2, 8), ErrMalformed)
 	if d.Begin().Xid != 7 {
 		t.Fatalf("Begin changed to %+v", d.Begin())
 	}
-	decodeErr(t, d, commitMsg(0, 5, 6, 7)[:24], ErrMalformed)
+	_ = decodeErr(t, d, commitMsg(0, 5, 6, 7)[:24], ErrMalformed)
 	decode(t, d, insertMsg(outboxOID, text(uuidText), text("a"), text("1"), null(), text("{}")), KindInsert)
 	decode(t, d, commitMsg(0, 5, 6, 7), KindCommit)
 }
@@ -116,7 +116,7 @@ func TestTruncatedEverywhere(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := tc.setup(t)
 			for i := range len(tc.data) {
-				decodeErr(t, d, tc.data[:i], ErrMalformed)
+				_ = decodeErr(t, d, tc.data[:i], ErrMalformed)
 			}
 			decode(t, d, tc.data, tc.want)
 		})

@@ -230,8 +230,8 @@ func TestEventOwnership(t *testing.T) {
 
 	id = append(id, "-suffix"...)
 	aggID = append(aggID, '!')
-	if string(payload) != `{"a":1}` || string(aggID) != "42!" {
-		t.Fatalf("append overwrote a neighbour: payload %q", payload)
+	if string(id) != uuidText+"-suffix" || string(payload) != `{"a":1}` || string(aggID) != "42!" {
+		t.Fatalf("append overwrote a neighbour: id %q aggregate id %q payload %q", id, aggID, payload)
 	}
 }
 

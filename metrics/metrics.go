@@ -90,7 +90,7 @@ func (o *OptionalGauge) Clear() { o.set.Store(false) }
 // Value is the gauge's value, and whether it has one.
 func (o *OptionalGauge) Value() (float64, bool) {
 	var d dto.Metric
-	o.g.Write(&d)
+	_ = o.g.Write(&d) // a gauge's Write cannot fail
 	return d.GetGauge().GetValue(), o.set.Load()
 }
 

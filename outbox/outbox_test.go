@@ -102,7 +102,9 @@ func TestWriteInTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
 	tx, _ = conn.Begin(ctx)
 	rolled, err := keep.Write(ctx, tx, ev)
 	if err != nil {

@@ -313,7 +313,7 @@ func (e *exactlyOnce) commit() error {
 		defer close(done)
 		err = e.txn.Commit(ctx, e.key, d.Marshal())
 	}()
-	e.wait(done, false) // not interruptible: returns once done
+	_ = e.wait(done, false) // not interruptible: returns once done
 	e.metrics.KafkaCommit.Observe(time.Since(began).Seconds())
 	if err != nil {
 		if e.unconfirmed != nil {

@@ -82,7 +82,7 @@ func TestRunStopsCleanlyWhenCancelledWhileRetrying(t *testing.T) {
 func TestNewRouterRefusesWhatIsNotKafka(t *testing.T) {
 	// A peer that answers every connection with PostgreSQL-like bytes.
 	peer := fakenet.Listen(t, func(c net.Conn) {
-		c.Write([]byte("E\x00\x00\x00\x10SFATAL\x00\x00\x00\x00\x00\x00\x00\x00"))
+		_, _ = c.Write([]byte("E\x00\x00\x00\x10SFATAL\x00\x00\x00\x00\x00\x00\x00\x00"))
 		c.Close()
 	})
 	cfg := kafkaConfig(t)

@@ -457,7 +457,7 @@ func (s *session) finish(cause error) error {
 		defer close(done)
 		flushErr = pending.Flush(flushCtx)
 	}()
-	s.wait(done, false) // keep confirming while draining
+	_ = s.wait(done, false) // keep confirming while draining
 	if stopping {
 		ctx, cancel := context.WithDeadline(context.Background(), s.stopDeadline())
 		s.r.vouchFinal(ctx, s.tr.Advance().LSN)

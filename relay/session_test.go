@@ -6,7 +6,6 @@ package relay
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -22,57 +21,30 @@ import (
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
+	pgo "github.com/walrelay/walrelay/internal/pgoutputtest"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
-// pgoutput messages (protocol version 1), just enough for the loop.
+// pgoutput messages (protocol version 1), just enough for the loop: an
+// outbox table of text columns, rows that differ only in their id.
 
 const outboxOID = 16384
 
 func relationMsg(oid uint32, name string) []byte {
-	b := append([]byte{'R'}, binary.BigEndian.AppendUint32(nil, oid)...)
-	b = append(append(b, "public"...), 0)
-	b = append(append(b, name...), 0)
-	cols := []string{"id", "aggregate_type", "aggregate_id", "type", "payload"}
-	b = binary.BigEndian.AppendUint16(append(b, 'd'), uint16(len(cols)))
-	for _, c := range cols {
-		b = append(append(append(b, 0), c...), 0)
-		b = binary.BigEndian.AppendUint32(b, 25) // text
-		b = binary.BigEndian.AppendUint32(b, 0xffffffff)
-	}
-	return b
+	return pgo.Relation(oid, "public", name, pgo.TextColumns("id", "aggregate_type", "aggregate_id", "type", "payload")...)
 }
 
-func beginMsg(final uint64) []byte {
-	b := binary.BigEndian.AppendUint64([]byte{'B'}, final)
-	b = binary.BigEndian.AppendUint64(b, 0)
-	return binary.BigEndian.AppendUint32(b, 7)
-}
+func beginMsg(final uint64) []byte { return pgo.Begin(final, 0, 7) }
 
 func insertMsg(oid uint32, id string) []byte {
-	b := binary.BigEndian.AppendUint32([]byte{'I'}, oid)
-	vals := []string{id, "order", "a1", "created", `{}`}
-	b = binary.BigEndian.AppendUint16(append(b, 'N'), uint16(len(vals)))
-	for _, v := range vals {
-		b = binary.BigEndian.AppendUint32(append(b, 't'), uint32(len(v)))
-		b = append(b, v...)
-	}
-	return b
+	return pgo.Insert(oid, pgo.Text(id), pgo.Text("order"), pgo.Text("a1"), pgo.Text("created"), pgo.Text(`{}`))
 }
 
-func commitMsg(commit, end uint64) []byte {
-	b := binary.BigEndian.AppendUint64([]byte{'C', 0}, commit)
-	b = binary.BigEndian.AppendUint64(b, end)
-	return binary.BigEndian.AppendUint64(b, 0)
-}
+func commitMsg(commit, end uint64) []byte { return pgo.Commit(0, commit, end, 0) }
 
-func heartbeatMsg(lsn uint64) []byte {
-	b := binary.BigEndian.AppendUint64([]byte{'M', 0}, lsn)
-	b = append(append(b, "walrelay.heartbeat"...), 0)
-	return binary.BigEndian.AppendUint32(b, 0)
-}
+func heartbeatMsg(lsn uint64) []byte { return pgo.Logical(false, lsn, "walrelay.heartbeat", nil) }
 
 func data(at uint64, b []byte) slot.Message {
 	return slot.Message{Kind: slot.XLogData, WALStart: decoder.LSN(at), ServerWALEnd: decoder.LSN(at), Data: b}
@@ -367,7 +339,7 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 	go func() { h.done <- s.run() }()
 	t.Cleanup(func() {
 		cancel()
-		<-h.done
+		<-h.done //nolint:errcheck // only waits: the tests that care read the error with end
 	})
 	return h
 }

@@ -225,7 +225,7 @@ func (t *Txn) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, fou
 		return nil, false, err
 	}
 	if err := r.client.ProduceSync(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: probeKey, Value: probe}).FirstErr(); err != nil {
-		t.Abort(context.Background())
+		_ = t.Abort(context.Background())
 		return nil, false, t.error(fmt.Errorf("write checkpoint probe: %w", err))
 	}
 	if err := r.client.EndTransaction(ctx, kgo.TryCommit); err != nil {

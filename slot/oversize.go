@@ -139,7 +139,7 @@ func (c *capReader) Read(p []byte) (int, error) {
 			if n > 0 {
 				return n, nil // rewriting may block: hand over what is in hand first
 			}
-			c.src.Discard(5)
+			_, _ = c.src.Discard(5) // peeked above: cannot fail
 			c.rw = &rewrite{left: length - 4, need: 25}
 		}
 	}
@@ -159,7 +159,7 @@ func (c *capReader) rewriteMore() error {
 		}
 		chunk, _ := c.src.Peek(min(c.src.Buffered(), w.left))
 		used, err := c.step(chunk)
-		c.src.Discard(used)
+		_, _ = c.src.Discard(used) // at most what was peeked: cannot fail
 		w.left -= used
 		if err != nil {
 			return err

@@ -4,15 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	pgo "github.com/walrelay/walrelay/internal/pgoutputtest"
 )
 
 // benchStream is 10,000 CopyData messages of a typical outbox row.
 func benchStream() []byte {
 	var b []byte
-	msg := copyData(xlog(1, insert(1, []byte("0b3c8f6e-4a51-4c2e-9d7a-1f2e3d4c5b6a"), []byte("order"), []byte("42"), nil, bytes.Repeat([]byte("p"), 150))))
+	msg := copyData(xlog(1, pgo.Insert(1, text("0b3c8f6e-4a51-4c2e-9d7a-1f2e3d4c5b6a"), text("order"), text("42"), null(), text(strings.Repeat("p", 150)))))
 	for range 10000 {
 		b = append(b, msg...)
 	}

@@ -3,7 +3,6 @@ package slot
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -15,56 +14,16 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/walrelay/walrelay/decoder"
+	pgo "github.com/walrelay/walrelay/internal/pgoutputtest"
 )
 
-// copyData frames body as a CopyData protocol message.
-func copyData(body []byte) []byte {
-	m := []byte{'d', 0, 0, 0, 0}
-	binary.BigEndian.PutUint32(m[1:], uint32(4+len(body)))
-	return append(m, body...)
-}
-
-// xlog prefixes a pgoutput message with an XLogData header.
-func xlog(walStart uint64, msg []byte) []byte {
-	b := []byte{'w'}
-	b = binary.BigEndian.AppendUint64(b, walStart)
-	b = binary.BigEndian.AppendUint64(b, walStart)
-	b = binary.BigEndian.AppendUint64(b, 0)
-	return append(b, msg...)
-}
-
-// insert builds a pgoutput Insert with text values (nil: NULL).
-func insert(oid uint32, vals ...[]byte) []byte {
-	b := []byte{'I'}
-	b = binary.BigEndian.AppendUint32(b, oid)
-	b = append(b, 'N')
-	b = binary.BigEndian.AppendUint16(b, uint16(len(vals)))
-	for _, v := range vals {
-		if v == nil {
-			b = append(b, 'n')
-			continue
-		}
-		b = append(b, 't')
-		b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
-		b = append(b, v...)
-	}
-	return b
-}
-
-func relation(oid uint32, cols ...string) []byte {
-	b := []byte{'R'}
-	b = binary.BigEndian.AppendUint32(b, oid)
-	b = append(b, "public\x00outbox\x00d"...)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(cols)))
-	for _, c := range cols {
-		b = append(b, 0)
-		b = append(b, c...)
-		b = append(b, 0)
-		b = binary.BigEndian.AppendUint32(b, 25) // text
-		b = binary.BigEndian.AppendUint32(b, 0xffffffff)
-	}
-	return b
-}
+// The pgoutput messages and their framing, for short.
+var (
+	copyData = pgo.CopyData
+	xlog     = pgo.XLogData
+	text     = pgo.Text
+	null     = pgo.Null
+)
 
 // choppy hands out its data in small random pieces with deadline errors
 // between them, as a socket read with short deadlines does.
@@ -100,14 +59,14 @@ func TestCapReaderRewritesOversizeInsert(t *testing.T) {
 	const limit = 64 << 10
 	id := []byte("0b3c8f6e-4a51-4c2e-9d7a-1f2e3d4c5b6a")
 	big := []byte(`"` + strings.Repeat("x", 5*limit) + `"`)
-	small := insert(16384, id, []byte("order"), []byte("1"), nil, []byte(`{}`))
+	small := pgo.Insert(16384, text(string(id)), text("order"), text("1"), null(), text(`{}`))
 	msgs := [][]byte{
-		xlog(1, relation(16384, "id", "aggregate_type", "aggregate_id", "type", "payload")),
-		xlog(2, []byte("B\x00\x00\x00\x00\x00\x00\x00\x09\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x07")),
+		xlog(1, pgo.Relation(16384, "public", "outbox", pgo.TextColumns("id", "aggregate_type", "aggregate_id", "type", "payload")...)),
+		xlog(2, pgo.Begin(9, 1, 7)),
 		xlog(3, small),
-		xlog(4, insert(16384, id, []byte("order"), []byte("2"), nil, big)),
+		xlog(4, pgo.Insert(16384, text(string(id)), text("order"), text("2"), null(), text(string(big)))),
 		xlog(5, append([]byte{'U'}, bytes.Repeat([]byte("u"), 2*limit)...)),
-		xlog(6, append(append([]byte("M\x00\x00\x00\x00\x00\x00\x00\x00\x01walrelay\x00"), 0, 0x10, 0, 0), bytes.Repeat([]byte("m"), 1<<20)...)),
+		xlog(6, pgo.Logical(false, 1, "walrelay", bytes.Repeat([]byte("m"), 1<<20))),
 		xlog(7, small),
 	}
 	var stream []byte
@@ -166,7 +125,7 @@ func TestCapReaderRewritesOversizeInsert(t *testing.T) {
 // (plus the header it keeps), whatever the framing claims.
 func FuzzCapReader(f *testing.F) {
 	id := []byte("0b3c8f6e")
-	f.Add(copyData(xlog(1, insert(1, id, bytes.Repeat([]byte("x"), 300)))))
+	f.Add(copyData(xlog(1, pgo.Insert(1, text(string(id)), text(strings.Repeat("x", 300))))))
 	f.Add(copyData(xlog(1, append([]byte{'U'}, make([]byte, 200)...))))
 	f.Add(copyData(xlog(1, append([]byte("M\x01\x00\x00\x00\x00\x00\x00\x00\x01p\x00\x00\x00\x01\x00"), make([]byte, 256)...))))
 	f.Add(append(copyData([]byte("k")), copyData(xlog(2, []byte("I\x00\x00\x00\x01N\x00\x02b\x00\x00\x01\x00")))...))

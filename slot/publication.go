@@ -200,10 +200,25 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log
 	if err != nil {
 		return err
 	}
-	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	if !pub.Exists {
 		return createPublication(ctx, conn, cfg, pub, log)
 	}
+	if err := publicationRefusal(cfg, pub, log); err != nil {
+		return err
+	}
+	missing := unpublished(pub)
+	if len(missing) == 0 {
+		return nil
+	}
+	return addTables(ctx, conn, cfg, addTablesSQL(cfg, missing), missing, log)
+}
+
+// publicationRefusal is why walrelay must not stream from the existing
+// publication pub as it is, or nil; it logs what it accepts with a
+// warning. Outbox tables pub lacks are no refusal when walrelay may add
+// them (unpublished, addTablesSQL).
+func publicationRefusal(cfg SetupConfig, pub Publication, log *zap.Logger) error {
+	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	if !pub.Insert {
 		return setupErrorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, ident)
 	}
@@ -211,34 +226,49 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log
 		log.Warn("publication is FOR ALL TABLES: the inserts of every table of the database stream to walrelay, which publishes only the outbox tables' and counts the others in walrelay_unmapped_inserts_total; prefer a publication FOR TABLE the outbox tables",
 			zap.String("publication", cfg.Publication))
 	}
-	var missing []PublishedTable
 	for _, t := range pub.Tables {
 		switch {
 		case t.AsPartitions || t.Partitioned && !t.Published && !pub.ViaRoot:
 			return setupErrorf("publication %q would send the rows of partitioned outbox table %s under its partitions' names, which walrelay does not map: run ALTER PUBLICATION %s SET (publish_via_partition_root = true)", cfg.Publication, t.Table, ident)
-		case !t.Published:
-			missing = append(missing, t)
-		default:
+		case t.Published:
 			if err := checkPublished(cfg, t, log); err != nil {
 				return err
 			}
 		}
 	}
+	missing := unpublished(pub)
 	if len(missing) == 0 {
 		return nil
 	}
-	var names []decoder.Table
-	for _, t := range missing {
-		names = append(names, t.Table)
-	}
-	sql := fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", ident, tableList(names))
+	sql := addTablesSQL(cfg, missing)
 	switch {
 	case pub.Owned && !cfg.CreatePublication:
 		return setupErrorf("publication %q lacks outbox tables: run %s, or allow --create-publication", cfg.Publication, sql)
 	case !pub.Owned && !cfg.AlterPublication:
 		return setupErrorf("publication %q lacks outbox tables and was not created by walrelay (it may be shared with other subscribers): run %s yourself, or pass --alter-publication to let walrelay do it", cfg.Publication, sql)
 	}
-	return addTables(ctx, conn, cfg, sql, missing, log)
+	return nil
+}
+
+// unpublished are the outbox tables pub does not publish.
+func unpublished(pub Publication) []PublishedTable {
+	var missing []PublishedTable
+	for _, t := range pub.Tables {
+		if !t.Published {
+			missing = append(missing, t)
+		}
+	}
+	return missing
+}
+
+// addTablesSQL is the ALTER PUBLICATION that adds tables to cfg's
+// publication.
+func addTablesSQL(cfg SetupConfig, tables []PublishedTable) string {
+	var names []decoder.Table
+	for _, t := range tables {
+		names = append(names, t.Table)
+	}
+	return fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{cfg.Publication}.Sanitize(), tableList(names))
 }
 
 // checkPublished refuses a column list that leaves out a mapped column and,

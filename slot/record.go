@@ -165,7 +165,7 @@ func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42501":
 		var role string
-		conn.QueryRow(ctx, "SELECT current_user").Scan(&role)
+		_ = conn.QueryRow(ctx, "SELECT current_user").Scan(&role) // the refusal stands without the name
 		return setupErrorf("cannot create walrelay's record table %s (%s): walrelay writes down there what it streams from, to refuse replacing it after a failover or a migration; as a superuser run CREATE SCHEMA %s AUTHORIZATION %s (or walrelay setup, then grant the role SELECT, INSERT, UPDATE, DELETE on it), or choose a schema the role may create tables in with --record-schema",
 			recordTable(schema), pgErr.Message, pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize())
 	case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07"):

@@ -288,15 +288,23 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 	if err != nil {
 		return nil, err
 	}
+	return publicationGap(cfg, rec, recorded, pub, since, log), nil
+}
+
+// publicationGap compares the publication as it is now with the record of
+// the one the slot streamed from (recorded: its outbox tables still
+// configured): a *GapError names the first thing replaced or removed since,
+// nil means none.
+func publicationGap(cfg SetupConfig, rec Record, recorded map[decoder.Table]RecordedTable, pub Publication, since decoder.LSN, log *zap.Logger) *GapError {
 	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	switch {
 	case !pub.Exists:
-		return &GapError{What: fmt.Sprintf("publication %q was dropped after walrelay streamed from it", cfg.Publication), Since: since}, nil
+		return &GapError{What: fmt.Sprintf("publication %q was dropped after walrelay streamed from it", cfg.Publication), Since: since}
 	case pub.OID != rec.PublicationOID:
-		return &GapError{What: fmt.Sprintf("publication %q was dropped and created again after walrelay streamed from it (OID %d, now %d)", cfg.Publication, rec.PublicationOID, pub.OID), Since: since}, nil
+		return &GapError{What: fmt.Sprintf("publication %q was dropped and created again after walrelay streamed from it (OID %d, now %d)", cfg.Publication, rec.PublicationOID, pub.OID), Since: since}
 	case !pub.Insert:
 		return &GapError{What: fmt.Sprintf("publication %q no longer publishes inserts", cfg.Publication), Since: since,
-			Fix: fmt.Sprintf("restore it with ALTER PUBLICATION %s SET (publish = 'insert')", ident)}, nil
+			Fix: fmt.Sprintf("restore it with ALTER PUBLICATION %s SET (publish = 'insert')", ident)}
 	}
 	if rec.PublicationXmin != "" && pub.xmin != rec.PublicationXmin {
 		// An ALTER PUBLICATION ... SET that left it publishing the outbox:
@@ -309,14 +317,14 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 		t := recorded[pt.Table]
 		switch {
 		case pt.OID != t.OID:
-			return &GapError{What: fmt.Sprintf("outbox table %s was dropped and created again after walrelay streamed from it (OID %d, now %d): PostgreSQL takes a dropped table out of its publications, so inserts into the new table were not published", pt.Table, t.OID, pt.OID), Since: since}, nil
+			return &GapError{What: fmt.Sprintf("outbox table %s was dropped and created again after walrelay streamed from it (OID %d, now %d): PostgreSQL takes a dropped table out of its publications, so inserts into the new table were not published", pt.Table, t.OID, pt.OID), Since: since}
 		case !pt.Published && !pt.AsPartitions:
-			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}, nil
+			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}
 		case t.MemberOID != 0 && pt.MemberOID != 0 && pt.MemberOID != t.MemberOID:
-			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}, nil
+			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // advanceSlot moves the slot's confirmed position to the server's WAL end.
@@ -411,14 +419,10 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 		return nil, fmt.Errorf("read current database: %w", err)
 	}
-	switch {
-	case info.SlotType != "logical":
-		return nil, setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another --slot", cfg.Slot, info.SlotType)
-	case info.Plugin != "pgoutput":
-		return nil, setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another --slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
-	case info.Database != db:
-		return nil, setupErrorf("replication slot %q belongs to database %q, not %q: choose another --slot", cfg.Slot, info.Database, db)
-	case info.Invalidated():
+	if err := checkSlotInfo(cfg, info, db); err != nil {
+		return nil, err
+	}
+	if info.Invalidated() {
 		// Only a slot walrelay could have streamed from is replaced.
 		if replaced, err = replaceInvalidated(ctx, conn, cfg, info, log); err != nil {
 			return nil, err
@@ -429,6 +433,21 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 		return nil, makeFailoverSlot(ctx, cfg, log)
 	}
 	return nil, nil
+}
+
+// checkSlotInfo refuses an existing slot walrelay cannot stream from: not
+// a logical pgoutput slot of database db. (An invalidated one is replaced,
+// not refused: ensureSlot.)
+func checkSlotInfo(cfg SetupConfig, info Info, db string) error {
+	switch {
+	case info.SlotType != "logical":
+		return setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another --slot", cfg.Slot, info.SlotType)
+	case info.Plugin != "pgoutput":
+		return setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another --slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
+	case info.Database != db:
+		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another --slot", cfg.Slot, info.Database, db)
+	}
+	return nil
 }
 
 // makeFailoverSlot turns an existing slot into a failover slot. A slot in
@@ -503,7 +522,8 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockKey); err != nil {
 		return fmt.Errorf("wait for the lock on creating slot %q: %w", cfg.Slot, err)
 	}
-	defer conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", lockKey)
+	// A failed unlock is released with the session, when conn closes.
+	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", lockKey) }()
 	if _, err := ReadInfo(ctx, conn, cfg.Slot); err == nil {
 		log.Info("replication slot was created meanwhile by another walrelay (with its initial snapshot); using it", zap.String("slot", cfg.Slot))
 		return nil

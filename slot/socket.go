@@ -52,7 +52,7 @@ func applyReadOptions(cfg *pgconn.Config, o ReadOptions) {
 		size = 1 << 20
 	}
 	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		var src io.Reader = r
+		src := r
 		if o.Coalesce > 0 {
 			src = &pacedReader{r: r, pause: o.Coalesce, small: size / 4}
 		}

@@ -286,7 +286,7 @@ func parseCopyData(b []byte) (Message, error) {
 // ErrInterrupted (or ErrTimeout) promptly. It is safe for concurrent use.
 func (s *Stream) Interrupt() {
 	s.interrupted.Store(true)
-	s.net.SetReadDeadline(time.Now())
+	_ = s.net.SetReadDeadline(time.Now()) // fails only on a closed conn, which Receive reports
 }
 
 // SendStatus reports confirmed as written, flushed and applied. PostgreSQL

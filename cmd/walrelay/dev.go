@@ -200,7 +200,7 @@ func (p *printer) print(r *kgo.Record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ids[id] = true
-	io.WriteString(p.w, b.String())
+	_, _ = io.WriteString(p.w, b.String())
 }
 
 func (p *printer) count() int {

@@ -45,7 +45,7 @@ func TestMetricsServerClosesIdleConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || resp.Close {
 		t.Fatalf("status %d, close %v: want a kept-alive 200", resp.StatusCode, resp.Close)
@@ -53,7 +53,7 @@ func TestMetricsServerClosesIdleConnections(t *testing.T) {
 	// The read ends when the server closes the connection; the deadline
 	// only bounds a failing test.
 	start := time.Now()
-	c.SetReadDeadline(time.Now().Add(20 * idle))
+	_ = c.SetReadDeadline(time.Now().Add(20 * idle))
 	_, err = br.ReadByte()
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {

@@ -5,6 +5,9 @@
 //	walrelay run --pg-url postgres://… --brokers kafka:9092   the daemon
 //	walrelay dev [--demo N]                                    embedded PostgreSQL + broker
 //
+// The benchmark is a command of its own, cmd/walrelay-bench, so that this
+// binary carries only what the daemon and its operator commands run.
+//
 // Every flag has a WALRELAY_* environment variable (--pg-url is
 // WALRELAY_PG_URL); a flag given on the command line wins.
 package main
@@ -34,7 +37,6 @@ type cli struct {
 	Setup    setupCmd    `cmd:"" help:"Print the outbox DDL, check the database and create the publication and slot."`
 	Drop     dropCmd     `cmd:"" help:"Drop the slot (and with --drop-publication the publication); PostgreSQL stops keeping WAL for it. Refuses, unless --force, while it holds unpublished outbox rows."`
 	Snapshot snapshotCmd `cmd:"" help:"Publish the current rows of outbox tables once (at-least-once: a row may also arrive through the stream), with the record and Kafka flags of run."`
-	Bench    benchCmd    `cmd:"" help:"Measure throughput against pg_recvlogical, latency, memory and idle CPU on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."`
 
 	Version kong.VersionFlag `env:"-" help:"Print the version and exit."`
 }
@@ -87,9 +89,9 @@ func main() {
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	err = kctx.Run(&c.LogFlags)
+	stop() // not deferred: os.Exit skips deferred calls
 	if err != nil {
 		// One line: pgconn lists each connection attempt on its own line.
 		fmt.Fprintln(os.Stderr, "walrelay:", strings.Join(strings.Fields(err.Error()), " "))

@@ -44,7 +44,6 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	var err error
 	cmd := ""
 	if len(os.Args) > 1 {
@@ -60,6 +59,7 @@ func main() {
 	default:
 		err = fmt.Errorf("unknown command %q: use demo, write or consume", cmd)
 	}
+	stop() // not deferred: os.Exit skips deferred calls
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		os.Exit(1)
@@ -100,7 +100,7 @@ func write(ctx context.Context, args []string) error {
 	url := fs.String("pg-url", "", "PostgreSQL URL (required)")
 	n := fs.Int("orders", 0, "orders to write (0: until stopped)")
 	pause := fs.Duration("pause", 0, "pause between orders")
-	fs.Parse(args)
+	_ = fs.Parse(args) // flag.ExitOnError: a bad flag exits
 	if *url == "" {
 		return errors.New("write: -pg-url is required")
 	}
@@ -190,7 +190,7 @@ func consume(ctx context.Context, args []string) error {
 			"how long the group waits for a member that stopped heartbeating (a killed process), or for a member to rejoin a rebalance, before moving its partitions"),
 		handlerDelay: fs.Duration("handler-delay", 0, "pause in every handler call, to watch a crash in the middle of a batch"),
 	}
-	fs.Parse(args)
+	_ = fs.Parse(args) // flag.ExitOnError: a bad flag exits
 	if *f.url == "" || *f.brokers == "" {
 		return errors.New("consume: -pg-url and -brokers are required")
 	}
@@ -271,7 +271,7 @@ func createTopics(ctx context.Context, brokers []string, topics ...string) error
 func demo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ExitOnError)
 	n := fs.Int("orders", 5, "orders to write (three events each)")
-	fs.Parse(args)
+	_ = fs.Parse(args) // flag.ExitOnError: a bad flag exits
 	log := logger(zap.NewAtomicLevelAt(zap.WarnLevel))
 
 	pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{})
@@ -309,7 +309,12 @@ func demo(ctx context.Context, args []string) error {
 	rctx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- r.Run(rctx) }()
-	defer func() { stopRelay(); <-relayDone }()
+	defer func() {
+		stopRelay()
+		if err := <-relayDone; err != nil {
+			log.Error("relay", zap.Error(err))
+		}
+	}()
 	// Events committed before the slot exists would not be in it.
 	if err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) { return r.Streaming(), nil }); err != nil {
 		return fmt.Errorf("the relay did not start streaming: %w", err)
@@ -327,7 +332,12 @@ func demo(ctx context.Context, args []string) error {
 	cctx, stopConsumer := context.WithCancel(ctx)
 	consumerDone := make(chan error, 1)
 	go func() { consumerDone <- c.Run(cctx) }()
-	defer func() { stopConsumer(); <-consumerDone }()
+	defer func() {
+		stopConsumer()
+		if err := <-consumerDone; err != nil {
+			log.Error("consumer", zap.Error(err))
+		}
+	}()
 
 	if err := writeOrders(ctx, shop.NewService(db), *n, 0); err != nil {
 		return err

@@ -3,8 +3,8 @@
 // and with the relay, side by side in one run, and measures commit-to-
 // consumer latency, memory on a huge transaction, and idle CPU.
 //
-// The relay runs as a separate process (the walrelay binary itself, `run`)
-// so that its CPU time and peak RSS are its own. PostgreSQL and the broker
+// The relay runs as a separate process (a walrelay binary, `run`; see
+// Config.Binary) so that its CPU time and peak RSS are its own. PostgreSQL and the broker
 // are a throwaway cluster and an in-process kfake unless flags name real
 // ones.
 package bench
@@ -43,7 +43,7 @@ type Config struct {
 	IdleFor      time.Duration
 	Repeat       int
 	RelayArgs    []string // extra flags for walrelay run
-	Binary       string   // the walrelay binary; default: this executable
+	Binary       string   // the walrelay binary under test (required: cmd/walrelay-bench finds it)
 	PGURL        string   // external PostgreSQL (superuser); empty: throwaway cluster
 	KafkaBrokers []string // external Kafka; empty: in-process kfake
 	Log          io.Writer
@@ -60,11 +60,7 @@ type Result struct {
 // Run runs the scenarios and returns their results.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.Binary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		cfg.Binary = exe
+		return nil, fmt.Errorf("bench: Config.Binary is empty: name the walrelay binary to measure")
 	}
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
@@ -241,13 +237,13 @@ func (b *bencher) startRelay(url, slotName string, brokers []string, delivery st
 }
 
 func (r *relay) stop() {
-	r.cmd.Process.Signal(os.Interrupt)
+	_ = r.cmd.Process.Signal(os.Interrupt)
 	done := make(chan struct{})
-	go func() { r.cmd.Wait(); close(done) }()
+	go func() { _ = r.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		r.cmd.Process.Kill()
+		_ = r.cmd.Process.Kill()
 		<-done
 	}
 }

@@ -34,7 +34,9 @@ func (b *bencher) big(ctx context.Context, rows int) (Result, error) {
 		return Result{}, err
 	}
 	end, _ := currentLSN(ctx, conn)
-	conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'bench', 'end')")
+	if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'bench', 'end')"); err != nil {
+		return Result{}, fmt.Errorf("write the end marker: %w", err)
+	}
 
 	k := b.oneBroker("discard")
 	if err := su.startBroker(k); err != nil {

@@ -145,7 +145,9 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	end, _ := currentLSN(ctx, conn)
 	// Make the end position reachable for both readers even if nothing else
 	// writes: a last record after it.
-	conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'bench', 'end')")
+	if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'bench', 'end')"); err != nil {
+		return Result{}, fmt.Errorf("write the end marker: %w", err)
+	}
 	walBytes := float64(end - start)
 	n := float64(b.cfg.Events)
 
@@ -163,7 +165,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	}
 	recvWS, err := walsenderPID(ctx, conn, "recv", 30*time.Second)
 	if err != nil {
-		recv.Process.Kill()
+		_ = recv.Process.Kill()
 		return Result{}, err
 	}
 	recvCPU := sampleCPU(recvWS, 10*time.Millisecond)

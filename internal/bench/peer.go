@@ -68,8 +68,8 @@ func (w *walrelayPeer) start() (err error) {
 }
 func (w *walrelayPeer) stop() { w.rl.stop() }
 func (w *walrelayPeer) kill() {
-	w.rl.cmd.Process.Kill()
-	w.rl.cmd.Wait()
+	_ = w.rl.cmd.Process.Kill()
+	_ = w.rl.cmd.Wait()
 }
 func (w *walrelayPeer) pid() int { return w.rl.cmd.Process.Pid }
 
@@ -87,7 +87,7 @@ func (d *debeziumPeer) start() (err error) {
 }
 func (d *debeziumPeer) stop() {
 	if d.c != nil {
-		d.c.Stop(time.Minute)
+		_ = d.c.Stop(time.Minute)
 	}
 }
 func (d *debeziumPeer) kill() {

@@ -48,7 +48,7 @@ func ClasspathFile() (string, error) { return project.File() }
 // nil: the tests that need it skip on the reason.
 func Available() error {
 	if err := mavencp.Tools(); err != nil {
-		return fmt.Errorf("Debezium on Kafka Connect needs java and mvn: %w", err)
+		return fmt.Errorf("the Debezium peer (Kafka Connect) needs java and mvn: %w", err)
 	}
 	return nil
 }
@@ -59,7 +59,7 @@ func Available() error {
 func Classpath() (string, error) {
 	cp, err := project.Classpath()
 	if err != nil && mavencp.Tools() != nil {
-		return "", fmt.Errorf("Debezium on Kafka Connect needs java and mvn: %w", err)
+		return "", fmt.Errorf("the Debezium peer (Kafka Connect) needs java and mvn: %w", err)
 	}
 	return cp, err
 }
@@ -253,7 +253,7 @@ func (c *Connect) Restart() error {
 	}
 	exited := make(chan struct{})
 	go func() {
-		cmd.Wait()
+		_ = cmd.Wait()
 		logf.Close()
 		close(exited)
 	}()
@@ -297,12 +297,12 @@ func (c *Connect) Stop(timeout time.Duration) error {
 	if cmd == nil {
 		return nil
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
 		return nil
 	case <-time.After(timeout):
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill()
 		<-exited
 		return fmt.Errorf("debezium: Connect did not stop within %s of SIGTERM; killed it (see %s)", timeout, c.LogFile())
 	}
@@ -317,7 +317,7 @@ func (c *Connect) Kill() {
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Kill()
+	_ = cmd.Process.Kill()
 	<-exited
 }
 

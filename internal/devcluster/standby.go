@@ -88,7 +88,7 @@ func (p *Postgres) StartStandby(ctx context.Context, opts StandbyOptions) (*Post
 		// WAL for good.
 		conn.Close(context.Background())
 		if c, cerr := pgx.Connect(context.Background(), p.URL("postgres")); cerr == nil {
-			c.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", s.Slot)
+			_, _ = c.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", s.Slot)
 			c.Close(context.Background())
 		}
 		return nil, err
@@ -138,12 +138,12 @@ func (p *Postgres) StartStandby(ctx context.Context, opts StandbyOptions) (*Post
 		return fail(fmt.Errorf("standby: %w", err))
 	}
 	if err := s.WaitStreaming(ctx); err != nil {
-		s.Stop()
+		_ = s.Stop()
 		return fail(err)
 	}
 	if opts.SynchronizedStandbySlots {
 		if err := p.SetSynchronizedStandbySlots(ctx, s.Slot); err != nil {
-			s.Stop()
+			_ = s.Stop()
 			return fail(err)
 		}
 	}
@@ -369,7 +369,7 @@ func (p *Postgres) Kill() error {
 	}
 	procs := append(childrenOf(pid), pid)
 	for _, c := range procs {
-		syscall.Kill(c, syscall.SIGKILL)
+		_ = syscall.Kill(c, syscall.SIGKILL)
 	}
 	p.killed = true
 	return WaitFor(30*time.Second, 10*time.Millisecond, func() (bool, error) {

@@ -291,12 +291,12 @@ func (c *Cluster) Stop(id int) error {
 	if cmd == nil {
 		return nil
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
 		return nil
 	case <-time.After(60 * time.Second):
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill()
 		<-exited
 		return fmt.Errorf("kafkacluster: node %d did not stop within 60s of SIGTERM; killed it (see %s)", id, n.logFile())
 	}
@@ -312,7 +312,7 @@ func (c *Cluster) Kill(id int) {
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Kill()
+	_ = cmd.Process.Kill()
 	<-exited
 }
 
@@ -531,7 +531,7 @@ func (c *Cluster) launch(n *Node) error {
 	}
 	exited := make(chan struct{})
 	go func() {
-		cmd.Wait()
+		_ = cmd.Wait()
 		out.Close()
 		close(exited)
 	}()

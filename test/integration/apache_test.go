@@ -154,7 +154,7 @@ func TestApacheSASLSCRAM(t *testing.T) {
 		if recs[0].Topic != e.topic("s") {
 			t.Errorf("read from %s, want %s", recs[0].Topic, e.topic("s"))
 		}
-		p.cmd.Process.Signal(syscall.SIGTERM)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
 			t.Errorf("SIGTERM: exit %d (exited %v), want 0", code, ok)
 		}
@@ -412,7 +412,7 @@ func TestApacheTransactionTimedOut(t *testing.T) {
 		} else if attempt == 10 {
 			t.Fatalf("10 times the relay's transaction was %s once the relay was frozen, not Ongoing", st)
 		}
-		p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	}
 	var state string
 	e.waitFor("the broker aborting the frozen relay's transaction", 30*time.Second, func() (bool, error) {

@@ -2,14 +2,18 @@ package integration
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestBenchSmoke runs every scenario of `walrelay bench` at a tiny size so
+// TestBenchSmoke runs every scenario of walrelay-bench at a tiny size so
 // the benchmark cannot rot: it must finish, and every metric the README and
-// BENCHMARKS.md report must be there and positive.
+// BENCHMARKS.md report must be there and positive. walrelay-bench is built
+// next to the suite's walrelay binary, where it finds the relay to measure
+// by default (as bin/walrelay-bench finds bin/walrelay).
 func TestBenchSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a PostgreSQL cluster of its own")
@@ -17,10 +21,16 @@ func TestBenchSmoke(t *testing.T) {
 	if _, err := exec.LookPath("pg_recvlogical"); err != nil {
 		t.Skip("pg_recvlogical not installed")
 	}
-	out, err := exec.Command(binPath, "bench", "--json", "--events", "2000", "--txn-size", "1,50",
+	benchPath := filepath.Join(filepath.Dir(binPath), "walrelay-bench")
+	build := exec.Command("go", "build", "-o", benchPath, "github.com/walrelay/walrelay/cmd/walrelay-bench")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("build walrelay-bench: %v", err)
+	}
+	out, err := exec.Command(benchPath, "--json", "--events", "2000", "--txn-size", "1,50",
 		"--broker", "discard,store", "--rate", "300", "--duration", "2s", "--big-rows", "3000", "--idle", "2s").Output()
 	if err != nil {
-		t.Fatalf("walrelay bench: %v\n%s", err, out)
+		t.Fatalf("walrelay-bench: %v\n%s", err, out)
 	}
 	var results []struct {
 		Scenario string             `json:"scenario"`

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -282,8 +283,8 @@ func (e *env) runExample(args ...string) *exec.Cmd {
 	}
 	e.t.Cleanup(func() {
 		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 		}
 	})
 	return cmd
@@ -317,7 +318,7 @@ func watch(t *testing.T, cmd *exec.Cmd) *watched {
 }
 
 func (p *watched) kill() {
-	p.cmd.Process.Kill()
+	_ = p.cmd.Process.Kill()
 	<-p.done
 }
 
@@ -331,8 +332,8 @@ func (p *watched) exited() (bool, error) {
 }
 
 func kill(cmd *exec.Cmd) {
-	cmd.Process.Kill()
-	cmd.Wait()
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
 }
 
 // TestChainOrderCommitFails: an order whose COMMIT fails (a deferred
@@ -385,7 +386,7 @@ func TestChainWriterKilledAfterCommit(t *testing.T) {
 	events := ch.events()
 	rows := ch.waitLedger(time.Minute)
 	var unfinished int
-	ch.db.QueryRow(ch.e.ctx, "SELECT count(*) FROM orders WHERE status <> 'shipped'").Scan(&unfinished)
+	_ = ch.db.QueryRow(ch.e.ctx, "SELECT count(*) FROM orders WHERE status <> 'shipped'").Scan(&unfinished)
 	t.Logf("writer killed after %d committed events (%d orders not shipped yet); ledger %d rows", events, unfinished, rows)
 }
 
@@ -432,7 +433,7 @@ func TestChainRelayKilledBeforeConfirm(t *testing.T) {
 	// Confirm rarely, so that a kill right after publishing falls before
 	// the confirmation (the server still asks for a reply every 5s).
 	args := replaceFlag(ch.e.args(), "--status-interval", "8s")
-	slow := append(args, "--confirm-delay", "8s")
+	slow := slices.Concat(args, []string{"--confirm-delay", "8s"})
 	cmd := ch.e.runBinary(slow...)
 	ch.e.waitFor("slot active", 60*time.Second, func() (bool, error) {
 		i, err := ch.e.slotInfoErr()
@@ -767,7 +768,7 @@ func TestChainSoak(t *testing.T) {
 	procs["writer2"].kill()
 	events := ch.events()
 	var orders, shipped int
-	ch.db.QueryRow(e.ctx, "SELECT count(*), count(*) FILTER (WHERE status = 'shipped') FROM orders").Scan(&orders, &shipped)
+	_ = ch.db.QueryRow(e.ctx, "SELECT count(*), count(*) FILTER (WHERE status = 'shipped') FROM orders").Scan(&orders, &shipped)
 	raw := e.consume()
 	ch.e.waitFor("the ledger to catch up, with the relay and the consumer running", 3*time.Minute, func() (bool, error) {
 		for _, name := range []string{"relay", "consumer"} {
@@ -816,7 +817,7 @@ func TestChainConsumerSIGTERM(t *testing.T) {
 	raw.waitIDs(90, time.Minute)
 	p := ch.e.runExample(ch.consumeArgs("-handler-delay", "20ms")...)
 	ch.e.waitFor("20 ledger rows", time.Minute, func() (bool, error) { return ch.ledgerRows() >= 20, nil })
-	p.Process.Signal(syscall.SIGTERM)
+	_ = p.Process.Signal(syscall.SIGTERM)
 	if err := p.Wait(); err != nil {
 		t.Fatalf("the consumer did not exit cleanly on SIGTERM: %v", err)
 	}

@@ -111,7 +111,7 @@ func TestDebeziumSameRecords(t *testing.T) {
 	t.Cleanup(func() {
 		conn, err := pgx.Connect(context.Background(), e.url)
 		if err == nil {
-			conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", dbzSlot)
+			_, _ = conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", dbzSlot)
 			conn.Close(context.Background())
 		}
 	})
@@ -329,7 +329,7 @@ func TestDebeziumMoveInPlace(t *testing.T) {
 	t.Cleanup(func() {
 		conn, err := pgx.Connect(context.Background(), e.url)
 		if err == nil {
-			conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", dbzSlot)
+			_, _ = conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", dbzSlot)
 			conn.Close(context.Background())
 		}
 	})

@@ -28,7 +28,7 @@ func TestDevDemo(t *testing.T) {
 			t.Fatalf("walrelay dev --demo 10: %v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
 		}
 	case <-time.After(3 * time.Minute):
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill()
 		t.Fatalf("walrelay dev --demo 10 did not finish\nstdout:\n%s\nstderr:\n%s", &stdout, &stderr)
 	}
 	var records int

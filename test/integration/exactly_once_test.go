@@ -302,7 +302,6 @@ func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
 	if err := pg.Restart(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	conn = e.conn()
 	afterRestart := e.slotInfo().ConfirmedLSN
 	if afterRestart >= reach {
 		t.Fatalf("after the PostgreSQL restart confirmed_flush_lsn is %s, not behind the checkpoint %s", afterRestart, reach)
@@ -353,7 +352,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 		} else if attempt == 10 {
 			t.Fatalf("10 times relay A's transaction was %s once A was frozen, not Ongoing", st)
 		}
-		a.cmd.Process.Signal(syscall.SIGCONT)
+		_ = a.cmd.Process.Signal(syscall.SIGCONT)
 	}
 	bStarted := time.Now()
 	b := startProc(t, nil, args...)
@@ -1255,7 +1254,7 @@ func exited(p *proc) bool {
 
 // kill9 SIGKILLs the binary and waits for it to be gone.
 func kill9(p *proc) {
-	p.cmd.Process.Kill()
+	_ = p.cmd.Process.Kill()
 	<-p.done
 }
 

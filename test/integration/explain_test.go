@@ -35,7 +35,7 @@ func (e *env) explain() (string, []slot.Cause) {
 		Explain []slot.Cause `json:"explain"`
 	}
 	// An unhealthy slot's error follows the JSON on stderr.
-	if err := json.NewDecoder(strings.NewReader(out[strings.Index(out, "{"):])).Decode(&st); err != nil {
+	if err := json.NewDecoder(strings.NewReader(out[max(strings.Index(out, "{"), 0):])).Decode(&st); err != nil {
 		e.t.Fatalf("status --explain --json: %v\n%s", err, out)
 	}
 	if st.Explain == nil {
@@ -587,7 +587,7 @@ func TestSlotTimeLeft(t *testing.T) {
 		defer close(done)
 		defer writer.Close(context.Background())
 		for ctx.Err() == nil {
-			writer.Exec(ctx, `SELECT pg_logical_emit_message(false, 'walrelay.test', repeat('x', 64000))`)
+			_, _ = writer.Exec(ctx, `SELECT pg_logical_emit_message(false, 'walrelay.test', repeat('x', 64000))`)
 			time.Sleep(50 * time.Millisecond) // paces the load at about 1 MB/s
 		}
 	}()
@@ -614,7 +614,7 @@ func TestSlotTimeLeft(t *testing.T) {
 		WALRate  *float64 `json:"wal_rate_bytes_per_second"`
 		TimeLeft *float64 `json:"time_to_invalidation_seconds"`
 	}
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &st); err != nil || st.WALRate == nil || st.TimeLeft == nil || *st.TimeLeft <= 0 {
+	if err := json.Unmarshal([]byte(out[max(strings.Index(out, "{"), 0):]), &st); err != nil || st.WALRate == nil || st.TimeLeft == nil || *st.TimeLeft <= 0 {
 		t.Errorf("status --json: rate %v, time left %v (%v):\n%s", st.WALRate, st.TimeLeft, err, out)
 	}
 

@@ -34,8 +34,6 @@ type failoverWriters struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
-	mu       sync.Mutex
-	errs     []error
 }
 
 func (e *env) startFailoverWriters(n int, pause time.Duration) *failoverWriters {
@@ -151,7 +149,7 @@ func orderInversions(recs []*kgo.Record) int {
 			continue // a checkpoint or heartbeat record
 		}
 		var seq int64
-		fmt.Sscanf(strings.TrimPrefix(strings.TrimSpace(string(r.Value)), `{"seq": `), "%d", &seq)
+		_, _ = fmt.Sscanf(strings.TrimPrefix(strings.TrimSpace(string(r.Value)), `{"seq": `), "%d", &seq)
 		s := byKey[string(r.Key)]
 		if s == nil {
 			s = &seen{max: -1, firsts: map[string]bool{}}
@@ -245,7 +243,7 @@ func TestFailoverWithoutFailoverSlotIsRefused(t *testing.T) {
 	if code2 != 0 {
 		t.Fatalf("setup --accept-gap exit %d:\n%s", code2, out2)
 	}
-	p = startProc(t, nil, args...)
+	startProc(t, nil, args...)
 	after := e.insertRows(e.conn(), 10, "after")
 	c.waitAll(after, time.Minute)
 }
@@ -294,7 +292,7 @@ func TestFailoverSlotCarriesOn(t *testing.T) {
 					var l string
 					c, err := pgx.Connect(e.ctx, rs.primary.URL("postgres"))
 					if err == nil {
-						c.QueryRow(e.ctx, "SELECT pg_current_wal_lsn()::text").Scan(&l)
+						_ = c.QueryRow(e.ctx, "SELECT pg_current_wal_lsn()::text").Scan(&l)
 						c.Close(context.Background())
 					}
 					promotions = append(promotions, fmt.Sprintf("%s (%s)", promoted.Format("15:04:05.000"), l))
@@ -329,7 +327,7 @@ func TestFailoverSlotCarriesOn(t *testing.T) {
 						var key, lsn string
 						var seq int64
 						var at time.Time
-						rows.Scan(&key, &seq, &lsn, &at)
+						_ = rows.Scan(&key, &seq, &lsn, &at)
 						t.Logf("not delivered: key %s seq %d lsn %s at %s", key, seq, lsn, at.Format("15:04:05.000"))
 					}
 				}

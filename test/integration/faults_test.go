@@ -365,8 +365,8 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 	wr := e.startWriters(writers, 0, perWriter, 40*time.Millisecond)
 	waitDistinct(c, writers*perWriter/4, 2*time.Minute)
 	survivor := 1 - active
-	cmds[active].Process.Kill()
-	cmds[active].Wait()
+	_ = cmds[active].Process.Kill()
+	_ = cmds[active].Wait()
 	killed := time.Now()
 	e.waitFor("the survivor ready", 15*time.Second, func() (bool, error) {
 		code := readyz(addrs[survivor])
@@ -458,8 +458,8 @@ func TestSoakKillsAndBrokerRestarts(t *testing.T) {
 		}
 		switch {
 		case !now.Before(nextKill):
-			cmd.Process.Kill()
-			cmd.Wait()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 			kills++
 			cmd = e.runBinary(args...)
 			nextKill = time.Now().Add(time.Duration(3000+rng.IntN(7000)) * time.Millisecond)
@@ -695,7 +695,7 @@ func (pr *proxied) cut(abrupt bool) {
 	pr.once.Do(func() {
 		for _, c := range []net.Conn{pr.client, pr.server} {
 			if tc, ok := c.(*net.TCPConn); ok && abrupt {
-				tc.SetLinger(0) // RST, not a polite FIN
+				_ = tc.SetLinger(0) // RST, not a polite FIN
 			}
 			c.Close()
 		}
@@ -1063,6 +1063,6 @@ func readyz(addr string) int {
 		return 0
 	}
 	defer resp.Body.Close()
-	io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode
 }

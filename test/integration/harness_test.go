@@ -127,7 +127,7 @@ func run(m *testing.M) (code int) {
 			if code != 0 {
 				// Keep the broker's log of a failed run.
 				fmt.Fprintln(os.Stderr, "tests failed: Apache Kafka's logs kept in", c.Dir)
-				c.Stop(1)
+				_ = c.Stop(1)
 				return
 			}
 			c.Close()
@@ -218,7 +218,7 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 		// tests' status --explain.
 		conn, err := pgx.Connect(context.Background(), e.url)
 		if err == nil {
-			conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
+			_, _ = conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
 			conn.Close(context.Background())
 		}
 	})
@@ -359,7 +359,7 @@ func (e *env) startRelayGathered(cfg relay.Config) (*running, *prometheus.Regist
 	ctx, cancel := context.WithCancel(e.ctx)
 	rr := &running{relay: r, cancel: cancel, done: make(chan error, 1)}
 	go func() { rr.done <- r.Run(ctx) }()
-	e.t.Cleanup(func() { rr.stop(e.t) })
+	e.t.Cleanup(func() { _ = rr.stop(e.t) })
 	e.waitFor("relay streaming", 60*time.Second, func() (bool, error) {
 		if ok, err := rr.returned(); ok {
 			return false, fmt.Errorf("relay stopped: %v", err)
@@ -578,8 +578,8 @@ func (e *env) runBinary(args ...string) *exec.Cmd {
 	}
 	e.t.Cleanup(func() {
 		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 		}
 	})
 	return cmd

@@ -49,8 +49,8 @@ func noise(ctx context.Context, t *testing.T, url string) *sync.WaitGroup {
 	wg.Go(func() {
 		defer conn.Close(context.Background())
 		for ctx.Err() == nil {
-			conn.Exec(ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 100)`)
-			conn.Exec(ctx, `DELETE FROM noise WHERE id < (SELECT max(id) - 1000 FROM noise)`)
+			_, _ = conn.Exec(ctx, `INSERT INTO noise (v) SELECT repeat('x', 200) FROM generate_series(1, 100)`)
+			_, _ = conn.Exec(ctx, `DELETE FROM noise WHERE id < (SELECT max(id) - 1000 FROM noise)`)
 			time.Sleep(20 * time.Millisecond) // paces the load
 		}
 	})
@@ -312,8 +312,8 @@ func TestKeepalivesWhileInFlightThenKill(t *testing.T) {
 		t.Fatalf("confirmed %s (max seen %s) passed the first unacknowledged transaction (ends before %s)", info.ConfirmedLSN, last, firstUnacked)
 	}
 
-	cmd.Process.Kill()
-	cmd.Wait()
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
 	hits := fault.Hits()
 	e.runBinary(e.args()...)
 	// The restarted relay resends the unacknowledged rows into the same
@@ -440,7 +440,9 @@ func TestSetupAndDrop(t *testing.T) {
 		t.Error("slot still exists after drop")
 	}
 	var n int
-	conn.QueryRow(e.ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, e.name).Scan(&n)
+	if err := conn.QueryRow(e.ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, e.name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
 	if n != 0 {
 		t.Error("publication still exists after drop --drop-publication")
 	}
@@ -519,7 +521,7 @@ func TestMetricsHealthAndHeartbeatTopic(t *testing.T) {
 		}
 		return false, nil
 	})
-	cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	waitExit(t, cmd, 0)
 }
 

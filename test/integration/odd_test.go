@@ -276,7 +276,7 @@ func startStandby(t *testing.T, e *env) string {
 	}
 	f.Close()
 	pgRun(t, bin, "pg_ctl", "start", "-w", "-t", "60", "-D", data, "-l", filepath.Join(dir, "standby.log"))
-	t.Cleanup(func() { pgRunErr(bin, "pg_ctl", "stop", "-w", "-m", "immediate", "-D", data) })
+	t.Cleanup(func() { _ = pgRunErr(bin, "pg_ctl", "stop", "-w", "-m", "immediate", "-D", data) })
 	su := *primary
 	su.Host = net.JoinHostPort(primary.Hostname(), strconv.Itoa(port))
 	standby := su.String()
@@ -389,8 +389,8 @@ pidfile = %s
 	}
 	t.Cleanup(func() {
 		w.done.Store(true)
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
 	})
 	u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	pooled := u.String()

@@ -86,7 +86,7 @@ func startProc(t *testing.T, extraEnv []string, args ...string) *proc {
 		select {
 		case <-p.done:
 		default:
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill()
 			<-p.done
 		}
 	})
@@ -106,11 +106,11 @@ func (p *proc) wait(limit time.Duration) (code int, elapsed time.Duration, ok bo
 	case <-time.After(limit):
 		ok = false
 		elapsed = time.Since(p.start)
-		p.cmd.Process.Signal(syscall.SIGTERM)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
 		case <-time.After(30 * time.Second):
-			p.cmd.Process.Kill()
+			_ = p.cmd.Process.Kill()
 			<-p.done
 		}
 	}
@@ -207,11 +207,11 @@ func (e *env) createRole(name, attrs, password string) string {
 	e.t.Cleanup(func() {
 		ctx := context.Background()
 		if c, err := pgx.Connect(ctx, e.url); err == nil {
-			c.Exec(ctx, "DROP OWNED BY "+ident)
+			_, _ = c.Exec(ctx, "DROP OWNED BY "+ident)
 			c.Close(ctx)
 		}
 		if c, err := pgx.Connect(ctx, pgAdminURL); err == nil {
-			c.Exec(ctx, "DROP ROLE IF EXISTS "+ident)
+			_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+ident)
 			c.Close(ctx)
 		}
 	})
@@ -468,7 +468,7 @@ func TestOnInvalidFailAndSkip(t *testing.T) {
 		if r := byID[after]; r == nil || r.Topic != e.topic("o") {
 			t.Errorf("event %s after the invalid row: %v, want on %s", after, r, e.topic("o"))
 		}
-		p2.cmd.Process.Signal(syscall.SIGTERM)
+		_ = p2.cmd.Process.Signal(syscall.SIGTERM)
 		if code, _, ok := p2.wait(60 * time.Second); !ok || code != 0 {
 			t.Errorf("SIGTERM: exit %d (exited %v), want 0", code, ok)
 		}
@@ -522,7 +522,7 @@ func TestOnInvalidFailAndSkip(t *testing.T) {
 		if !strings.Contains(p.out.String(), bad) {
 			t.Errorf("the skipped event's id %s is not in the log", bad)
 		}
-		p.cmd.Process.Signal(syscall.SIGTERM)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
 			t.Errorf("SIGTERM: exit %d (exited %v), want 0", code, ok)
 		}
@@ -603,7 +603,9 @@ func TestStartupRefusals(t *testing.T) {
 			check: func(t *testing.T, e *env) {
 				noSlot(t, e)
 				var n int
-				e.conn().QueryRow(e.ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, e.name).Scan(&n)
+				if err := e.conn().QueryRow(e.ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, e.name).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
 				if n != 0 {
 					t.Error("publication created despite --no-create-publication")
 				}
@@ -837,7 +839,7 @@ func TestSASLSCRAM(t *testing.T) {
 				if recs[0].Topic != e.topic("s") || string(recs[0].Value) != `{"sasl": true}` {
 					t.Errorf("read %s %q, want %s {\"sasl\": true}", recs[0].Topic, recs[0].Value, e.topic("s"))
 				}
-				p.cmd.Process.Signal(syscall.SIGTERM)
+				_ = p.cmd.Process.Signal(syscall.SIGTERM)
 				code, _, ok := p.wait(60 * time.Second)
 				if !ok || code != 0 {
 					t.Errorf("SIGTERM: exit %d (exited %v), want 0", code, ok)
@@ -954,7 +956,7 @@ func TestPostgresPasswordNeverLogged(t *testing.T) {
 		e.waitSlotActive(p)
 		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('p', 'k', 'T', '{}')`)
 		c.waitIDs(1, 60*time.Second)
-		p.cmd.Process.Signal(syscall.SIGTERM)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
 			t.Errorf("SIGTERM: exit %d (exited %v), want 0", code, ok)
 		}

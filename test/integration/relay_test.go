@@ -163,7 +163,9 @@ func TestCommitOrderNotInsertOrder(t *testing.T) {
 	}
 	tx, _ := b.Begin(e.ctx)
 	insert(tx, "C")
-	tx.Commit(e.ctx)
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	c.waitIDs(3, 30*time.Second)
 	e.fence("", c) // a wrongly published record would be read by now
@@ -256,7 +258,9 @@ func TestInsertAndDeleteInSameTransaction(t *testing.T) {
 		t.Fatalf("%d distinct events, want %d", n, txns*per)
 	}
 	var left int
-	conn.QueryRow(e.ctx, `SELECT count(*) FROM outbox`).Scan(&left)
+	if err := conn.QueryRow(e.ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
 	if left != 0 {
 		t.Fatalf("outbox has %d rows, want 0", left)
 	}
@@ -503,8 +507,8 @@ func TestKill9MidRun(t *testing.T) {
 	e.waitFor("a quarter delivered", 2*time.Minute, func() (bool, error) {
 		return len(distinctIDs(c.records())) >= writers*perWriter/4, nil
 	})
-	cmd.Process.Kill()
-	cmd.Wait()
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
 	killedAt := len(distinctIDs(c.records()))
 	e.runBinary(e.args()...)
 	wr.wait(t)
@@ -513,13 +517,10 @@ func TestKill9MidRun(t *testing.T) {
 	t.Logf("killed after %d distinct events; %d records read for %d events (%d duplicates)", killedAt, len(recs), writers*perWriter, dups)
 }
 
-// writeSequence inserts n events for writer w in transactions of 1 to 5
-// rows. Writer w owns keys w-0..w-9 and numbers its events with seq, so per
-// key the commit order is seq order.
-func writeSequence(e *env, w, n int) error { return writePaced(e, w, n, 0) }
-
-// writePaced is writeSequence with a pause after every transaction, so
-// that the writes span the faults the tests inject.
+// writePaced inserts n events for writer w in transactions of 1 to 5 rows,
+// with a pause after every transaction, so that the writes span the faults
+// the tests inject. Writer w owns keys w-0..w-9 and numbers its events with
+// seq, so per key the commit order is seq order.
 func writePaced(e *env, w, n int, pause time.Duration) error {
 	return writeCounted(e, w, 0, n, pause, nil)
 }

@@ -80,7 +80,7 @@ func TestPostgresSecretsNeverPrinted(t *testing.T) {
 				resp.Body.Close()
 				noSecret(t, path, string(body))
 			}
-			p.cmd.Process.Signal(syscall.SIGTERM)
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 			if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
 				t.Errorf("run: SIGTERM: exit %d (exited %v), want 0", code, ok)
 			}

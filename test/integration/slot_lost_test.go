@@ -70,7 +70,7 @@ func (e *env) snapshotArgs() []string {
 // exits 0.
 func stopProc(t *testing.T, p *proc) {
 	t.Helper()
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
 		t.Fatalf("SIGTERM: exit %d (exited %v), want 0", code, ok)
 	}

@@ -1,0 +1,137 @@
+// Command walrelay-bench measures walrelay: drain throughput against
+// pg_recvlogical, commit-to-consumer latency, memory on a huge transaction,
+// idle CPU, and (--peer debezium) Debezium side by side. See BENCHMARKS.md.
+//
+//	make build-bench && bin/walrelay-bench
+//
+// It is a command of its own so that the daemon does not link the
+// benchmark, its Apache Kafka and Debezium harnesses or their JVM
+// launchers. The relay under test is a walrelay binary run as a
+// subprocess (`walrelay run`), so its CPU time and peak RSS are its own:
+// by default the one next to this executable, else the first on PATH.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/walrelay/walrelay/internal/bench"
+)
+
+// Exit codes, walrelay's where they mean the same.
+const (
+	// exitFailed: a measurement failed.
+	exitFailed = 1
+	// exitSetup: the relay binary cannot be found.
+	exitSetup = 2
+	// exitUsage: a malformed flag (kong's code for usage errors).
+	exitUsage = 80
+)
+
+// benchCmd is the command line: which scenarios, at which sizes, against
+// which relay, PostgreSQL and broker.
+type benchCmd struct {
+	Scenario     []string      `default:"drain,latency,big,idle" help:"Scenarios to run: drain, latency, big, idle (peer: see --peer)."`
+	Peer         string        `default:"none" enum:"none,debezium" help:"debezium: run only the peer scenario: walrelay --preset debezium, Debezium with its defaults and Debezium tuned, one after the other on one Apache Kafka node (needs Java and Maven; see make deps-debezium): drain rate per --txn-size, latency per --peer-rate, peak RSS, CPU per event, and a kill -9 under load."`
+	PeerRate     []int         `default:"1000,5000" help:"peer: commits per second of the latency runs; one run per value."`
+	PeerRun      []string      `default:"walrelay,debezium,debezium-tuned" help:"peer: which to run: walrelay, debezium (its defaults), debezium-tuned."`
+	Events       int           `default:"200000" help:"drain: backlog size in events."`
+	TxnSize      []int         `default:"1,100" help:"drain: rows per transaction; one run per value."`
+	PayloadBytes int           `default:"200" help:"Approximate payload size of each event."`
+	Broker       []string      `default:"discard,store" help:"drain: brokers, discard and store (in-process kfake that drops or keeps records) and apache (one Apache Kafka node: needs Java and Maven, see make deps-kafka; latency then runs on it too)."`
+	Delivery     []string      `default:"at-least-once" help:"drain and latency: delivery modes to measure, at-least-once and/or exactly-once."`
+	Rate         []int         `default:"2000,10000" help:"latency: commits per second; one run per value."`
+	Duration     time.Duration `default:"20s" help:"latency: how long each rate runs (after a 2s warm-up)."`
+	BigRows      []int         `default:"100000,1000000" help:"big: rows of the one transaction; one run per value."`
+	Idle         time.Duration `default:"30s" help:"idle: how long to measure the idle relay's CPU."`
+	Repeat       int           `default:"1" help:"Runs of each measurement."`
+	RelayBinary  string        `help:"The walrelay binary under test (default: walrelay next to this executable, else the first on PATH)."`
+	RelayArg     []string      `help:"Extra flag for the relay under test (repeatable), e.g. --relay-arg=--binary."`
+	PGURL        string        `name:"pg-url" help:"Use this PostgreSQL (a superuser URL) instead of a throwaway cluster."`
+	Brokers      []string      `help:"Use these Kafka brokers instead of an in-process kfake."`
+	JSON         bool          `name:"json" help:"Print JSON instead of a table."`
+}
+
+func main() {
+	var c benchCmd
+	parser := kong.Must(&c,
+		kong.Name("walrelay-bench"),
+		kong.Description("Measure walrelay against pg_recvlogical (throughput), and its latency, memory and idle CPU, on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."),
+		// The variables walrelay bench read when it was a walrelay
+		// command (WALRELAY_PG_URL, WALRELAY_BROKERS, …).
+		kong.DefaultEnvars("WALRELAY"),
+	)
+	if _, err := parser.Parse(os.Args[1:]); err != nil {
+		parser.Errorf("%s", err)
+		os.Exit(exitUsage)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := c.run(ctx)
+	stop() // not deferred: os.Exit skips deferred calls
+	os.Exit(code)
+}
+
+func (c *benchCmd) run(ctx context.Context) int {
+	bin, err := relayBinary(c.RelayBinary)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "walrelay-bench:", err)
+		return exitSetup
+	}
+	if c.Peer == "debezium" {
+		c.Scenario = []string{"peer"}
+	}
+	results, err := bench.Run(ctx, bench.Config{
+		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
+		Brokers: c.Broker, Deliveries: c.Delivery, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
+		Repeat: c.Repeat, RelayArgs: c.RelayArg, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
+	})
+	if c.JSON {
+		if jerr := bench.PrintJSON(os.Stdout, results); jerr != nil && err == nil {
+			err = jerr
+		}
+	} else {
+		fmt.Printf("walrelay-bench (%s)\n", strings.Join(c.Scenario, ", "))
+		bench.PrintTable(os.Stdout, results)
+	}
+	if err != nil {
+		// One line: pgconn lists each connection attempt on its own line.
+		fmt.Fprintln(os.Stderr, "walrelay-bench:", strings.Join(strings.Fields(err.Error()), " "))
+		return exitFailed
+	}
+	return 0
+}
+
+// relayBinary returns the walrelay binary to measure: flag when given,
+// else walrelay in this executable's directory (make build-bench puts both
+// in bin/), else walrelay on PATH.
+func relayBinary(flag string) (string, error) {
+	if flag != "" {
+		if _, err := os.Stat(flag); err != nil {
+			return "", fmt.Errorf("--relay-binary: %w", err)
+		}
+		return flag, nil
+	}
+	var next string
+	if exe, err := os.Executable(); err == nil {
+		next = filepath.Join(filepath.Dir(exe), "walrelay")
+		if st, err := os.Stat(next); err == nil && !st.IsDir() {
+			return next, nil
+		}
+	}
+	if p, err := exec.LookPath("walrelay"); err == nil {
+		return p, nil
+	} else if !errors.Is(err, exec.ErrNotFound) {
+		return "", err
+	}
+	return "", fmt.Errorf("no walrelay binary at %s nor on PATH: build it (make build-bench builds both into bin/) or pass --relay-binary", next)
+}
