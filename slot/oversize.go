@@ -16,9 +16,10 @@ package slot
 // bounded buffer, every CopyData message larger than the cap while it
 // streams through: it keeps the message's framing, the XLogData header and
 // every column value that still fits under the cap, and replaces each
-// other value by the marker kind 'o' followed by the value's length (a kind
-// PostgreSQL never sends; the decoder turns a mapped 'o' into an event
-// marked oversize, which the router dead-letters with its id and size).
+// other value by the marker kind decoder.OmittedKind followed by the
+// value's length (a kind PostgreSQL never sends; the decoder turns a mapped
+// omitted value into an event marked oversize, which the router
+// dead-letters with its id and size).
 // The connection stays in step, the row is dead-lettered, the stream goes
 // on, and no message pgproto3 sees is larger than the cap.
 //
@@ -31,12 +32,9 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
-)
 
-// OmittedKind is the TupleData kind byte that replaces a column value the
-// reader did not keep; it is followed by the value's int32 length and no
-// bytes.
-const OmittedKind = 'o'
+	"github.com/walrelay/walrelay/decoder"
+)
 
 // capReader passes the protocol stream through unchanged, except CopyData
 // messages whose body exceeds max, which it rewrites (see above). It is
@@ -281,7 +279,7 @@ func (c *capReader) step(chunk []byte) (int, error) {
 		room := c.max - len(w.body) - 4 - 5*(w.cols-w.col-1)
 		w.keep = size <= room
 		if !w.keep {
-			w.body[len(w.body)-1] = OmittedKind
+			w.body[len(w.body)-1] = decoder.OmittedKind
 		}
 		w.body = append(w.body, f...)
 		w.val = size
