@@ -43,6 +43,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -295,11 +296,11 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if cfg.StatusInterval < cfg.ConfirmDelay {
 		return nil, fmt.Errorf("status interval %s is shorter than the confirm delay %s", cfg.StatusInterval, cfg.ConfirmDelay)
 	}
-	for _, kind := range []string{"wal", "kafka"} {
-		m.Heartbeats.WithLabelValues(kind)
+	for _, kind := range heartbeat.Kinds() {
+		m.Heartbeats.WithLabelValues(string(kind))
 	}
-	for _, cause := range []string{"kafka", "fenced", "slot_busy", "silent", "decode", "postgres", "connection", "setup"} {
-		m.StreamRestarts.WithLabelValues(cause)
+	for _, cause := range RestartCauses() {
+		m.StreamRestarts.WithLabelValues(string(cause))
 	}
 	r := &Relay{
 		cfg:     cfg,
@@ -412,7 +413,7 @@ func (r *Relay) Run(parent context.Context) error {
 				if isFatal(err) {
 					return err
 				}
-				if err := r.retry(ctx, "kafka", err); err != nil {
+				if err := r.retry(ctx, CauseKafka, err); err != nil {
 					return stopped(err)
 				}
 				continue
@@ -462,7 +463,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 				if ctx.Err() != nil || isFatal(err) {
 					return fail(err)
 				}
-				if err := r.retry(ctx, "kafka", err); err != nil {
+				if err := r.retry(ctx, CauseKafka, err); err != nil {
 					return fail(err)
 				}
 				continue
@@ -479,11 +480,11 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 			r.logFailover(ctx)
 			return rt, nil
 		}
-		cause := "setup"
+		cause := CauseSetup
 		if rt.Failed() {
 			// Kafka refused a snapshot record: a new producer for the
 			// next attempt.
-			cause = "kafka"
+			cause = CauseKafka
 			rt.Close()
 			rt = nil
 		}
@@ -587,22 +588,22 @@ func certificateError(err error) bool {
 // should try again, else why to stop instead: ctx's error when ctx ended,
 // or a fatal error when the relay never streamed within StartupTimeout and
 // err is not a standby's wait for a busy slot.
-func (r *Relay) retry(ctx context.Context, cause string, err error) error {
-	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
+func (r *Relay) retry(ctx context.Context, cause RestartCause, err error) error {
+	if cause != CauseSlotBusy && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
 		return &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
 	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
-	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
+	if cause != CauseSlotBusy && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
 		// End the sleep at the deadline: one last attempt then, and the
 		// next failure gives up on time instead of a backoff late.
 		wait = max(min(wait, r.begin.Add(r.cfg.StartupTimeout).Sub(r.now())), 0)
 	}
-	r.metrics.StreamRestarts.WithLabelValues(cause).Inc()
-	if cause == "slot_busy" {
+	r.metrics.StreamRestarts.WithLabelValues(string(cause)).Inc()
+	if cause == CauseSlotBusy {
 		r.log.Info("waiting as a standby: another client streams from the slot", zap.String("slot", r.cfg.Slot),
 			zap.Error(err), zap.Duration("retry_in", wait))
 	} else {
-		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
+		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", string(cause)), zap.Error(err),
 			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	}
 	if !r.sleep(ctx, wait) {
@@ -662,25 +663,57 @@ func isFatal(err error) bool {
 	return false
 }
 
+// RestartCause says why the relay restarted: the cause label of
+// walrelay_stream_restarts_total.
+type RestartCause string
+
+const (
+	// CauseKafka: Kafka refused a record for good, a Kafka transaction
+	// failed, or no producer could be made.
+	CauseKafka RestartCause = "kafka"
+	// CauseFenced: another producer took the exactly-once transactional
+	// id after another relay took the slot (this one waits as a standby).
+	CauseFenced RestartCause = "fenced"
+	// CauseSlotBusy: another client streams from the slot (a standby's
+	// wait, not a fault).
+	CauseSlotBusy RestartCause = "slot_busy"
+	// CauseSilent: the server sent nothing for Config.ReceiveTimeout.
+	CauseSilent RestartCause = "silent"
+	// CauseDecode: a pgoutput message the decoder found malformed.
+	CauseDecode RestartCause = "decode"
+	// CausePostgres: an error PostgreSQL reported on the stream.
+	CausePostgres RestartCause = "postgres"
+	// CauseConnection: any other end of the stream (a broken connection).
+	CauseConnection RestartCause = "connection"
+	// CauseSetup: the setup checks at start failed in a way a retry may
+	// fix (the database unreachable, say).
+	CauseSetup RestartCause = "setup"
+)
+
+// RestartCauses lists every RestartCause (a new slice each call).
+func RestartCauses() []RestartCause {
+	return []RestartCause{CauseKafka, CauseFenced, CauseSlotBusy, CauseSilent, CauseDecode, CausePostgres, CauseConnection, CauseSetup}
+}
+
 // causeOf names a session's end for the restarts metric.
-func causeOf(err error) string {
+func causeOf(err error) RestartCause {
 	var pgErr *pgconn.PgError
 	var produceErr *produceError
 	var txnErr *kafkaTxnFailure
 	switch {
 	case errors.Is(err, router.ErrFenced):
-		return "fenced"
+		return CauseFenced
 	case errors.As(err, &produceErr), errors.As(err, &txnErr):
-		return "kafka"
+		return CauseKafka
 	case errors.Is(err, errSlotBusy):
-		return "slot_busy"
+		return CauseSlotBusy
 	case errors.Is(err, errServerSilent):
-		return "silent"
+		return CauseSilent
 	case errors.Is(err, decoder.ErrMalformed):
-		return "decode"
+		return CauseDecode
 	case errors.As(err, &pgErr):
-		return "postgres"
+		return CausePostgres
 	default:
-		return "connection"
+		return CauseConnection
 	}
 }

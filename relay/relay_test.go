@@ -89,7 +89,7 @@ func TestErrorClassification(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		err   error
-		cause string
+		cause RestartCause
 		fatal bool
 		conf  bool // kafkaConfigError
 	}{
