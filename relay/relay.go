@@ -22,6 +22,18 @@
 //
 // The pipeline lives here rather than in cmd/walrelay so that integration
 // tests, `walrelay dev` and the benchmark run the very code the daemon runs.
+//
+// DefaultConfig is the one definition of walrelay's defaults: the flags of
+// `walrelay run` and `walrelay dev` take theirs from it, so an embedder
+// that starts from it runs with the daemon's configuration. It is a
+// function rather than "zero means the default" because several defaults
+// are on (the initial snapshot, creating the slot and the publication,
+// creating topics) and several zeros mean something (no heartbeat, no
+// readiness lag check, commit at once): with zero as the default each of
+// those would need an inverted field or a negative stand-in, and a zero
+// would mean two things. So a field holds what it means, and New refuses a
+// zero where only a positive value works, naming the field and its
+// default.
 package relay
 
 import (
@@ -50,47 +62,75 @@ import (
 	"github.com/walrelay/walrelay/topics"
 )
 
-// Config configures a Relay. Zero durations mean their documented defaults.
+// Config configures a Relay. Start from DefaultConfig: a field holds the
+// value it means, so a zero is zero (off, none, at once), never "the
+// default"; New refuses a zero where only a positive value works. Each
+// field's documentation names its default, the value DefaultConfig sets.
 type Config struct {
 	// PGURL is the source database; the replication connection is derived
-	// from it.
-	PGURL       string
-	Slot        string
+	// from it. Required: no default.
+	PGURL string
+	// Slot is the logical replication slot (pgoutput); default "walrelay".
+	Slot string
+	// Publication is the publication the slot streams; default
+	// "walrelay_outbox".
 	Publication string
-	Tables      []decoder.Table
-	Mapping     decoder.Mapping
-	// CreatePublication and CreateSlot create what is missing at start.
+	// Tables are the outbox tables; default public.outbox.
+	Tables []decoder.Table
+	// Mapping maps outbox columns to the record; default
+	// decoder.DefaultMapping().
+	Mapping decoder.Mapping
+	// CreatePublication and CreateSlot create what is missing at start
+	// (default true, both).
 	CreatePublication, CreateSlot bool
 	// AlterPublication adds missing outbox tables to a publication walrelay
 	// did not create; AllowRowFilter accepts a row filter on an outbox
-	// table (see slot.SetupConfig).
+	// table (see slot.SetupConfig). Default false, both.
 	AlterPublication, AllowRowFilter bool
 	// NoFailoverSlot keeps the slot walrelay creates from being a failover
-	// slot (PostgreSQL 17+; by default it is one, and an existing slot is
-	// made one, so that a standby with sync_replication_slots keeps it).
+	// slot (PostgreSQL 17+; by default, false, it is one, and an existing
+	// slot is made one, so that a standby with sync_replication_slots
+	// keeps it).
 	NoFailoverSlot bool
 	// RecordSchema is the schema of walrelay's record, in the source
-	// database, of what the slot streams from (default "walrelay"): with
-	// it walrelay refuses to replace a slot, publication or outbox table
-	// that changed under it.
+	// database, of what the slot streams from (default
+	// slot.DefaultRecordSchema, "walrelay"): with it walrelay refuses to
+	// replace a slot, publication or outbox table that changed under it.
 	RecordSchema string
 	// InitialSnapshot publishes the rows already in the outbox tables when
-	// the relay creates the slot (--snapshot initial), before streaming;
-	// false (--snapshot never) publishes only what is committed later.
+	// the relay creates the slot, before streaming (default true); false
+	// publishes only what is committed later.
 	InitialSnapshot bool
 	// SnapshotWhere is an SQL condition the rows of a snapshot must meet
-	// (empty: every row); SnapshotOrder an SQL ORDER BY list (empty: the
-	// primary key).
+	// (default empty: every row); SnapshotOrder an SQL ORDER BY list
+	// (default empty: the primary key).
 	SnapshotWhere, SnapshotOrder string
-	// Binary asks pgoutput for binary values (PostgreSQL 14+).
+	// Binary asks pgoutput for binary values (PostgreSQL 14+); default
+	// false.
 	Binary bool
-	// Read tunes how the replication socket is read.
+	// Read tunes how the replication socket is read; its defaults: a read
+	// buffer of slot.DefaultReadBufferBytes (1 MiB), a socket receive
+	// buffer of 512 KiB (it carries about 50 MB/s at 10 ms round trip; 0
+	// keeps the kernel's autotuning), reads coalesced for 200µs, and
+	// messages capped at 64 MiB (MaxMessageBytes: far above the default
+	// record limit, so a row whose record fits always arrives whole, and
+	// low enough that one row cannot take a container's memory; 0: no
+	// cap).
 	Read slot.ReadOptions
 
-	// Router configures records and topics.
+	// Router configures records and topics. Its zero fields mean the
+	// router's defaults (see router.Config), which DefaultConfig spells
+	// out, with CreateTopics (default true) on.
 	Router router.Config
-	// KafkaOptions connect the producer: seed brokers, TLS, SASL,
-	// compression, linger. Router.ClientOptions are added to them.
+	// Linger is how long the producer waits to fill a batch (default 5ms;
+	// 0 sends at once), Compression its batch compression (default
+	// kgo.NoCompression()).
+	Linger      time.Duration
+	Compression kgo.CompressionCodec
+	// KafkaOptions connect the producer: seed brokers, TLS, SASL (default
+	// none). They come after the client id "walrelay", Linger and
+	// Compression, so an option here wins over those; Router.ClientOptions
+	// are added to them.
 	KafkaOptions []kgo.Opt
 
 	// StatusInterval is the longest time between standby status updates
@@ -98,8 +138,9 @@ type Config struct {
 	// wal_sender_timeout (default 60s), which disconnects a silent client.
 	StatusInterval time.Duration
 	// ConfirmDelay is the shortest time between two status updates that
-	// only move the confirmed position forward (default 100ms): confirming
-	// promptly keeps slot lag low, without a message per transaction.
+	// only move the confirmed position forward (default 100ms; 0 confirms
+	// at once): confirming promptly keeps slot lag low, without a message
+	// per transaction.
 	ConfirmDelay time.Duration
 	// ShutdownTimeout bounds the stop when Run's context ends: the wait
 	// for outstanding acks and, with exactly-once delivery, the final Kafka
@@ -109,30 +150,32 @@ type Config struct {
 	// sessions (defaults 500ms and 30s).
 	BackoffMin, BackoffMax time.Duration
 
-	// NoIdleAdvance stops confirming keepalive positions (idle advance is
-	// on by default). Only for diagnosis: without it a quiet outbox in a
-	// busy database pins WAL until the next outbox event.
+	// NoIdleAdvance stops confirming keepalive positions (default false:
+	// idle advance is on). Only for diagnosis: without it a quiet outbox
+	// in a busy database pins WAL until the next outbox event.
 	NoIdleAdvance bool
 	// HeartbeatInterval is the time between WAL nudges and heartbeat
-	// records; 0 disables both.
+	// records (default 30s); 0 disables both.
 	HeartbeatInterval time.Duration
-	// HeartbeatQuery replaces the default nudge
-	// (pg_logical_emit_message(false, 'walrelay.heartbeat', …)).
+	// HeartbeatQuery replaces the nudge (default empty:
+	// heartbeat.DefaultQuery, pg_logical_emit_message(false,
+	// 'walrelay.heartbeat', …)); "-" runs none.
 	HeartbeatQuery string
 	// HeartbeatTopic, when set, receives a heartbeat record every
-	// HeartbeatInterval.
+	// HeartbeatInterval (default empty: none).
 	HeartbeatTopic string
 	// SlotPollInterval is how often pg_replication_slots is read for the
 	// slot metrics and an invalidated slot (default 10s).
 	SlotPollInterval time.Duration
 	// ReadyMaxLag is the replication lag above which the relay reports not
-	// ready (default 60s; negative disables the check).
+	// ready (default 60s); 0 (or negative) disables the check.
 	ReadyMaxLag time.Duration
 	// ExactlyOnce delivers through Kafka transactions with a checkpoint
-	// record in each (Router.TransactionalID defaults to "walrelay-<slot>").
+	// record in each (default false: at-least-once). Router.TransactionalID
+	// defaults to "walrelay-<slot>".
 	ExactlyOnce bool
 	// TxnMaxEvents and TxnMaxInterval commit a Kafka transaction once it
-	// holds this many events or is this old (defaults 10,000 and 100ms);
+	// holds this many events or is this old (defaults 10000 and 100ms);
 	// it commits earlier when the stream runs dry at a PostgreSQL
 	// transaction boundary, once it is TxnMinInterval old (default 0: at
 	// once; more trades latency for fewer Kafka transactions).
@@ -144,50 +187,68 @@ type Config struct {
 	// (default 60s, like PostgreSQL's wal_receiver_timeout).
 	ReceiveTimeout time.Duration
 	// StartupTimeout is how long the relay keeps retrying PostgreSQL and
-	// Kafka before it has streamed once (default 2m; negative: forever).
-	// After the first stream it retries forever.
+	// Kafka before it has streamed once (default 2m; 0 or negative:
+	// forever). After the first stream it retries forever.
 	StartupTimeout time.Duration
 }
 
-// DefaultMaxMessageBytes is the default cap on one replication message
-// (Read.MaxMessageBytes): far above the default record limit, so a row
-// whose record fits always arrives whole, and low enough that one row
-// cannot take a container's memory.
-const DefaultMaxMessageBytes = 64 << 20
+// DefaultConfig returns the configuration walrelay runs with when nothing
+// is set: `walrelay run` with no flag but --pg-url and --brokers, and
+// `walrelay dev`, take their defaults from it. Set PGURL and the seed
+// brokers (KafkaOptions), change what differs, and pass it to New.
+func DefaultConfig() Config {
+	return Config{
+		Slot:              "walrelay",
+		Publication:       "walrelay_outbox",
+		Tables:            []decoder.Table{{Schema: "public", Name: "outbox"}},
+		Mapping:           decoder.DefaultMapping(),
+		CreatePublication: true,
+		CreateSlot:        true,
+		RecordSchema:      slot.DefaultRecordSchema,
+		InitialSnapshot:   true,
+		Read: slot.ReadOptions{
+			BufferBytes:        slot.DefaultReadBufferBytes,
+			SocketReceiveBytes: 512 << 10,
+			Coalesce:           200 * time.Microsecond,
+			MaxMessageBytes:    64 << 20,
+		},
+		Router:            defaultRouter(),
+		Linger:            5 * time.Millisecond,
+		Compression:       kgo.NoCompression(),
+		StatusInterval:    10 * time.Second,
+		ConfirmDelay:      100 * time.Millisecond,
+		ShutdownTimeout:   30 * time.Second,
+		BackoffMin:        500 * time.Millisecond,
+		BackoffMax:        30 * time.Second,
+		HeartbeatInterval: 30 * time.Second,
+		SlotPollInterval:  10 * time.Second,
+		ReadyMaxLag:       60 * time.Second,
+		TxnMaxEvents:      10_000,
+		TxnMaxInterval:    100 * time.Millisecond,
+		ReceiveTimeout:    60 * time.Second,
+		StartupTimeout:    2 * time.Minute,
+	}
+}
 
+// defaultRouter is the router's own defaults (what its zero fields mean),
+// spelled out so that DefaultConfig shows every value, with topic
+// creation on: a relay that meets a new aggregate type creates its topic
+// rather than stopping on it.
+func defaultRouter() router.Config {
+	c := router.Config{CreateTopics: true}.WithDefaults()
+	c.Topics = nil // a set per relay, made by New: see setDefaults
+	return c
+}
+
+// setDefaults fills in what derives from other fields: the transactional
+// id from the slot, the router's zero fields from its defaults, and the
+// Kafka client options Linger and Compression stand for.
 func (c *Config) setDefaults() {
-	if c.StatusInterval <= 0 {
-		c.StatusInterval = 10 * time.Second
-	}
-	if c.ConfirmDelay <= 0 {
-		c.ConfirmDelay = 100 * time.Millisecond
-	}
-	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 30 * time.Second
-	}
-	if c.BackoffMin <= 0 {
-		c.BackoffMin = 500 * time.Millisecond
-	}
-	if c.BackoffMax <= 0 {
-		c.BackoffMax = 30 * time.Second
-	}
-	if c.SlotPollInterval <= 0 {
-		c.SlotPollInterval = 10 * time.Second
-	}
-	if c.ReadyMaxLag == 0 {
-		c.ReadyMaxLag = 60 * time.Second
-	}
 	if c.ExactlyOnce && c.Router.TransactionalID == "" {
 		c.Router.TransactionalID = "walrelay-" + c.Slot
 	}
 	if !c.ExactlyOnce {
 		c.Router.TransactionalID = ""
-	}
-	if c.TxnMaxEvents <= 0 {
-		c.TxnMaxEvents = 10_000
-	}
-	if c.TxnMaxInterval <= 0 {
-		c.TxnMaxInterval = 100 * time.Millisecond
 	}
 	// The relay bounds commits by the transaction timeout, the decoder's
 	// value limit follows the record limit, and errors name the
@@ -195,18 +256,53 @@ func (c *Config) setDefaults() {
 	// set, made here once, is shared by every router of this relay, so
 	// the topic bounds hold for the process across producer replacements.
 	c.Router = c.Router.WithDefaults()
-	if c.Read.MaxMessageBytes == 0 {
-		c.Read.MaxMessageBytes = DefaultMaxMessageBytes
+	c.KafkaOptions = append([]kgo.Opt{
+		kgo.ClientID("walrelay"),
+		kgo.ProducerBatchCompression(c.Compression),
+		kgo.ProducerLinger(c.Linger),
+	}, c.KafkaOptions...)
+}
+
+// validate refuses what cannot work, naming the field and its default: a
+// zero where only a positive value works means a Config not started from
+// DefaultConfig.
+func (c *Config) validate() error {
+	def := DefaultConfig()
+	type duration struct {
+		field  string
+		d, def time.Duration
 	}
-	if c.ReceiveTimeout <= 0 {
-		c.ReceiveTimeout = 60 * time.Second
+	positive := []duration{
+		{"StatusInterval", c.StatusInterval, def.StatusInterval},
+		{"ShutdownTimeout", c.ShutdownTimeout, def.ShutdownTimeout},
+		{"BackoffMin", c.BackoffMin, def.BackoffMin},
+		{"BackoffMax", c.BackoffMax, def.BackoffMax},
+		{"SlotPollInterval", c.SlotPollInterval, def.SlotPollInterval},
+		{"ReceiveTimeout", c.ReceiveTimeout, def.ReceiveTimeout},
 	}
-	if c.StartupTimeout == 0 {
-		c.StartupTimeout = 2 * time.Minute
+	if c.ExactlyOnce {
+		positive = append(positive, duration{"TxnMaxInterval", c.TxnMaxInterval, def.TxnMaxInterval})
+	}
+	for _, f := range positive {
+		if f.d <= 0 {
+			return fmt.Errorf("relay.Config.%s is %s: give it a positive duration (the default is %s)", f.field, f.d, f.def)
+		}
+	}
+	for _, f := range []duration{{"ConfirmDelay", c.ConfirmDelay, def.ConfirmDelay}, {"Linger", c.Linger, def.Linger}, {"TxnMinInterval", c.TxnMinInterval, def.TxnMinInterval}} {
+		if f.d < 0 {
+			return fmt.Errorf("relay.Config.%s is %s: it must not be negative (the default is %s)", f.field, f.d, f.def)
+		}
+	}
+	if c.BackoffMax < c.BackoffMin {
+		return fmt.Errorf("relay.Config.BackoffMax %s is shorter than relay.Config.BackoffMin %s: raise it", c.BackoffMax, c.BackoffMin)
+	}
+	if c.ExactlyOnce && c.TxnMaxEvents <= 0 {
+		return fmt.Errorf("relay.Config.TxnMaxEvents is %d: give it a positive number (the default is %d)", c.TxnMaxEvents, def.TxnMaxEvents)
 	}
 	if c.RecordSchema == "" {
-		c.RecordSchema = slot.DefaultRecordSchema
+		return fmt.Errorf("relay.Config.RecordSchema is empty: name the schema of walrelay's record (the default is %s)", def.RecordSchema)
 	}
+	return nil
 }
 
 // Relay runs the pipeline. Create it with New, then call Run once.
@@ -262,8 +358,11 @@ type Relay struct {
 	unmapped map[decoder.Table]prometheus.Counter
 }
 
-// New checks cfg and returns a Relay.
+// New checks cfg (start from DefaultConfig) and returns a Relay.
 func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	cfg.setDefaults()
 	if err := slot.ValidSlotName(cfg.Slot); err != nil {
 		return nil, err

@@ -22,13 +22,8 @@ import (
 	"github.com/walrelay/walrelay/slot"
 )
 
-func validConfig() Config {
-	return Config{
-		Slot: "walrelay", Publication: "walrelay_outbox",
-		Tables:  []decoder.Table{{Schema: "public", Name: "outbox"}},
-		Mapping: decoder.DefaultMapping(),
-	}
-}
+// validConfig is what an embedder starts from.
+func validConfig() Config { return DefaultConfig() }
 
 func TestNewValidates(t *testing.T) {
 	for _, tc := range []struct {

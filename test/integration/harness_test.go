@@ -51,7 +51,6 @@ import (
 	"github.com/walrelay/walrelay/internal/kafkacluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
-	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -287,28 +286,26 @@ func (e *env) topicPrefix() string { return e.name + "." }
 // topic is the topic events of aggregate type agg go to.
 func (e *env) topic(agg string) string { return e.topicPrefix() + agg }
 
-// config is the relay configuration the tests start from.
+// config is the relay configuration the tests start from: the defaults,
+// with this test's names, a faster pace (status updates, reconnects,
+// linger), three partitions per topic, and neither the initial snapshot
+// nor the heartbeat: tests of those turn them on, the others count every
+// record and every WAL message they cause.
 func (e *env) config() relay.Config {
-	return relay.Config{
-		PGURL:             e.url,
-		Slot:              e.name,
-		Publication:       e.name,
-		Tables:            []decoder.Table{{Schema: "public", Name: "outbox"}},
-		Mapping:           decoder.DefaultMapping(),
-		CreatePublication: true,
-		CreateSlot:        true,
-		Router: router.Config{
-			TopicTemplate:   e.topicPrefix() + "{aggregate_type}",
-			DeadLetterTopic: e.topicPrefix() + "dlq",
-			CreateTopics:    true,
-			TopicPartitions: 3,
-		},
-		KafkaOptions:   []kgo.Opt{kgo.SeedBrokers(e.brokers...), kgo.ProducerLinger(time.Millisecond)},
-		StatusInterval: time.Second,
-		ReceiveTimeout: 10 * time.Second,
-		BackoffMin:     100 * time.Millisecond,
-		BackoffMax:     time.Second,
-	}
+	cfg := relay.DefaultConfig()
+	cfg.PGURL = e.url
+	cfg.Slot, cfg.Publication = e.name, e.name
+	cfg.Router.TopicTemplate = e.topicPrefix() + "{aggregate_type}"
+	cfg.Router.DeadLetterTopic = e.topicPrefix() + "dlq"
+	cfg.Router.TopicPartitions = 3
+	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(e.brokers...)}
+	cfg.Linger = time.Millisecond
+	cfg.StatusInterval = time.Second
+	cfg.ReceiveTimeout = 10 * time.Second
+	cfg.BackoffMin, cfg.BackoffMax = 100*time.Millisecond, time.Second
+	cfg.InitialSnapshot = false
+	cfg.HeartbeatInterval = 0
+	return cfg
 }
 
 // args are the binary's flags equivalent to config().
