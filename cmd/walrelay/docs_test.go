@@ -31,7 +31,7 @@ func runFlags(t *testing.T) map[string]string {
 func runFlagModels(t *testing.T) []*kong.Flag {
 	t.Helper()
 	var c cli
-	k, err := kong.New(&c, kong.DefaultEnvars("WALRELAY"), kong.Vars{"version": "test"})
+	k, err := kong.New(&c, parserOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,12 +72,7 @@ func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
 	var c cli
-	parser := kong.Must(&c,
-		kong.Name("walrelay"),
-		kong.Description("PostgreSQL outbox to Kafka relay: committed outbox INSERTs, in commit order, confirmed only after Kafka acknowledges."),
-		kong.DefaultEnvars("WALRELAY"),
-		kong.Vars{"version": version},
-	)
+	parser := kong.Must(&c, parserOptions()...)
 	kctx, err := parser.Parse(os.Args[1:])
 	if err != nil {
 		// kong exits 1 for some of these (a bad value in a WALRELAY_*
