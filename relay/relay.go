@@ -273,24 +273,24 @@ func (c *Config) validate() error {
 		d, def time.Duration
 	}
 	positive := []duration{
-		{"StatusInterval", c.StatusInterval, def.StatusInterval},
-		{"ShutdownTimeout", c.ShutdownTimeout, def.ShutdownTimeout},
-		{"BackoffMin", c.BackoffMin, def.BackoffMin},
-		{"BackoffMax", c.BackoffMax, def.BackoffMax},
-		{"SlotPollInterval", c.SlotPollInterval, def.SlotPollInterval},
-		{"ReceiveTimeout", c.ReceiveTimeout, def.ReceiveTimeout},
+		{"relay.Config.StatusInterval", c.StatusInterval, def.StatusInterval},
+		{"relay.Config.ShutdownTimeout", c.ShutdownTimeout, def.ShutdownTimeout},
+		{"relay.Config.BackoffMin", c.BackoffMin, def.BackoffMin},
+		{"relay.Config.BackoffMax", c.BackoffMax, def.BackoffMax},
+		{"relay.Config.SlotPollInterval", c.SlotPollInterval, def.SlotPollInterval},
+		{"relay.Config.ReceiveTimeout", c.ReceiveTimeout, def.ReceiveTimeout},
 	}
 	if c.ExactlyOnce {
-		positive = append(positive, duration{"TxnMaxInterval", c.TxnMaxInterval, def.TxnMaxInterval})
+		positive = append(positive, duration{"relay.Config.TxnMaxInterval", c.TxnMaxInterval, def.TxnMaxInterval})
 	}
 	for _, f := range positive {
 		if f.d <= 0 {
-			return fmt.Errorf("relay.Config.%s is %s: give it a positive duration (the default is %s)", f.field, f.d, f.def)
+			return fmt.Errorf("%s is %s: give it a positive duration (the default is %s)", f.field, f.d, f.def)
 		}
 	}
-	for _, f := range []duration{{"ConfirmDelay", c.ConfirmDelay, def.ConfirmDelay}, {"Linger", c.Linger, def.Linger}, {"TxnMinInterval", c.TxnMinInterval, def.TxnMinInterval}} {
+	for _, f := range []duration{{"relay.Config.ConfirmDelay", c.ConfirmDelay, def.ConfirmDelay}, {"relay.Config.Linger", c.Linger, def.Linger}, {"relay.Config.TxnMinInterval", c.TxnMinInterval, def.TxnMinInterval}} {
 		if f.d < 0 {
-			return fmt.Errorf("relay.Config.%s is %s: it must not be negative (the default is %s)", f.field, f.d, f.def)
+			return fmt.Errorf("%s is %s: it must not be negative (the default is %s)", f.field, f.d, f.def)
 		}
 	}
 	if c.BackoffMax < c.BackoffMin {
@@ -368,13 +368,13 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		return nil, err
 	}
 	if cfg.Publication == "" {
-		return nil, errors.New("publication name is empty")
+		return nil, errors.New("relay.Config.Publication is empty: name the publication the slot streams")
 	}
 	if len(cfg.Tables) == 0 {
-		return nil, errors.New("no outbox table")
+		return nil, errors.New("relay.Config.Tables is empty: name at least one outbox table")
 	}
 	if m := cfg.Read.MaxMessageBytes; m > 0 && m <= cfg.Router.MaxRecordBytes {
-		return nil, fmt.Errorf("--max-message-bytes %d must exceed --max-record-bytes %d: a row carrying a record of the largest size must fit in one message", m, cfg.Router.MaxRecordBytes)
+		return nil, fmt.Errorf("relay.Config.Read.MaxMessageBytes %d must exceed relay.Config.Router.MaxRecordBytes %d: a row carrying a record of the largest size must fit in one message", m, cfg.Router.MaxRecordBytes)
 	}
 	if _, err := decoder.New(decoder.Config{Tables: cfg.Tables, Mapping: cfg.Mapping, Binary: cfg.Binary}); err != nil {
 		return nil, err
@@ -389,11 +389,11 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		// A transaction is committed TxnMaxInterval after it began at the
 		// earliest; past the timeout the broker has aborted it, and every
 		// quiet transaction would be retried forever.
-		return nil, fmt.Errorf("exactly-once: the commit interval (--txn-max-interval %s) must be at most half the Kafka transaction timeout (--txn-timeout %s)",
+		return nil, fmt.Errorf("exactly-once: the commit interval (relay.Config.TxnMaxInterval %s) must be at most half the Kafka transaction timeout (relay.Config.Router.TransactionTimeout %s)",
 			cfg.TxnMaxInterval, cfg.Router.TransactionTimeout)
 	}
 	if cfg.StatusInterval < cfg.ConfirmDelay {
-		return nil, fmt.Errorf("status interval %s is shorter than the confirm delay %s", cfg.StatusInterval, cfg.ConfirmDelay)
+		return nil, fmt.Errorf("relay.Config.StatusInterval %s is shorter than the confirm delay, relay.Config.ConfirmDelay %s: raise it, or lower the delay", cfg.StatusInterval, cfg.ConfirmDelay)
 	}
 	for _, kind := range heartbeat.Kinds() {
 		m.Heartbeats.WithLabelValues(string(kind))
@@ -595,7 +595,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 			return fail(&fatalError{fmt.Errorf("postgresql: %w", err)})
 		}
 		if pgAuthError(err) {
-			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
+			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of relay.Config.PGURL, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
 		}
 		if err := r.retry(ctx, cause, err); err != nil {
 			return fail(err)
@@ -631,7 +631,7 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 			return nil, &fatalError{fmt.Errorf("kafka: %w", err)}
 		}
 		if notKafka(err) {
-			return nil, &fatalError{fmt.Errorf("kafka: a --brokers endpoint did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
+			return nil, &fatalError{fmt.Errorf("kafka: a seed broker (kgo.SeedBrokers) did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
 		}
 		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}
@@ -650,7 +650,7 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 
 // kafkaConfigError reports errors that retrying cannot fix: wrong
 // credentials, an unsupported mechanism, a certificate that is not trusted,
-// a --txn-timeout above the broker's transaction.max.timeout.ms.
+// a transaction timeout above the broker's transaction.max.timeout.ms.
 func kafkaConfigError(err error) bool {
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
 		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
@@ -689,7 +689,7 @@ func certificateError(err error) bool {
 // err is not a standby's wait for a busy slot.
 func (r *Relay) retry(ctx context.Context, cause RestartCause, err error) error {
 	if cause != CauseSlotBusy && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
-		return &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
+		return &fatalError{fmt.Errorf("gave up after relay.Config.StartupTimeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
 	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
 	if cause != CauseSlotBusy && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {

@@ -166,7 +166,7 @@ func (c *capReader) rewriteMore() error {
 			// Only the fixed parts and one 5-byte marker per column are
 			// kept unconditionally: a real row (at most 1664 columns)
 			// fits in any sane cap; a message that does not is broken.
-			return fmt.Errorf("replication stream: message of %d bytes cannot be shortened under --max-message-bytes %d (%d columns); raise it", len(w.body)+w.left, c.max, w.cols)
+			return fmt.Errorf("replication stream: message of %d bytes cannot be shortened under slot.ReadOptions.MaxMessageBytes %d (%d columns); raise it", len(w.body)+w.left, c.max, w.cols)
 		}
 	}
 	body := w.body
@@ -212,7 +212,7 @@ func (c *capReader) step(chunk []byte) (int, error) {
 		return len(chunk), nil
 	case rwTail:
 		if len(w.body)+len(chunk) > c.max {
-			return 0, fmt.Errorf("replication stream: message of %d bytes over --max-message-bytes %d that cannot be shortened", len(w.body)+w.left, c.max)
+			return 0, fmt.Errorf("replication stream: message of %d bytes over slot.ReadOptions.MaxMessageBytes %d that cannot be shortened", len(w.body)+w.left, c.max)
 		}
 		w.body = append(w.body, chunk...)
 		return len(chunk), nil
@@ -238,7 +238,7 @@ func (c *capReader) step(chunk []byte) (int, error) {
 	switch w.state {
 	case rwXLog:
 		if f[0] != 'w' {
-			return n, fmt.Errorf("replication stream: CopyData message of type %q and %d bytes over --max-message-bytes %d", f[0], w.left+25, c.max)
+			return n, fmt.Errorf("replication stream: CopyData message of type %q and %d bytes over slot.ReadOptions.MaxMessageBytes %d", f[0], w.left+25, c.max)
 		}
 		w.body = append(w.body, f...)
 		w.state, w.need = rwType, 1
@@ -253,7 +253,7 @@ func (c *capReader) step(chunk []byte) (int, error) {
 		case 'U', 'D', 'T':
 			w.state = rwSkip
 		default:
-			return n, fmt.Errorf("replication stream: pgoutput message of type %q and %d bytes over --max-message-bytes %d", w.kind, w.left+26, c.max)
+			return n, fmt.Errorf("replication stream: pgoutput message of type %q and %d bytes over slot.ReadOptions.MaxMessageBytes %d", w.kind, w.left+26, c.max)
 		}
 	case rwInsert:
 		w.body = append(w.body, f...)

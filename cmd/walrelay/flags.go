@@ -42,7 +42,8 @@ func (f *LogFlags) logger() (*zap.Logger, error) {
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.OutputPaths = []string{"stderr"}
 	cfg.ErrorOutputPaths = []string{"stderr"}
-	return cfg.Build()
+	// The libraries log configuration field names; the log speaks flags.
+	return cfg.Build(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return flagCore{c} }))
 }
 
 // SourceFlags say where the events come from.

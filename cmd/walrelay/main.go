@@ -87,7 +87,9 @@ func main() {
 	err = kctx.Run(&c.LogFlags)
 	if err != nil {
 		// One line: pgconn lists each connection attempt on its own line.
-		fmt.Fprintln(os.Stderr, "walrelay:", strings.Join(strings.Fields(err.Error()), " "))
+		// The libraries name configuration fields; the command line
+		// speaks flags.
+		fmt.Fprintln(os.Stderr, "walrelay:", strings.Join(strings.Fields(speakFlags(err.Error())), " "))
 		var ee *exitError
 		if errors.As(err, &ee) {
 			os.Exit(ee.code)

@@ -115,6 +115,13 @@ func (c *statusCmd) Run(ctx context.Context) error {
 	if c.MaxLagBytes > 0 && info.LagBytes > c.MaxLagBytes {
 		st.Problems = append(st.Problems, fmt.Sprintf("confirmed lag %s exceeds --max-lag-bytes %s", bytesText(info.LagBytes), bytesText(c.MaxLagBytes)))
 	}
+	// The slot package names configuration fields; status speaks flags.
+	st.Failover = speakFlags(st.Failover)
+	for _, list := range [][]string{st.Problems, st.Warnings} {
+		for i := range list {
+			list[i] = speakFlags(list[i])
+		}
+	}
 	st.Healthy = len(st.Problems) == 0
 	if c.JSON {
 		enc := json.NewEncoder(os.Stdout)
