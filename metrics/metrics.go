@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Metrics holds every collector walrelay updates.
@@ -35,7 +36,7 @@ type Metrics struct {
 	StreamRestarts        *prometheus.CounterVec
 	Streaming             prometheus.Gauge
 	ReceivedBytes         prometheus.Counter
-	SlotSafeWALSize       prometheus.Gauge
+	SlotSafeWALSize       *OptionalGauge
 	SlotWALStatus         *prometheus.GaugeVec
 	Ready                 prometheus.GaugeFunc
 	KafkaTransactions     prometheus.Counter
@@ -47,7 +48,59 @@ type Metrics struct {
 	SlotFailoverProtected prometheus.Gauge
 	GapRefusals           prometheus.Counter
 
+	// What holds the slot (slot.Facts), read with the slot every
+	// --slot-poll-interval.
+	ServerWALRate               prometheus.Gauge
+	SlotTimeToInvalidation      *OptionalGauge
+	SlotRestartLag              prometheus.Gauge
+	SlotCatalogXminAge          prometheus.Gauge
+	SourceOldestXactAge         prometheus.Gauge
+	SourcePreparedXacts         prometheus.Gauge
+	SourceOldestPreparedXactAge prometheus.Gauge
+	SourceOldestSlotRetainedWAL prometheus.Gauge
+	SourceReplicationXminAge    prometheus.Gauge
+
 	ready atomic.Pointer[func() error] // what walrelay_ready reports; see SetReadiness
+}
+
+// OptionalGauge is a gauge exported only while it has a value: a figure
+// PostgreSQL does not have (safe_wal_size without max_slot_wal_keep_size)
+// must be absent, not 0, or every alert on a low value fires.
+type OptionalGauge struct {
+	g   prometheus.Gauge
+	set atomic.Bool
+}
+
+// optional registers g on reg, exported only once set.
+func optional(reg prometheus.Registerer, g prometheus.Gauge) *OptionalGauge {
+	o := &OptionalGauge{g: g}
+	if reg != nil {
+		reg.MustRegister(o)
+	}
+	return o
+}
+
+// Set gives the gauge a value, exporting it.
+func (o *OptionalGauge) Set(v float64) { o.g.Set(v); o.set.Store(true) }
+
+// Clear stops exporting the gauge.
+func (o *OptionalGauge) Clear() { o.set.Store(false) }
+
+// Value is the gauge's value, and whether it has one.
+func (o *OptionalGauge) Value() (float64, bool) {
+	var d dto.Metric
+	o.g.Write(&d)
+	return d.GetGauge().GetValue(), o.set.Load()
+}
+
+// Describe implements prometheus.Collector.
+func (o *OptionalGauge) Describe(ch chan<- *prometheus.Desc) { o.g.Describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (o *OptionalGauge) Collect(ch chan<- prometheus.Metric) {
+	if o.set.Load() {
+		o.g.Collect(ch)
+	}
 }
 
 // New creates the metrics and registers them on reg.
@@ -124,10 +177,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_received_bytes_total",
 			Help: "Bytes of pgoutput messages received from the replication slot.",
 		}),
-		SlotSafeWALSize: f.NewGauge(prometheus.GaugeOpts{
+		SlotSafeWALSize: optional(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_safe_wal_size_bytes",
-			Help: "WAL that may still be written before the slot risks invalidation (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited. Near zero: the slot is about to be lost, get the relay confirming now.",
-		}),
+			Help: "WAL that may still be written before the slot risks invalidation (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited or the slot is lost. Near zero: the slot is about to be lost, get the relay confirming now.",
+		})),
 		SlotWALStatus: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "walrelay_slot_wal_status",
 			Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others. lost means the slot was invalidated and events are gone from it.",
@@ -164,6 +217,42 @@ func New(reg prometheus.Registerer) *Metrics {
 		GapRefusals: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_gap_refusals_total",
 			Help: "Times the relay stopped because something it streamed from changed under it (slot gone, publication dropped or altered, outbox table recreated or removed from the publication): events after the confirmed position may be missing. The log names the change and the command that accepts the gap.",
+		}),
+		ServerWALRate: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_server_wal_bytes_per_second",
+			Help: "WAL the source server writes per second, measured over the last 5 minutes of slot polls (its current LSN). With walrelay_slot_safe_wal_size_bytes it says how long the slot lasts without a relay confirming.",
+		}),
+		SlotTimeToInvalidation: optional(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_time_to_invalidation_seconds",
+			Help: "Seconds until max_slot_wal_keep_size invalidates the slot if it stops moving now, at the current WAL rate (safe_wal_size / walrelay_server_wal_bytes_per_second): the relay outage the slot survives, or, while it is stuck, the time left. +Inf while no WAL is written; absent when max_slot_wal_keep_size is unlimited.",
+		})),
+		SlotRestartLag: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_restart_lag_bytes",
+			Help: "WAL the slot keeps beyond what the relay confirmed (confirmed_flush_lsn minus restart_lsn). Growing while the slot lag is small: an open or prepared transaction holds the slot (walrelay status --explain names it).",
+		}),
+		SlotCatalogXminAge: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_catalog_xmin_age",
+			Help: "Transactions since the slot's catalog_xmin (age()): catalog rows vacuum keeps for the slot. It grows while an open transaction or a stopped relay holds the slot.",
+		}),
+		SourceOldestXactAge: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_source_oldest_xact_age_seconds",
+			Help: "Age of the oldest open transaction with an xid on the source cluster (any database; 0 when none, or when only other roles' transactions are open and the role lacks pg_read_all_stats). Such a transaction holds every logical slot's restart_lsn and catalog_xmin until it ends.",
+		}),
+		SourcePreparedXacts: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_source_prepared_xacts",
+			Help: "Prepared transactions on the source cluster (pg_prepared_xacts): each holds the slot like an open transaction until COMMIT PREPARED or ROLLBACK PREPARED, across restarts.",
+		}),
+		SourceOldestPreparedXactAge: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_source_oldest_prepared_xact_age_seconds",
+			Help: "Age of the oldest prepared transaction on the source cluster; 0 when none.",
+		}),
+		SourceOldestSlotRetainedWAL: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_source_oldest_slot_retained_wal_bytes",
+			Help: "WAL the source server keeps for its oldest replication slot, this one or another (pg_wal keeps WAL for the oldest). Far above walrelay_slot_retained_wal_bytes: another slot fills the disk (walrelay status --explain names it).",
+		}),
+		SourceReplicationXminAge: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_source_replication_xmin_age",
+			Help: "Transactions since the oldest xmin or catalog_xmin another replication slot or a standby's hot_standby_feedback holds (0 when none): rows vacuum keeps for them. It does not hold this slot.",
 		}),
 		SnapshotRunning: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_snapshot_running",

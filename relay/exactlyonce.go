@@ -30,10 +30,10 @@ type resumePoint struct {
 // already fenced any older producer, so the checkpoint cannot move any
 // more (answeringServer reads the stream and answers the walsender
 // meanwhile).
-func (r *Relay) readCheckpoint(ctx context.Context, rt *router.Router) (resumePoint, error) {
+func (r *Relay) readCheckpoint(ctx context.Context, txn *router.Txn) (resumePoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	value, found, err := rt.ReadCheckpoint(ctx, []byte(r.cfg.Slot))
+	value, found, err := txn.ReadCheckpoint(ctx, []byte(r.cfg.Slot))
 	if err != nil {
 		return resumePoint{}, kafkaTxnError(err)
 	}
@@ -127,9 +127,14 @@ func kafkaTxnError(err error) error {
 // it) only when the Kafka transactions holding its events committed.
 // Events the checkpoint found at start covers are skipped.
 type exactlyOnce struct {
-	p        producer
+	p        sender
+	txn      kafkaTxn
 	wait     waitFunc
 	kafkaCtx func() (context.Context, context.CancelFunc) // bounds a commit or an abort
+	// failed classifies a failed Kafka transaction: kafkaTxnError for a
+	// session, which afterFence then judges; the snapshot's is fatal when
+	// fenced.
+	failed   func(error) error
 	metrics  *metrics.Metrics
 	slot     string
 	systemID string // the PostgreSQL system identifier, written in every checkpoint
@@ -137,14 +142,15 @@ type exactlyOnce struct {
 	key      []byte // checkpoint record key: the slot name
 
 	// A Kafka transaction commits as soon as the stream runs dry at a
-	// PostgreSQL transaction boundary (Idle), so a commit is visible
-	// within a Kafka round trip at low rates; under load the stream never
-	// runs dry between commits and the transactions grow. These bound it.
+	// PostgreSQL transaction boundary (Tick with dry), so a commit is
+	// visible within a Kafka round trip at low rates; under load the
+	// stream never runs dry between commits and the transactions grow.
+	// These bound it.
 	maxEvents   int           // commit once the Kafka transaction holds this many events
 	maxInterval time.Duration // or is this old
-	minInterval time.Duration // Idle commits only a transaction this old
+	minInterval time.Duration // a dry stream commits only a transaction this old
 
-	pgTxn     *checkpoint.Txn  // the PostgreSQL transaction in progress
+	acks      router.Acker     // the PostgreSQL transaction in progress
 	skip      *checkpoint.Skip // what the checkpoint found at start covers
 	lastFull  decoder.LSN      // end LSN of the newest PostgreSQL transaction wholly in Kafka transactions
 	curCommit decoder.LSN      // commit LSN of the PostgreSQL transaction in progress
@@ -153,8 +159,21 @@ type exactlyOnce struct {
 	txnStart  time.Time        // when the open Kafka transaction began
 }
 
-func (e *exactlyOnce) Begin(b decoder.Begin, pgTxn *checkpoint.Txn) {
-	e.pgTxn = pgTxn
+// newExactlyOnce is exactly-once delivery through p and txn, resuming
+// after the checkpoint found at start, on the system and timeline of sys,
+// waiting with wait and bounding commits with kafkaCtx.
+func (r *Relay) newExactlyOnce(p sender, txn kafkaTxn, resume resumePoint, sys pglogrepl.IdentifySystemResult,
+	wait waitFunc, kafkaCtx func() (context.Context, context.CancelFunc)) *exactlyOnce {
+	return &exactlyOnce{
+		p: p, txn: txn, wait: wait, kafkaCtx: kafkaCtx, failed: kafkaTxnError, metrics: r.metrics,
+		slot: r.cfg.Slot, systemID: sys.SystemID, timeline: sys.Timeline, key: []byte(r.cfg.Slot),
+		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval, minInterval: r.cfg.TxnMinInterval,
+		skip: checkpoint.NewSkip(resume.ckpt, resume.found), lastFull: resume.ckpt.LSN,
+	}
+}
+
+func (e *exactlyOnce) Begin(b decoder.Begin, a router.Acker) {
+	e.acks = a
 	e.skip.Begin(b.FinalLSN)
 	e.curCommit, e.curEvents, e.inPG = b.FinalLSN, 0, true
 }
@@ -164,12 +183,12 @@ func (e *exactlyOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
 		e.curEvents++
 		return nil // in Kafka already, by the checkpoint found at start
 	}
-	if !e.p.KafkaTxnOpen() {
+	if !e.txn.Open() {
 		e.txnStart = time.Now()
 	}
-	if err := send(e.p, e.wait, ev, lsn, e.pgTxn); err != nil {
+	if err := send(e.p, e.wait, ev, lsn, e.acks); err != nil {
 		if errors.Is(err, router.ErrFenced) {
-			return e.error(err)
+			return e.failed(err)
 		}
 		return err
 	}
@@ -177,78 +196,74 @@ func (e *exactlyOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
 	// waiting for room commits a checkpoint that must not claim an event
 	// never sent.
 	e.curEvents++
-	if e.p.KafkaTxnRecords() >= e.maxEvents {
+	if e.txn.Records() >= e.maxEvents {
 		return e.commit() // a large transaction is split across Kafka transactions
 	}
 	return nil
 }
 
 func (e *exactlyOnce) Commit(end decoder.LSN) error {
-	e.pgTxn = nil
+	e.acks = nil
 	e.lastFull, e.curEvents, e.inPG = end, 0, false
-	return e.Tick(time.Now())
+	return e.Tick(time.Now(), false)
 }
 
-func (e *exactlyOnce) Tick(now time.Time) error {
-	if e.commitDue(now) {
+// Tick commits the open Kafka transaction when it is due (its bounds), or
+// when the stream ran dry at a PostgreSQL transaction boundary: nothing
+// more is there to join it, so waiting for the interval would only delay
+// it. Mid-transaction it waits for the rest (or the bounds). The commit is
+// synchronous, so at most one is in flight; what arrives meanwhile waits
+// in the socket and joins the next one.
+func (e *exactlyOnce) Tick(now time.Time, dry bool) error {
+	if e.commitDue(now) || dry && e.Wants() == wakeDry {
 		return e.commit()
 	}
 	return nil
 }
 
-func (e *exactlyOnce) Busy() bool { return e.p.KafkaTxnOpen() }
-
-// WantsIdle is true between PostgreSQL transactions while a Kafka
+// Wants is wakeDry between PostgreSQL transactions while a Kafka
 // transaction is open (and minInterval old): it commits as soon as nothing
-// more is waiting. (A younger one is Busy: the session looks again within
-// a tick.) The clock is read only when minInterval is set.
-func (e *exactlyOnce) WantsIdle() bool {
-	return !e.inPG && e.p.KafkaTxnOpen() && (e.minInterval <= 0 || time.Since(e.txnStart) >= e.minInterval)
-}
-
-// Idle commits the open Kafka transaction when it ends at a PostgreSQL
-// transaction boundary: nothing more is there to join it, so waiting for
-// the interval would only delay it. Mid-transaction it waits for the rest
-// (or the bounds). The commit is synchronous, so at most one is in flight;
-// what arrives meanwhile waits in the socket and joins the next one.
-func (e *exactlyOnce) Idle() error {
-	if e.WantsIdle() {
-		return e.commit()
+// more is waiting; wakeSoon while a younger one is open, so that its
+// bounds are looked at within a tick. The clock is read only when
+// minInterval is set.
+func (e *exactlyOnce) Wants() wake {
+	switch {
+	case !e.txn.Open():
+		return wakeScheduled
+	case !e.inPG && (e.minInterval <= 0 || time.Since(e.txnStart) >= e.minInterval):
+		return wakeDry
+	default:
+		return wakeSoon
 	}
-	return nil
 }
-func (e *exactlyOnce) Flush(ctx context.Context) error { return e.p.Flush(ctx) }
-func (e *exactlyOnce) Inflight() int64                 { return e.p.Inflight() }
 
 // Close ends the open Kafka transaction: committed when the relay stops
 // cleanly, aborted otherwise (the next session resends from the last
 // checkpoint). Nothing else is in flight after.
-func (e *exactlyOnce) Close(commit bool) error {
-	if !e.p.KafkaTxnOpen() {
-		return nil
+func (e *exactlyOnce) Close(commit bool) (drain, error) {
+	if !e.txn.Open() {
+		return e.p, nil
 	}
 	if commit {
-		return e.commit()
+		return e.p, e.commit()
 	}
 	ctx, cancel := e.kafkaCtx()
 	defer cancel()
-	return e.error(e.p.AbortKafkaTxn(ctx))
+	return e.p, e.failed(e.txn.Abort(ctx))
 }
-
-func (e *exactlyOnce) error(err error) error { return kafkaTxnError(err) }
 
 // commitDue reports whether the open Kafka transaction should commit now.
 func (e *exactlyOnce) commitDue(now time.Time) bool {
-	if !e.p.KafkaTxnOpen() {
+	if !e.txn.Open() {
 		return false
 	}
-	return e.p.KafkaTxnRecords() >= e.maxEvents || now.Sub(e.txnStart) >= e.maxInterval
+	return e.txn.Records() >= e.maxEvents || now.Sub(e.txnStart) >= e.maxInterval
 }
 
 // commit closes the open Kafka transaction with a checkpoint record saying
 // exactly how far it reaches, and waits for the commit while still
 // answering PostgreSQL. The commit is never abandoned half-way while the
-// relay runs: it waits for CommitKafkaTxn to return, which takes at most the
+// relay runs: it waits for Txn.Commit to return, which takes at most the
 // transaction timeout, or once the relay stops, until the stop deadline
 // (see session.kafkaCtx).
 func (e *exactlyOnce) commit() error {
@@ -263,12 +278,12 @@ func (e *exactlyOnce) commit() error {
 	began := time.Now()
 	go func() {
 		defer close(done)
-		err = e.p.CommitKafkaTxn(ctx, e.key, d.Marshal())
+		err = e.txn.Commit(ctx, e.key, d.Marshal())
 	}()
 	e.wait(done, false) // not interruptible: returns once done
 	e.metrics.KafkaCommit.Observe(time.Since(began).Seconds())
 	if err != nil {
-		return e.error(err)
+		return e.failed(err)
 	}
 	e.metrics.KafkaTransactions.Inc()
 	return nil

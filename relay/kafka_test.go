@@ -117,7 +117,7 @@ func TestReadCheckpointThroughKafka(t *testing.T) {
 	if err := r.initTransactions(ctx, rt); err != nil {
 		t.Fatal(err)
 	}
-	resume, err := r.readCheckpoint(ctx, rt)
+	resume, err := r.readCheckpoint(ctx, rt.Txn())
 	if err != nil || resume.found {
 		t.Fatalf("first read: %+v, %v; want no checkpoint", resume, err)
 	}

@@ -59,7 +59,6 @@ import (
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
-	"github.com/walrelay/walrelay/topics"
 )
 
 // Config configures a Relay. Start from DefaultConfig: a field holds the
@@ -170,6 +169,12 @@ type Config struct {
 	// ReadyMaxLag is the replication lag above which the relay reports not
 	// ready (default 60s); 0 (or negative) disables the check.
 	ReadyMaxLag time.Duration
+	// PlannedOutage is the relay outage to plan for: the slot watch warns
+	// once when idle_replication_slot_timeout, or max_slot_wal_keep_size
+	// at the WAL rate it measures, would invalidate the slot during one
+	// (default 24h, so that a relay that failed at night is back before
+	// the slot is lost); 0 (or negative) disables the warning.
+	PlannedOutage time.Duration
 	// ExactlyOnce delivers through Kafka transactions with a checkpoint
 	// record in each (default false: at-least-once). Router.TransactionalID
 	// defaults to "walrelay-<slot>".
@@ -223,6 +228,7 @@ func DefaultConfig() Config {
 		HeartbeatInterval: 30 * time.Second,
 		SlotPollInterval:  10 * time.Second,
 		ReadyMaxLag:       60 * time.Second,
+		PlannedOutage:     24 * time.Hour,
 		TxnMaxEvents:      10_000,
 		TxnMaxInterval:    100 * time.Millisecond,
 		ReceiveTimeout:    60 * time.Second,
@@ -379,10 +385,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if _, err := decoder.New(decoder.Config{Tables: cfg.Tables, Mapping: cfg.Mapping, Binary: cfg.Binary}); err != nil {
 		return nil, err
 	}
-	if _, err := topics.ParseTemplate(cfg.Router.TopicTemplate); err != nil && cfg.Router.TopicTemplate != "" {
-		return nil, err
-	}
-	if _, err := topics.ParseAllow(cfg.Router.TopicAllow); err != nil {
+	if err := cfg.Router.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
@@ -482,7 +485,9 @@ func (r *Relay) Run(parent context.Context) error {
 	defer stop(nil)
 	bg.Go(func() { r.watchSlot(ctx, stop) })
 	bg.Go(func() { r.watchPublication(ctx, stop) })
-	bg.Go(func() { r.beater().Run(ctx) })
+	hb := &heartbeatProducer{opts: r.cfg.KafkaOptions}
+	defer hb.close() // after the heartbeat stopped (deferred calls run last first)
+	bg.Go(func() { r.beater(hb).Run(ctx) })
 	// stopped is Run's result once it stops: err when retrying gave up
 	// for good, else the cause background work stopped the relay with,
 	// else nil (a clean stop).
@@ -520,7 +525,7 @@ func (r *Relay) Run(parent context.Context) error {
 			r.router.Store(rt)
 		}
 		err := r.session(ctx, rt)
-		if rt.Failed() || rt.TookTransactionalID() {
+		if rt.Failed() || rt.Txn() != nil && rt.Txn().TookID() {
 			// A producer that lost a record is not reused: its
 			// idempotence state and buffered records are suspect. Nor
 			// is one that took the transactional id: another relay may
@@ -615,13 +620,28 @@ func (r *Relay) setupConfig() slot.SetupConfig {
 	}
 }
 
+// newRouter is the relay's router, started (startRouter) with the
+// heartbeat topic among its extra topics. With exactly-once delivery the
+// transactional id is taken only once the slot is held
+// (initTransactions): a standby fences nobody.
 func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
-	rt, err := router.New(r.cfg.Router, r.cfg.KafkaOptions, r.log, r.metrics, r.onProduceError)
+	var extra []string
+	if r.cfg.HeartbeatTopic != "" && r.cfg.HeartbeatInterval > 0 {
+		extra = append(extra, r.cfg.HeartbeatTopic)
+	}
+	return startRouter(ctx, r.cfg, r.log, r.metrics, r.onProduceError, extra...)
+}
+
+// startRouter makes a router for cfg and readies it: a broker reached
+// first (unreachable brokers, a wrong SASL password or an untrusted
+// certificate say so, rather than time out creating topics; what retrying
+// cannot fix is a *fatalError), then the dead-letter topic and the extra
+// topics prepared (Router.Start). fatal is the router's fatal handler.
+func startRouter(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Metrics, fatal func(error), extra ...string) (*router.Router, error) {
+	rt, err := router.New(cfg.Router, cfg.KafkaOptions, log, m, fatal)
 	if err != nil {
 		return nil, &fatalError{err}
 	}
-	// Reach a broker first: unreachable brokers, a wrong SASL password or an
-	// untrusted certificate should say so, not time out creating topics.
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	err = rt.Ping(pingCtx)
 	cancel()
@@ -635,16 +655,10 @@ func (r *Relay) newRouter(ctx context.Context) (*router.Router, error) {
 		}
 		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}
-	var extra []string
-	if r.cfg.HeartbeatTopic != "" && r.cfg.HeartbeatInterval > 0 {
-		extra = append(extra, r.cfg.HeartbeatTopic)
-	}
 	if err := rt.Start(ctx, extra...); err != nil {
 		rt.Close()
 		return nil, err
 	}
-	// With exactly-once delivery the transactional id is taken only once
-	// the slot is held (initTransactions): a standby fences nobody.
 	return rt, nil
 }
 

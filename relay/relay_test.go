@@ -100,7 +100,8 @@ func TestErrorClassification(t *testing.T) {
 		{"transactional id not authorized", kerr.TransactionalIDAuthorizationFailed, "connection", false, true},
 		{"plain I/O", errors.New("connection reset"), "connection", false, false},
 		{"unsupported stream", fmt.Errorf("x: %w", decoder.ErrUnsupported), "connection", true, false},
-		{"setup refusal", slot.InvalidatedError("s"), "connection", true, false},
+		{"setup refusal", &slot.SetupError{Msg: "wal_level"}, "connection", true, false},
+		{"invalidated slot", slot.InvalidatedError(slot.Info{Name: "s", WALStatus: "lost"}, slot.Settings{}, 0), "connection", true, false},
 		{"invalid event with on-invalid=fail", fmt.Errorf("send: %w", &deadletter.InvalidEventError{}), "connection", true, false},
 		{"fatal inside a joined error", errors.Join(errors.New("a"), &fatalError{errors.New("b")}), "connection", true, false},
 	} {

@@ -27,7 +27,7 @@ var errServerSilent = errors.New("replication connection silent")
 const tick = 50 * time.Millisecond
 
 // idleWait is how long Receive waits for more of the stream before the
-// delivery is told it ran dry (delivery.WantsIdle): long enough for one
+// delivery is told it ran dry (wakeDry): long enough for one
 // read of what the kernel already holds (after the read coalescing pause),
 // so that a backlog being drained is not taken for an idle stream at every
 // emptied read buffer; short against a Kafka commit.
@@ -180,11 +180,8 @@ func (s *session) loop() error {
 				return err
 			}
 			s.housekeep(false)
-			if err := s.d.Tick(time.Now()); err != nil {
-				return err
-			}
-			// Nothing complete to read right now.
-			if err := s.d.Idle(); err != nil {
+			// Nothing complete to read right now: the stream ran dry.
+			if err := s.d.Tick(time.Now(), true); err != nil {
 				return err
 			}
 			continue
@@ -212,7 +209,7 @@ func (s *session) loop() error {
 			if s.msgs++; s.msgs&63 == 0 {
 				if now := time.Now(); !now.Before(s.nextTick) {
 					s.housekeep(false)
-					if err := s.d.Tick(now); err != nil {
+					if err := s.d.Tick(now, false); err != nil {
 						return err
 					}
 				}
@@ -226,11 +223,12 @@ func (s *session) loop() error {
 // be confirmed, else at the next periodic update; after idleWait when the
 // delivery waits for the stream to run dry.
 func (s *session) deadline() time.Time {
-	if s.d.WantsIdle() {
+	wants := s.d.Wants()
+	if wants == wakeDry {
 		return time.Now().Add(idleWait)
 	}
 	d := s.status.Next()
-	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || s.d.Busy() {
+	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || wants == wakeSoon {
 		d = s.nextTick
 	}
 	return minTime(d, s.aliveCheck())
@@ -427,7 +425,8 @@ func (s *session) finish(cause error) error {
 	stopping := s.ctx.Err() != nil
 	// Exactly-once: commit what the open Kafka transaction holds on a
 	// clean stop, else abort it.
-	if err := s.d.Close(stopping && cause != nil && errors.Is(cause, context.Canceled)); err != nil {
+	pending, err := s.d.Close(stopping && cause != nil && errors.Is(cause, context.Canceled))
+	if err != nil {
 		s.r.log.Warn("ending the Kafka transaction failed; the next start resumes from the last checkpoint", zap.Error(err))
 		if isFatal(err) || errors.Is(err, router.ErrFenced) {
 			cause = err
@@ -444,7 +443,7 @@ func (s *session) finish(cause error) error {
 	var cancel context.CancelFunc
 	if stopping {
 		flushCtx, cancel = context.WithDeadline(context.Background(), s.stopDeadline())
-		s.r.log.Info("stopping: waiting for outstanding acks", zap.Int64("inflight_events", s.d.Inflight()),
+		s.r.log.Info("stopping: waiting for outstanding acks", zap.Int64("inflight_events", pending.Inflight()),
 			zap.Duration("timeout", max(time.Until(s.stopDeadline()), 0)))
 	} else {
 		// Unbounded but cancellable, so the next session starts from an
@@ -456,7 +455,7 @@ func (s *session) finish(cause error) error {
 	var flushErr error
 	go func() {
 		defer close(done)
-		flushErr = s.d.Flush(flushCtx)
+		flushErr = pending.Flush(flushCtx)
 	}()
 	s.wait(done, false) // keep confirming while draining
 	if stopping {
@@ -468,7 +467,7 @@ func (s *session) finish(cause error) error {
 	if stopping {
 		if flushErr != nil {
 			s.r.log.Warn("stopped before every event was acknowledged; they will be sent again on restart",
-				zap.Int64("inflight_events", s.d.Inflight()), zap.Error(flushErr))
+				zap.Int64("inflight_events", pending.Inflight()), zap.Error(flushErr))
 		}
 		s.r.log.Info("stopped", zap.Stringer("confirmed_lsn", s.r.Confirmed()))
 	}

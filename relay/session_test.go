@@ -185,7 +185,7 @@ type fakeProducer struct {
 	events    []string       // ids, in Send order
 	pending   []router.Acker // produced, not yet acked by "Kafka"
 	autoAck   bool           // ack at once (at-least-once)
-	eos       bool           // acks wait for CommitKafkaTxn
+	eos       bool           // acks wait for Commit
 	room      chan struct{}  // while set, Send returns it: no room
 	sendErr   error
 	flushHold bool // Flush acks nothing and waits for ctx
@@ -250,19 +250,19 @@ func (p *fakeProducer) Inflight() int64 {
 	return int64(len(p.pending))
 }
 
-func (p *fakeProducer) KafkaTxnOpen() bool {
+func (p *fakeProducer) Open() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.inTxn
 }
 
-func (p *fakeProducer) KafkaTxnRecords() int {
+func (p *fakeProducer) Records() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.txnAcks)
 }
 
-func (p *fakeProducer) CommitKafkaTxn(_ context.Context, key, value []byte) error {
+func (p *fakeProducer) Commit(_ context.Context, key, value []byte) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.inTxn {
@@ -283,7 +283,7 @@ func (p *fakeProducer) CommitKafkaTxn(_ context.Context, key, value []byte) erro
 	return nil
 }
 
-func (p *fakeProducer) AbortKafkaTxn(context.Context) error {
+func (p *fakeProducer) Abort(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.aborts++
@@ -355,7 +355,7 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 		if err := r.verifyCheckpoint(*resume, s.system); err != nil {
 			t.Fatal(err)
 		}
-		s.d = r.newExactlyOnce(p, *resume, s.system, s)
+		s.d = r.newExactlyOnce(p, p, *resume, s.system, s.wait, s.kafkaCtx)
 	} else {
 		s.d = newAtLeastOnce(p, s.wait)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
@@ -25,26 +26,28 @@ import (
 // duplicates, never loss.
 func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, name string, at decoder.LSN) error {
 	return func(ctx context.Context, name string, at decoder.LSN) error {
-		s := &snapshotSender{rt: rt, lsn: at, m: r.metrics}
+		s := newSnapshotSender(ctx, rt, at, r.metrics)
 		if r.cfg.ExactlyOnce {
 			// This relay is creating the slot: the transactional id is
 			// its to take (fencing any older holder) before the
-			// snapshot's Kafka transactions.
+			// snapshot's Kafka transactions, which the same exactly-once
+			// delivery as the stream's commits, each with a checkpoint at
+			// the slot's consistent point.
 			if err := r.initTransactions(ctx, rt); err != nil {
 				return err
 			}
-			s.eos = &snapshotEOS{r: r}
+			sys, err := slot.IdentifySystem(ctx, r.cfg.PGURL)
+			if err != nil {
+				return err
+			}
+			s = r.newExactlyOnceSnapshot(ctx, rt, rt.Txn(), at, sys)
 		}
 		r.log.Info("initial snapshot: publishing the rows present when the slot was created",
 			zap.String("slot", r.cfg.Slot), zap.Stringer("consistent_point", at), zap.String("where", r.cfg.SnapshotWhere),
 			zap.String("order", r.cfg.SnapshotOrder))
 		res, err := runSnapshot(ctx, r.cfg, name, s, r.log, r.metrics)
 		if err != nil {
-			if s.eos != nil && rt.KafkaTxnOpen() {
-				abortCtx, cancel := context.WithTimeout(context.Background(), r.cfg.Router.TransactionTimeout)
-				rt.AbortKafkaTxn(abortCtx) // a failure marks the router for replacement
-				cancel()
-			}
+			s.d.Close(false) // aborts an open Kafka transaction; a failure marks the router for replacement
 			r.log.Warn("initial snapshot failed; the slot is not created, the next attempt snapshots again",
 				zap.Int64("rows_sent", res.Rows), zap.Error(err))
 			if res.Rows > 0 {
@@ -74,20 +77,11 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 func PublishSnapshot(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Metrics) (int64, error) {
 	cfg.ExactlyOnce = false
 	cfg.setDefaults()
-	rt, err := router.New(cfg.Router, cfg.KafkaOptions, log, m, func(error) {})
+	rt, err := startRouter(ctx, cfg, log, m, func(error) {})
 	if err != nil {
 		return 0, err
 	}
 	defer rt.Close()
-	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = rt.Ping(pingCtx)
-	cancel()
-	if err != nil {
-		return 0, fmt.Errorf("reach kafka brokers: %w", err)
-	}
-	if err := rt.Start(ctx); err != nil {
-		return 0, err
-	}
 	conn, err := slot.Connect(ctx, cfg.PGURL)
 	if err != nil {
 		return 0, err
@@ -98,7 +92,7 @@ func PublishSnapshot(ctx context.Context, cfg Config, log *zap.Logger, m *metric
 	if err != nil {
 		return 0, fmt.Errorf("read the current WAL position: %w", err)
 	}
-	s := &snapshotSender{rt: rt, lsn: at, m: m}
+	s := newSnapshotSender(ctx, rt, at, m)
 	log.Info("snapshot: publishing the current rows", zap.Any("tables", cfg.Tables), zap.String("where", cfg.SnapshotWhere), zap.String("order", cfg.SnapshotOrder))
 	res, err := runSnapshot(ctx, cfg, "", s, log, m)
 	if err != nil {
@@ -140,32 +134,76 @@ func byTable(tables []decoder.Table, rows []int64) map[string]int64 {
 	return out
 }
 
-// snapshotSender is snapshot.Sender through the router: the same Send as
-// streamed rows (topics, dead letters, the in-flight gate), every record
+// snapshotSender is snapshot.Sender through a delivery, the one the
+// stream uses: the same Send as streamed rows (topics, dead letters, the
+// in-flight gate) and, with exactly-once delivery, the same Kafka
+// transactions and checkpoints. The snapshot is one PostgreSQL
+// transaction committing at the slot's consistent point, every record
 // counted by one acker.
 type snapshotSender struct {
-	rt    snapshotProducer
-	lsn   decoder.LSN // named in dead letters: the slot's consistent point
-	m     *metrics.Metrics
-	acks  checkpoint.Counter
-	eos   *snapshotEOS // nil with at-least-once delivery
-	began time.Time
-	timer *time.Timer
+	ctx     context.Context
+	d       delivery
+	rt      snapshotRouter
+	lsn     decoder.LSN // the slot's consistent point; named in dead letters
+	m       *metrics.Metrics
+	acks    checkpoint.Counter
+	began   time.Time
+	started bool
 }
 
-// snapshotProducer is what a snapshot uses of *router.Router.
-type snapshotProducer interface {
-	producer
+// snapshotRouter is what a snapshot uses of *router.Router beyond its
+// delivery: whether Kafka refused a record for good.
+type snapshotRouter interface {
+	sender
 	Failed() bool
 	Err() error
 }
 
-// snapshotEOS commits the snapshot's Kafka transactions.
-type snapshotEOS struct {
-	r        *Relay
-	txnStart time.Time
-	systemID string // for the checkpoints; read once, at the first commit
-	timeline int32
+// newSnapshotSender sends through rt at-least-once; the relay's initial
+// snapshot replaces the delivery for exactly-once.
+func newSnapshotSender(ctx context.Context, rt snapshotRouter, at decoder.LSN, m *metrics.Metrics) *snapshotSender {
+	s := &snapshotSender{ctx: ctx, rt: rt, lsn: at, m: m}
+	s.d = newAtLeastOnce(rt, s.wait)
+	return s
+}
+
+// newExactlyOnceSnapshot sends through rt in Kafka transactions of txn,
+// each closed by a checkpoint at the consistent point at (on the system
+// and timeline of sys): the stream starts there, so once the snapshot's
+// last transaction committed, everything before it is in Kafka. Being
+// fenced is fatal: no slot exists yet to tell a standby apart.
+func (r *Relay) newExactlyOnceSnapshot(ctx context.Context, rt snapshotRouter, txn kafkaTxn, at decoder.LSN, sys pglogrepl.IdentifySystemResult) *snapshotSender {
+	s := newSnapshotSender(ctx, rt, at, r.metrics)
+	kafkaCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ctx, r.cfg.Router.TransactionTimeout)
+	}
+	eo := r.newExactlyOnce(rt, txn, resumePoint{ckpt: checkpoint.Durable{LSN: at}}, sys, s.wait, kafkaCtx)
+	eo.failed = r.snapshotTxnError
+	s.d = eo
+	return s
+}
+
+// wait is the snapshot's waitFunc: there is no stream to answer while
+// waiting. Interruptible, it also returns after a tick (the caller looks
+// again: a refused record releases the gate too, and nothing else would
+// wake it), when Kafka refused a record for good, or when ctx ends.
+func (s *snapshotSender) wait(done <-chan struct{}, interruptible bool) error {
+	if !interruptible {
+		<-done
+		return nil
+	}
+	if s.rt.Failed() {
+		return s.produceFailed()
+	}
+	t := time.NewTimer(tick)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+	return nil
 }
 
 // produceFailed is the error of a router that Kafka refused a record of
@@ -174,70 +212,20 @@ func (s *snapshotSender) produceFailed() error {
 	return fmt.Errorf("kafka refused a snapshot record: %w", s.rt.Err())
 }
 
-// Send hands ev to the router, waiting while it asks to.
+// Send hands ev to the delivery.
 func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
-	if s.timer == nil {
-		s.timer = time.NewTimer(time.Hour)
+	if !s.started {
+		s.d.Begin(decoder.Begin{FinalLSN: s.lsn}, &s.acks)
+		s.started = true
 	}
-	if s.eos != nil && !s.rt.KafkaTxnOpen() {
-		s.eos.txnStart = time.Now()
+	if s.rt.Failed() {
+		return s.produceFailed()
 	}
-	for {
-		if s.rt.Failed() {
-			return s.produceFailed()
-		}
-		wait, err := s.rt.Send(ev, s.lsn, &s.acks)
-		if err != nil {
-			if s.eos != nil && errors.Is(err, router.ErrFenced) {
-				return s.eos.r.snapshotTxnError(err)
-			}
-			return err
-		}
-		if wait == nil {
-			break
-		}
-		// A refused record releases the gate too, but look now and then in
-		// any case: nothing else would wake this wait.
-		s.timer.Reset(tick)
-		select {
-		case <-wait:
-		case <-s.timer.C:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := s.d.Event(ev, s.lsn); err != nil {
+		return err
 	}
 	s.m.SnapshotRows.Inc()
-	if e := s.eos; e != nil {
-		cfg := e.r.cfg
-		if s.rt.KafkaTxnRecords() >= cfg.TxnMaxEvents || time.Since(e.txnStart) >= cfg.TxnMaxInterval {
-			return s.commit(ctx)
-		}
-	}
-	return nil
-}
-
-// commit closes the open Kafka transaction with a checkpoint at the
-// slot's consistent point: everything before it is in Kafka once the
-// snapshot's last transaction committed, and the stream starts there.
-func (s *snapshotSender) commit(ctx context.Context) error {
-	r := s.eos.r
-	if s.eos.systemID == "" {
-		// The checkpoint names its cluster, as the stream's do, so the
-		// first start after the snapshot can verify it.
-		sys, err := slot.IdentifySystem(ctx, r.cfg.PGURL)
-		if err != nil {
-			return err
-		}
-		s.eos.systemID, s.eos.timeline = sys.SystemID, sys.Timeline
-	}
-	d := checkpoint.Durable{Slot: r.cfg.Slot, SystemID: s.eos.systemID, Timeline: s.eos.timeline, LSN: s.lsn, Time: time.Now()}
-	cctx, cancel := context.WithTimeout(ctx, r.cfg.Router.TransactionTimeout)
-	defer cancel()
-	if err := s.rt.CommitKafkaTxn(cctx, []byte(r.cfg.Slot), d.Marshal()); err != nil {
-		return r.snapshotTxnError(err)
-	}
-	r.metrics.KafkaTransactions.Inc()
-	return nil
+	return s.d.Tick(time.Now(), false)
 }
 
 // snapshotTxnError is kafkaTxnError for the initial snapshot, which runs
@@ -251,17 +239,23 @@ func (r *Relay) snapshotTxnError(err error) error {
 	return kafkaTxnError(err)
 }
 
-// finish commits the last Kafka transaction (exactly-once) and waits until
-// Kafka acknowledged every record sent.
+// finish ends the snapshot's transaction at the consistent point (with
+// exactly-once delivery: commits the last Kafka transaction, its
+// checkpoint covering everything before the point) and waits until Kafka
+// acknowledged every record sent.
 func (s *snapshotSender) finish(ctx context.Context) error {
-	if s.eos != nil && s.rt.KafkaTxnOpen() {
-		if err := s.commit(ctx); err != nil {
+	if s.started {
+		if err := s.d.Commit(s.lsn); err != nil {
 			return err
 		}
 	}
+	pending, err := s.d.Close(true)
+	if err != nil {
+		return err
+	}
 	// Flush returns once every record finished, after its promise (the
 	// ack) ran.
-	if err := s.rt.Flush(ctx); err != nil {
+	if err := pending.Flush(ctx); err != nil {
 		return err
 	}
 	if s.rt.Failed() {

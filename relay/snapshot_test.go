@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
@@ -28,8 +29,8 @@ func snapshotEvent(id string) *decoder.Event {
 
 func TestSnapshotSenderAtLeastOnce(t *testing.T) {
 	p := &snapshotFake{fakeProducer: &fakeProducer{}}
-	s := &snapshotSender{rt: p, lsn: 5000, m: metrics.NewUnregistered()}
 	ctx := context.Background()
+	s := newSnapshotSender(ctx, p, 5000, metrics.NewUnregistered())
 	for _, id := range []string{"r1", "r2"} {
 		if err := s.Send(ctx, snapshotEvent(id)); err != nil {
 			t.Fatal(err)
@@ -52,7 +53,7 @@ func TestSnapshotSenderAtLeastOnce(t *testing.T) {
 
 func TestSnapshotSenderUnackedRecordsFail(t *testing.T) {
 	p := &snapshotFake{fakeProducer: &fakeProducer{refused: true}}
-	s := &snapshotSender{rt: p, lsn: 5000, m: metrics.NewUnregistered()}
+	s := newSnapshotSender(context.Background(), p, 5000, metrics.NewUnregistered())
 	if err := s.Send(context.Background(), snapshotEvent("r1")); err != nil {
 		t.Fatal(err)
 	}
@@ -64,9 +65,9 @@ func TestSnapshotSenderUnackedRecordsFail(t *testing.T) {
 func TestSnapshotSenderWaitsForRoom(t *testing.T) {
 	room := make(chan struct{})
 	p := &snapshotFake{fakeProducer: &fakeProducer{autoAck: true, room: room}}
-	s := &snapshotSender{rt: p, lsn: 5000, m: metrics.NewUnregistered()}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
+	s := newSnapshotSender(ctx, p, 5000, metrics.NewUnregistered())
 	if err := s.Send(ctx, snapshotEvent("r1")); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Send without room after the stop returned %v", err)
 	}
@@ -80,8 +81,8 @@ func TestSnapshotSenderExactlyOnceCommitsAtTheConsistentPoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &snapshotFake{fakeProducer: &fakeProducer{eos: true}}
-	s := &snapshotSender{rt: p, lsn: 5000, m: r.metrics, eos: &snapshotEOS{r: r, systemID: "42"}}
 	ctx := context.Background()
+	s := r.newExactlyOnceSnapshot(ctx, p, p, 5000, pglogrepl.IdentifySystemResult{SystemID: "42"})
 	for _, id := range []string{"r1", "r2", "r3"} {
 		if err := s.Send(ctx, snapshotEvent(id)); err != nil {
 			t.Fatal(err)

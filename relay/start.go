@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
-	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -119,7 +118,7 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 			return err
 		}
 		var err error
-		resume, err = r.readCheckpoint(ctx, rt)
+		resume, err = r.readCheckpoint(ctx, rt.Txn())
 		return err
 	})
 	if err != nil {
@@ -133,20 +132,8 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		if err := r.verifyCheckpoint(resume, sys); err != nil {
 			return nil, err
 		}
-		return r.newExactlyOnce(rt, resume, sys, s), nil
+		return r.newExactlyOnce(rt, rt.Txn(), resume, sys, s.wait, s.kafkaCtx), nil
 	}, st, nil
-}
-
-// newExactlyOnce is the exactly-once delivery of session s through p,
-// resuming after the checkpoint found at start, on the system and
-// timeline of sys.
-func (r *Relay) newExactlyOnce(p producer, resume resumePoint, sys pglogrepl.IdentifySystemResult, s *session) *exactlyOnce {
-	return &exactlyOnce{
-		p: p, wait: s.wait, kafkaCtx: s.kafkaCtx, metrics: r.metrics,
-		slot: r.cfg.Slot, systemID: sys.SystemID, timeline: sys.Timeline, key: []byte(r.cfg.Slot),
-		maxEvents: r.cfg.TxnMaxEvents, maxInterval: r.cfg.TxnMaxInterval, minInterval: r.cfg.TxnMinInterval,
-		skip: checkpoint.NewSkip(resume.ckpt, resume.found), lastFull: resume.ckpt.LSN,
-	}
 }
 
 // startPosition is where the next stream starts: the later of what this
@@ -173,8 +160,10 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 		return 0, 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
 	case err != nil:
 		return 0, 0, err
-	case info.WALStatus == "lost":
-		return 0, 0, slot.InvalidatedError(r.cfg.Slot)
+	case info.Invalidated():
+		gap := slot.ReadInvalidatedError(ctx, conn, info, r.Confirmed())
+		r.refuse(ctx, conn, gap)
+		return 0, 0, gap
 	}
 	r.recordSlot(info)
 	// A session that ended on a broken connection may have had acks the
@@ -297,7 +286,7 @@ func (p *prefetched) Receive(deadline time.Time) (slot.Message, error) {
 // the slot without noticing), so the checkpoint read after is final. A
 // standby never gets here, so it fences nobody.
 func (r *Relay) initTransactions(ctx context.Context, rt *router.Router) error {
-	err := rt.InitTransactions(ctx)
+	err := rt.Txn().Init(ctx)
 	if err != nil && (errors.Is(err, router.ErrFenced) || kafkaConfigError(err)) {
 		return &fatalError{err}
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/walrelay/walrelay/topics"
+	"github.com/walrelay/walrelay/router/internal/topics"
 	"go.uber.org/zap"
 )
 

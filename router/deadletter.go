@@ -16,6 +16,7 @@ import (
 
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/router/internal/letter"
 )
 
 // invalid handles an event that cannot go to its own topic.
@@ -35,7 +36,7 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 	r.metrics.EventsDeadLettered.WithLabelValues(string(reason)).Inc()
 	r.log.Warn("dead-lettering invalid outbox event", fields...)
 
-	l := deadletter.Letter{Reason: reason, Detail: detail, LSN: lsn, Topic: r.tmpl.Topic(ev.AggregateType), HeaderID: r.cfg.HeaderID, HeaderType: r.cfg.HeaderType}
+	l := letter.Letter{Reason: reason, Detail: detail, LSN: lsn, Topic: r.tmpl.Topic(ev.AggregateType), HeaderID: r.cfg.HeaderID, HeaderType: r.cfg.HeaderType}
 	o := &outRecord{topic: r.dlq, ack: a}
 	// The dead-letter topic's limit: its own max.message.bytes, read by
 	// Start, and --max-record-bytes; less room for the commit time header
@@ -44,7 +45,7 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 	if needsProduceTime(r.dlq, ev.CommitTime) {
 		limit -= commitTimeHeaderBytes
 	}
-	o.rec, o.size = deadletter.ForEvent(ev, l, r.dlq.name, limit)
+	o.rec, o.size = letter.ForEvent(ev, l, r.dlq.name, limit)
 	stamp(o)
 	return r.produce(o)
 }
@@ -63,7 +64,7 @@ func (r *Router) redirect(o *outRecord, err error) {
 	t.refused.Store(true)
 	r.log.Warn("Kafka refuses the topic for good; its events go to the dead-letter topic",
 		zap.String("topic", t.name), zap.Error(err))
-	if r.eos || r.cfg.OnInvalid == InvalidFail {
+	if r.txn != nil || r.cfg.OnInvalid == InvalidFail {
 		r.fail(fmt.Errorf("produce to %s: %w", t.name, err))
 		return
 	}
@@ -73,7 +74,7 @@ func (r *Router) redirect(o *outRecord, err error) {
 		return
 	}
 	d := &outRecord{topic: r.dlq, ack: o.ack}
-	d.rec, d.size = deadletter.ForRefused(&o.rec, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes-commitTimeHeaderBytes)
+	d.rec, d.size = letter.ForRefused(&o.rec, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes-commitTimeHeaderBytes)
 	stamp(d)
 	r.gate.acquire(d.size)
 	r.client.TryProduce(context.Background(), &d.rec, r.promise)

@@ -52,7 +52,8 @@ import (
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
-	"github.com/walrelay/walrelay/topics"
+	"github.com/walrelay/walrelay/router/internal/letter"
+	"github.com/walrelay/walrelay/router/internal/topics"
 )
 
 // Acker is the transaction a record belongs to; *checkpoint.Txn is one. Add
@@ -126,7 +127,7 @@ type Config struct {
 	OnPublished func(*kgo.Record)
 
 	// TransactionalID, when set, makes delivery exactly-once: records are
-	// produced in Kafka transactions, each closed by CommitKafkaTxn with a
+	// produced in Kafka transactions, each closed by Txn.Commit with a
 	// checkpoint record, and a record's transaction is acked only when its
 	// Kafka transaction commits.
 	TransactionalID string
@@ -196,11 +197,38 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Router produces outbox events to Kafka. Send, Start and the Kafka
-// transaction methods (KafkaTxnOpen, KafkaTxnRecords, CommitKafkaTxn, AbortKafkaTxn,
-// ReadCheckpoint) belong to one goroutine, the one that sends, or to one
-// goroutine it waits for; Flush, Inflight, Failed, Err, Ping, ProduceHeartbeat
-// and Close are safe for concurrent use.
+// Validate reports what in c no router can work with: a topic template,
+// dead-letter or checkpoint topic name Kafka would refuse, an on-invalid
+// policy or an allowlist that does not parse. Fields left zero are checked
+// as their defaults.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if _, err := topics.ParseTemplate(c.TopicTemplate); err != nil {
+		return err
+	}
+	if err := topics.ValidName(c.DeadLetterTopic); err != nil {
+		return fmt.Errorf("dead-letter topic: %w", err)
+	}
+	switch c.OnInvalid {
+	case InvalidDeadLetter, InvalidFail, InvalidSkip:
+	default:
+		return fmt.Errorf("on-invalid %q: want dlq, fail or skip", c.OnInvalid)
+	}
+	if _, err := topics.ParseAllow(c.TopicAllow); err != nil {
+		return err
+	}
+	if c.TransactionalID != "" {
+		if err := topics.ValidName(c.CheckpointTopic); err != nil {
+			return fmt.Errorf("checkpoint topic: %w", err)
+		}
+	}
+	return nil
+}
+
+// Router produces outbox events to Kafka. Send, Start and the methods of
+// its Txn belong to one goroutine, the one that sends, or to one goroutine
+// it waits for; Flush, Inflight, Failed, Err, Ping and Close are safe for
+// concurrent use.
 type Router struct {
 	cfg       Config
 	tmpl      topics.Template
@@ -227,17 +255,10 @@ type Router struct {
 	close   context.CancelFunc
 	bg      sync.WaitGroup
 
-	// Exactly-once delivery (see kafkatxn.go).
-	eos       bool
-	connOpts  []kgo.Opt // the caller's connection options, for side clients
-	inTxn     bool
-	txnAcks   []ackRun     // ackers of the open Kafka transaction, in order
-	txnEvents int          // records in the open Kafka transaction
-	txnBegan  atomic.Int64 // when the open Kafka transaction began, Unix ns (read by promises)
-	txnBroken atomic.Bool  // a transactional call failed: replace the producer
-	txnInit   atomic.Bool  // InitTransactions succeeded (TookTransactionalID)
-	hbMu      sync.Mutex   // guards hbClient
-	hbClient  *kgo.Client  // non-transactional, for heartbeat records
+	connOpts []kgo.Opt // the caller's connection options, for the checkpoint reader
+	// txn is the transactional producer's state (txn.go); nil with
+	// at-least-once delivery.
+	txn *Txn
 }
 
 // New returns a Router and its producer, a franz-go client built from
@@ -252,22 +273,11 @@ type Router struct {
 // its last confirmed position.
 func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal func(error)) (*Router, error) {
 	cfg.setDefaults()
-	tmpl, err := topics.ParseTemplate(cfg.TopicTemplate)
-	if err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := topics.ValidName(cfg.DeadLetterTopic); err != nil {
-		return nil, fmt.Errorf("dead-letter topic: %w", err)
-	}
-	switch cfg.OnInvalid {
-	case InvalidDeadLetter, InvalidFail, InvalidSkip:
-	default:
-		return nil, fmt.Errorf("on-invalid %q: want dlq, fail or skip", cfg.OnInvalid)
-	}
-	allow, err := topics.ParseAllow(cfg.TopicAllow)
-	if err != nil {
-		return nil, err
-	}
+	tmpl, _ := topics.ParseTemplate(cfg.TopicTemplate)
+	allow, _ := topics.ParseAllow(cfg.TopicAllow)
 	r := &Router{
 		cfg:       cfg,
 		tmpl:      tmpl,
@@ -296,12 +306,10 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		kgo.MetadataMinAge(250 * time.Millisecond),
 	}, opts...)
 	if cfg.TransactionalID != "" {
-		if err := topics.ValidName(cfg.CheckpointTopic); err != nil {
-			return nil, fmt.Errorf("checkpoint topic: %w", err)
-		}
-		r.eos = true
+		r.txn = &Txn{r: r}
 		all = append(all, kgo.TransactionalID(cfg.TransactionalID), kgo.TransactionTimeout(cfg.TransactionTimeout))
 	}
+	var err error
 	if r.client, err = kgo.NewClient(all...); err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
@@ -335,8 +343,8 @@ const dlqSlack = 1024
 // size limits; and counts the event topics that exist on the broker
 // towards MaxTopics. It blocks until the broker answers or ctx ends.
 func (r *Router) Start(ctx context.Context, extra ...string) error {
-	if r.eos {
-		if err := r.prepareCheckpointTopic(ctx); err != nil {
+	if r.txn != nil {
+		if err := r.txn.prepareCheckpointTopic(ctx); err != nil {
 			return err
 		}
 	}
@@ -426,7 +434,7 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 
 // route finds the destination of ev, or why it has none.
 func (r *Router) route(ev *decoder.Event) (reason deadletter.Reason, t *topic, detail string) {
-	if reason, detail := deadletter.Check(ev, r.tmpl.Fixed()); reason != "" {
+	if reason, detail := letter.Check(ev, r.tmpl.Fixed()); reason != "" {
 		return reason, nil, detail
 	}
 	// With a fixed template every aggregate type shares one entry: the
@@ -520,8 +528,8 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	o := recordOf(rec)
 	r.gate.release(o.size)
 	if err != nil {
-		if r.eos {
-			if err = r.fenceError(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnTimedOut) {
+		if r.txn != nil {
+			if err = r.txn.fenceError(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnTimedOut) {
 				r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
 				return
 			}
@@ -546,7 +554,7 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	if r.cfg.OnPublished != nil {
 		r.cfg.OnPublished(rec)
 	}
-	if !r.eos {
+	if r.txn == nil {
 		o.ack.Ack() // exactly-once acks at the Kafka transaction's commit
 	}
 }
@@ -565,11 +573,11 @@ func (r *Router) fail(err error) {
 // more pending on its transaction; with exactly-once delivery, inside the
 // open Kafka transaction (begun here when none is).
 func (r *Router) produce(o *outRecord) error {
-	if r.eos {
-		if err := r.beginTxn(); err != nil {
+	if r.txn != nil {
+		if err := r.txn.begin(); err != nil {
 			return err
 		}
-		r.txnAck(o.ack)
+		r.txn.track(o.ack)
 	}
 	r.gate.acquire(o.size)
 	o.ack.Add()
@@ -581,7 +589,11 @@ func (r *Router) produce(o *outRecord) error {
 // a transactional call failed; the router should then be closed and
 // replaced: franz-go keeps a transactional producer whose commit or abort
 // failed in an error state that only a new producer ID clears.
-func (r *Router) Failed() bool { return r.failed.Load() || r.txnBroken.Load() }
+func (r *Router) Failed() bool { return r.failed.Load() || r.txn != nil && r.txn.broken.Load() }
+
+// Txn is the transactional producer of a router made with a
+// TransactionalID (exactly-once delivery), nil otherwise.
+func (r *Router) Txn() *Txn { return r.txn }
 
 // Err returns the error Kafka refused a record with for good (what made
 // Failed true), or nil.
@@ -610,9 +622,4 @@ func (r *Router) Close() {
 	r.close()
 	r.bg.Wait()
 	r.client.Close()
-	r.hbMu.Lock()
-	if r.hbClient != nil {
-		r.hbClient.Close()
-	}
-	r.hbMu.Unlock()
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
-	"github.com/walrelay/walrelay/topics"
+	"github.com/walrelay/walrelay/router/internal/topics"
 )
 
 // HeaderCommitTime is the header of a record whose timestamp is the time

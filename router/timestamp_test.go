@@ -7,7 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/walrelay/walrelay/topics"
+	"github.com/walrelay/walrelay/router/internal/topics"
 )
 
 // stamp keeps a commit time the topic's bounds accept, and replaces one

@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/walrelay/walrelay/deadletter"
-	"github.com/walrelay/walrelay/topics"
+	"github.com/walrelay/walrelay/router/internal/topics"
 )
 
 // topicsExist reports which of names the broker has.

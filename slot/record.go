@@ -60,6 +60,9 @@ type Record struct {
 	Stopped   string
 	StoppedAt decoder.LSN
 	UpdatedAt time.Time
+	// Accepted is the gap Prepare accepted (SetupConfig.AcceptGap), if
+	// it did: events committed after Accepted.Since were not published.
+	Accepted *GapError
 }
 
 // RecordedTable is one outbox table as the record knows it.

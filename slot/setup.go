@@ -168,13 +168,15 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 			return Record{}, err
 		}
 	}
-	if err := ensureSlot(ctx, conn, cfg, version, log); err != nil {
+	replaced, err := ensureSlot(ctx, conn, cfg, version, log)
+	if err != nil {
 		return Record{}, err
 	}
 	now, err := currentRecord(ctx, conn, cfg)
 	if err != nil {
 		return Record{}, err
 	}
+	now.Accepted = accepted
 	if accepted != nil && now.PublicationOID != rec.PublicationOID {
 		// The publication walrelay streamed from was dropped: decoding the
 		// WAL written while it did not exist fails (PostgreSQL 15-17) or
@@ -198,6 +200,14 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 	}
 	if err := writeRecord(ctx, conn, cfg.RecordSchema, now); err != nil {
 		return Record{}, err
+	}
+	if replaced != nil && accepted == nil {
+		// An invalidated slot without a record: the gap goes into the
+		// record written just now.
+		if err := acceptGap(ctx, conn, cfg.RecordSchema, cfg.Slot, replaced); err != nil {
+			return Record{}, fmt.Errorf("write the accepted gap into walrelay's record: %w", err)
+		}
+		now.Accepted = replaced
 	}
 	return now, nil
 }
@@ -258,6 +268,9 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 		return nil, err
 	}
 	since = max(since, info.ConfirmedLSN)
+	if info.Invalidated() {
+		return ReadInvalidatedError(ctx, conn, info, since), nil
+	}
 	if rec.Publication != cfg.Publication {
 		// The operator moved the slot to another publication: what it
 		// publishes is checked as at a first start.
@@ -374,39 +387,48 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 // failoverSlots is the first version with failover slots (PostgreSQL 17).
 const failoverSlots = 170000
 
-func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version int, log *zap.Logger) error {
+// ensureSlot checks the slot, creating it when allowed; replaced is the
+// gap accepted when it dropped an invalidated slot to create a new one.
+func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version int, log *zap.Logger) (replaced *GapError, err error) {
 	failover := cfg.Failover && version >= failoverSlots
 	info, err := ReadInfo(ctx, conn, cfg.Slot)
-	if errors.Is(err, ErrNoSlot) {
+	create := func() (*GapError, error) {
 		if !cfg.CreateSlot {
-			return setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or turn on slot.SetupConfig.CreateSlot", cfg.Slot, cfg.Slot)
+			return nil, setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or turn on slot.SetupConfig.CreateSlot", cfg.Slot, cfg.Slot)
 		}
 		if cfg.Snapshot != nil {
-			return createSlotWithSnapshot(ctx, conn, cfg, failover, log)
+			return replaced, createSlotWithSnapshot(ctx, conn, cfg, failover, log)
 		}
-		return createSlot(ctx, cfg, failover, log)
+		return replaced, createSlot(ctx, cfg, failover, log)
+	}
+	if errors.Is(err, ErrNoSlot) {
+		return create()
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var db string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
-		return fmt.Errorf("read current database: %w", err)
+		return nil, fmt.Errorf("read current database: %w", err)
 	}
 	switch {
 	case info.SlotType != "logical":
-		return setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another slot.SetupConfig.Slot", cfg.Slot, info.SlotType)
+		return nil, setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another slot.SetupConfig.Slot", cfg.Slot, info.SlotType)
 	case info.Plugin != "pgoutput":
-		return setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another slot.SetupConfig.Slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
+		return nil, setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another slot.SetupConfig.Slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
 	case info.Database != db:
-		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another slot.SetupConfig.Slot", cfg.Slot, info.Database, db)
-	case info.WALStatus == "lost":
-		return InvalidatedError(cfg.Slot)
+		return nil, setupErrorf("replication slot %q belongs to database %q, not %q: choose another slot.SetupConfig.Slot", cfg.Slot, info.Database, db)
+	case info.Invalidated():
+		// Only a slot walrelay could have streamed from is replaced.
+		if replaced, err = replaceInvalidated(ctx, conn, cfg, info, log); err != nil {
+			return nil, err
+		}
+		return create()
 	}
 	if failover && info.Failover != nil && !*info.Failover {
-		return makeFailoverSlot(ctx, cfg, log)
+		return nil, makeFailoverSlot(ctx, cfg, log)
 	}
-	return nil
+	return nil, nil
 }
 
 // makeFailoverSlot turns an existing slot into a failover slot. A slot in

@@ -53,14 +53,6 @@ func setupErrorf(format string, args ...any) error {
 	return &SetupError{Msg: fmt.Sprintf(format, args...)}
 }
 
-// InvalidatedError is the refusal for a slot PostgreSQL invalidated
-// (wal_status = lost), whoever finds it: setup, the start of a stream or
-// the slot watch while streaming. It is a SetupError: retrying cannot
-// bring the WAL back.
-func InvalidatedError(slot string) error {
-	return setupErrorf("replication slot %q is invalidated (wal_status = lost): the WAL it needed is gone and events written meanwhile cannot be read from it. walrelay never recreates a slot silently: recover the gap from the outbox source, then recreate the slot (walrelay drop, walrelay setup)", slot)
-}
-
 // IsSetupError reports whether err is a reason not to start that retrying
 // will not fix.
 func IsSetupError(err error) bool {

@@ -96,6 +96,7 @@ func defaultVars() kong.Vars {
 		"idle_advance":             b(!d.NoIdleAdvance),
 		"slot_poll_interval":       dur(d.SlotPollInterval),
 		"ready_max_lag":            dur(d.ReadyMaxLag),
+		"planned_outage":           dur(d.PlannedOutage),
 		"delivery":                 delivery,
 		"transactional_id":         d.Router.TransactionalID,
 		"checkpoint_topic":         d.Router.CheckpointTopic,

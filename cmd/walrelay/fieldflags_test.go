@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -151,47 +152,73 @@ func TestFieldFlags(t *testing.T) {
 // fieldName is how a library names a field in a message.
 var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|snapshot|decoder|kgo)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
 
-// libraryFieldNames returns the field names in the string literals of the
-// libraries' code (tests aside), each with where it was found.
-func libraryFieldNames(t *testing.T) map[string]string {
+// libraryStrings calls f with each string literal of the libraries' code
+// (tests aside) and where it is.
+func libraryStrings(t *testing.T, f func(s, where string)) {
 	t.Helper()
-	named := map[string]string{}
-	for _, dir := range []string{"relay", "router", "slot", "checkpoint", "snapshot", "decoder", "heartbeat", "topics", "deadletter", "checkpointtopic"} {
-		files, err := filepath.Glob(filepath.Join("../..", dir, "*.go"))
+	var files []string
+	for _, dir := range []string{"relay", "router", "slot", "checkpoint", "snapshot", "decoder", "heartbeat", "deadletter"} {
+		err := filepath.WalkDir(filepath.Join("../..", dir), func(path string, d fs.DirEntry, err error) error {
+			if err == nil && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+				files = append(files, path)
+			}
+			return err
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, file := range files {
-			if strings.HasSuffix(file, "_test.go") {
+	}
+	for _, file := range files {
+		fset := token.NewFileSet()
+		syntax, err := parser.ParseFile(fset, file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(syntax, func(n ast.Node) bool {
+			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+				if s, err := strconv.Unquote(lit.Value); err == nil {
+					f(s, fset.Position(lit.Pos()).String())
+				}
+			}
+			return true
+		})
+	}
+}
+
+// libraryFieldNames returns the field names in the libraries' string
+// literals, each with where it was found.
+func libraryFieldNames(t *testing.T) map[string]string {
+	t.Helper()
+	named := map[string]string{}
+	libraryStrings(t, func(s, where string) {
+		for _, name := range fieldName.FindAllString(s, -1) {
+			// A call in a message (relay.DefaultConfig()) is not a field.
+			if i := strings.Index(s, name) + len(name); i < len(s) && s[i] == '(' {
 				continue
 			}
-			fset := token.NewFileSet()
-			f, err := parser.ParseFile(fset, file, nil, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ast.Inspect(f, func(n ast.Node) bool {
-				lit, ok := n.(*ast.BasicLit)
-				if !ok || lit.Kind != token.STRING {
-					return true
-				}
-				s, err := strconv.Unquote(lit.Value)
-				if err != nil {
-					return true
-				}
-				for _, name := range fieldName.FindAllString(s, -1) {
-					// A call or a type in a message (relay.DefaultConfig()) is
-					// not a field.
-					if i := strings.Index(s, name) + len(name); i < len(s) && s[i] == '(' {
-						continue
-					}
-					named[name] = fset.Position(lit.Pos()).String()
-				}
-				return true
-			})
+			named[name] = where
 		}
-	}
+	})
 	return named
+}
+
+// commandFlag is a flag in an instruction to run a walrelay command
+// ("walrelay setup --accept-gap"): the command exists whatever embeds the
+// library, so the flag stays.
+var commandFlag = regexp.MustCompile(`walrelay [a-z]+ --[a-z][a-z0-9-]*`)
+
+// TestLibrariesNameNoFlags: the libraries' messages name fields, not
+// flags, but in an instruction to run a walrelay command.
+func TestLibrariesNameNoFlags(t *testing.T) {
+	flags := allFlags(t)
+	libraryStrings(t, func(s, where string) {
+		rest := commandFlag.ReplaceAllString(s, "")
+		for _, tok := range flagToken.FindAllStringSubmatch(rest, -1) {
+			if flags[tok[1]] {
+				t.Errorf("%s names the flag %s: name the field (and map it in fieldFlags)", where, tok[0])
+			}
+		}
+	})
 }
 
 // TestSpeakFlags: what walrelay prints and logs names flags where the

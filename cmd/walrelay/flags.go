@@ -201,6 +201,7 @@ type HealthFlags struct {
 	IdleAdvance       bool          `default:"${idle_advance}" negatable:"" help:"Confirm a keepalive's WAL position once everything received before it is acknowledged, so a quiet outbox in a busy database does not pin WAL. Turn off only to diagnose."`
 	SlotPollInterval  time.Duration `default:"${slot_poll_interval}" help:"How often pg_replication_slots is read for the slot metrics and to detect an invalidated slot."`
 	ReadyMaxLag       time.Duration `default:"${ready_max_lag}" help:"Replication lag above which /readyz reports not ready; 0 disables the lag check."`
+	PlannedOutage     time.Duration `default:"${planned_outage}" help:"The relay outage to plan for: walrelay warns at startup when idle_replication_slot_timeout, or max_slot_wal_keep_size at the server's WAL rate, would invalidate the slot during one this long; 0 disables the warning."`
 }
 
 // DeliveryFlags choose at-least-once or exactly-once delivery.
@@ -301,6 +302,7 @@ func (f HealthFlags) apply(cfg *relay.Config) error {
 	cfg.NoIdleAdvance = !f.IdleAdvance
 	cfg.SlotPollInterval = f.SlotPollInterval
 	cfg.ReadyMaxLag = f.ReadyMaxLag
+	cfg.PlannedOutage = f.PlannedOutage
 	return nil
 }
 

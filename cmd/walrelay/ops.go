@@ -26,6 +26,10 @@ type statusCmd struct {
 	MaxLagBytes   int64  `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
 	RequireActive bool   `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
 	RecordSchema  string `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from."`
+	Explain       bool   `help:"Name what holds the slot's restart_lsn and catalog_xmin back, most to blame first (the relay stopped, not streaming, waiting for Kafka or behind; open and prepared transactions; a quiet outbox without heartbeats), then what holds the cluster's WAL or xmin (other slots, standbys), each with its fix."`
+	// The time the slot has left.
+	RateWindow    time.Duration `default:"1s" help:"When max_slot_wal_keep_size limits the slot, watch the server's WAL position this long to measure its WAL rate and the time left before invalidation; 0 skips it."`
+	PlannedOutage time.Duration `default:"${planned_outage}" help:"Warn when, at the measured WAL rate, max_slot_wal_keep_size would invalidate the slot sooner than this without a relay confirming, or idle_replication_slot_timeout is shorter; 0 disables."`
 }
 
 // Validate refuses malformed flags before anything is connected.
@@ -49,10 +53,25 @@ type slotStatus struct {
 	ConfirmedLagBytes int64  `json:"confirmed_lag_bytes"`
 	WALStatus         string `json:"wal_status"`
 	SafeWALSize       *int64 `json:"safe_wal_size"`
+	// WALRate is the server's WAL rate over --rate-window, and
+	// TimeToInvalidation how long safe_wal_size lasts at it; both are
+	// measured only when max_slot_wal_keep_size limits the slot.
+	WALRate            *float64 `json:"wal_rate_bytes_per_second"`
+	TimeToInvalidation *float64 `json:"time_to_invalidation_seconds"`
+	// InactiveSince is PostgreSQL 17+'s inactive_since; RecordUpdatedAt
+	// when walrelay last moved its record, the nearest an older server has.
+	InactiveSince   *time.Time `json:"inactive_since"`
+	RecordUpdatedAt *time.Time `json:"record_updated_at"`
+	// InvalidationReason is why PostgreSQL invalidated the slot (empty
+	// when it is not), InvalidationSource where the reason comes from.
+	InvalidationReason string `json:"invalidation_reason"`
+	InvalidationSource string `json:"invalidation_source"`
 	// Failover says what a failover of the primary does to the slot.
-	Failover string   `json:"failover"`
-	Healthy  bool     `json:"healthy"`
-	Problems []string `json:"problems"`
+	Failover string `json:"failover"`
+	// Explain is what holds the slot, with --explain (null without).
+	Explain  []slot.Cause `json:"explain"`
+	Healthy  bool         `json:"healthy"`
+	Problems []string     `json:"problems"`
 	// Warnings need a look but do not make the slot unhealthy.
 	Warnings []string `json:"warnings"`
 }
@@ -88,29 +107,61 @@ func (c *statusCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
+	settings, err := slot.ReadSettings(ctx, conn)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
 	st := slotStatus{
 		Slot: info.Name, Plugin: info.Plugin, Database: info.Database, Active: info.Active, ActivePID: info.ActivePID,
 		RestartLSN: info.RestartLSN.String(), ConfirmedFlushLSN: info.ConfirmedLSN.String(), CurrentLSN: info.CurrentLSN.String(),
 		RetainedWALBytes: info.RetainedWALBytes, ConfirmedLagBytes: info.LagBytes, WALStatus: info.WALStatus,
-		SafeWALSize: info.SafeWALSize, Problems: []string{}, Warnings: []string{},
+		SafeWALSize: info.SafeWALSize, InactiveSince: info.InactiveSince, Problems: []string{}, Warnings: []string{},
 	}
-	if !info.Active {
+	if recorded {
+		st.RecordUpdatedAt = &rec.UpdatedAt
+	}
+	if !info.Active && !info.Invalidated() {
 		if c.RequireActive {
 			st.Problems = append(st.Problems, notStreamed)
 		} else {
 			st.Warnings = append(st.Warnings, notStreamed)
 		}
 	}
-	if info.WALStatus == "lost" {
-		st.Problems = append(st.Problems, "slot is invalidated (wal_status = lost): events written while it lacked WAL are gone from it")
+	if info.Invalidated() {
+		inv := info.Invalidation(settings)
+		st.InvalidationReason, st.InvalidationSource = inv.Reason, inv.Source
+		since := info.ConfirmedLSN
+		if recorded {
+			since = max(since, rec.ConfirmedLSN)
+		}
+		st.Problems = append(st.Problems, slot.InvalidatedError(info, settings, since).Error())
+	} else if recorded && rec.Stopped != "" {
+		st.Problems = append(st.Problems, fmt.Sprintf("walrelay stopped at %s because %s: it refuses to go on until the gap is accepted (walrelay setup --accept-gap)", rec.StoppedAt, rec.Stopped))
+	}
+	if info.WALStatus == "unreserved" {
+		st.Problems = append(st.Problems, fmt.Sprintf("wal_status = unreserved: the slot needs WAL past max_slot_wal_keep_size = %s, which PostgreSQL removes at its next checkpoint, invalidating the slot, unless the relay confirms first; get the relay confirming now, or raise max_slot_wal_keep_size (ALTER SYSTEM SET max_slot_wal_keep_size = ...; SELECT pg_reload_conf())", settings.MaxSlotWALKeepSize))
+	}
+	if err := c.timeLeft(ctx, conn, info, settings, &st); err != nil {
+		return &exitError{code: exitFailed, err: err}
 	}
 	text, warn := failover.Describe()
 	st.Failover = text
 	if warn {
 		st.Warnings = append(st.Warnings, text)
 	}
-	if recorded && rec.Stopped != "" {
-		st.Problems = append(st.Problems, fmt.Sprintf("walrelay stopped at %s because %s: it refuses to go on until the gap is accepted (walrelay setup --accept-gap)", rec.StoppedAt, rec.Stopped))
+	if c.Explain {
+		facts, err := slot.ReadFacts(ctx, conn, info)
+		if err != nil {
+			return &exitError{code: exitFailed, err: err}
+		}
+		opts := slot.ExplainOptions{}
+		if recorded {
+			opts.Record = &rec
+		}
+		st.Explain = facts.Explain(opts)
+		if st.Explain == nil {
+			st.Explain = []slot.Cause{}
+		}
 	}
 	if c.MaxLagBytes > 0 && info.LagBytes > c.MaxLagBytes {
 		st.Problems = append(st.Problems, fmt.Sprintf("confirmed lag %s exceeds --max-lag-bytes %s", bytesText(info.LagBytes), bytesText(c.MaxLagBytes)))
@@ -121,6 +172,10 @@ func (c *statusCmd) Run(ctx context.Context) error {
 		for i := range list {
 			list[i] = speakFlags(list[i])
 		}
+	}
+	for i := range st.Explain {
+		c := &st.Explain[i]
+		c.Holds, c.Text, c.Fix = speakFlags(c.Holds), speakFlags(c.Text), speakFlags(c.Fix)
 	}
 	st.Healthy = len(st.Problems) == 0
 	if c.JSON {
@@ -134,6 +189,56 @@ func (c *statusCmd) Run(ctx context.Context) error {
 	}
 	if !st.Healthy {
 		return &exitError{code: exitUnhealthy, err: errors.New(strings.Join(st.Problems, "; "))}
+	}
+	return nil
+}
+
+// timeLeft measures the WAL rate over --rate-window when
+// max_slot_wal_keep_size limits the slot, and warns when the slot's safe
+// WAL, or idle_replication_slot_timeout, lasts less than --planned-outage.
+func (c *statusCmd) timeLeft(ctx context.Context, conn *pgx.Conn, info slot.Info, s slot.Settings, st *slotStatus) error {
+	plan := c.PlannedOutage
+	if d := s.IdleSlotTimeoutDur; d > 0 && !info.Invalidated() {
+		switch {
+		case !info.Active && info.InactiveSince != nil:
+			st.Warnings = append(st.Warnings, fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot, inactive since %s, at the first checkpoint after %s (in %s) unless a relay streams from it first",
+				s.IdleSlotTimeout, info.InactiveSince.UTC().Format(time.RFC3339), info.InactiveSince.Add(d).UTC().Format(time.RFC3339), slot.DurationText(max(info.InactiveSince.Add(d).Sub(info.Now), 0))))
+		case plan > 0 && d < plan:
+			st.Warnings = append(st.Warnings, fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay streams from it that long, less than --planned-outage %s: set it to 0 or above %s", s.IdleSlotTimeout, slot.DurationText(plan), slot.DurationText(plan)))
+		}
+	}
+	if info.SafeWALSize == nil || info.Invalidated() || c.RateWindow <= 0 {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(c.RateWindow):
+	}
+	var at string
+	var now time.Time
+	err := conn.QueryRow(ctx, "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text, now()").Scan(&at, &now)
+	if err != nil {
+		return fmt.Errorf("read the WAL position: %w", err)
+	}
+	lsn, err := slot.ParseLSN(at)
+	if err != nil {
+		return err
+	}
+	dt := now.Sub(info.Now).Seconds()
+	if dt <= 0 || lsn < info.CurrentLSN {
+		return nil
+	}
+	rate := float64(lsn-info.CurrentLSN) / dt
+	st.WALRate = &rate
+	if rate == 0 {
+		return nil
+	}
+	left := float64(*info.SafeWALSize) / rate
+	st.TimeToInvalidation = &left
+	if d := time.Duration(left * float64(time.Second)); plan > 0 && d < plan {
+		st.Warnings = append(st.Warnings, fmt.Sprintf("at the server's WAL rate (%s/s over %s) the slot's safe_wal_size of %s lasts about %s: max_slot_wal_keep_size = %s invalidates it that soon if it stops moving, less than --planned-outage %s; keep the relay confirming, and raise max_slot_wal_keep_size to at least %s if the disk holds it",
+			bytesText(int64(rate)), slot.DurationText(c.RateWindow), bytesText(*info.SafeWALSize), slot.DurationText(d), s.MaxSlotWALKeepSize, slot.DurationText(plan), bytesText(int64(rate*plan.Seconds()))))
 	}
 	return nil
 }
@@ -157,6 +262,23 @@ func printStatus(w io.Writer, st slotStatus) {
 	if restart == "0/0" {
 		restart = "none (its WAL was removed)"
 	}
+	retained := bytesText(st.RetainedWALBytes)
+	if st.InvalidationReason != "" {
+		retained = "none (PostgreSQL keeps no WAL for an invalidated slot)"
+	}
+	inactive := "no: streamed now"
+	switch {
+	case st.InactiveSince != nil:
+		inactive = st.InactiveSince.UTC().Format(time.RFC3339)
+	case !st.Active && st.RecordUpdatedAt != nil:
+		inactive = fmt.Sprintf("unknown (PostgreSQL 17+ reports it); walrelay last moved its record of the slot at %s", st.RecordUpdatedAt.UTC().Format(time.RFC3339))
+	case !st.Active:
+		inactive = "unknown (PostgreSQL 17+ reports it)"
+	}
+	invalidated := "no"
+	if st.InvalidationReason != "" {
+		invalidated = st.InvalidationSource
+	}
 	health := "ok"
 	if len(st.Warnings) > 0 {
 		health = "ok, but WARNING: " + strings.Join(st.Warnings, "; ")
@@ -164,29 +286,38 @@ func printStatus(w io.Writer, st slotStatus) {
 	if !st.Healthy {
 		health = "UNHEALTHY: " + strings.Join(st.Problems, "; ")
 	}
-	for _, row := range [][2]string{
+	rows := [][2]string{
 		{"slot", st.Slot}, {"plugin", st.Plugin}, {"database", st.Database}, {"active", active},
 		{"restart_lsn", restart}, {"confirmed_flush_lsn", st.ConfirmedFlushLSN}, {"current_lsn", st.CurrentLSN},
-		{"retained_wal", bytesText(st.RetainedWALBytes)}, {"confirmed_lag", bytesText(st.ConfirmedLagBytes)},
-		{"wal_status", st.WALStatus}, {"safe_wal_size", safe}, {"failover", st.Failover}, {"health", health},
-	} {
+		{"retained_wal", retained}, {"confirmed_lag", bytesText(st.ConfirmedLagBytes)},
+		{"wal_status", st.WALStatus}, {"safe_wal_size", safe},
+	}
+	if st.WALRate != nil {
+		rows = append(rows, [2]string{"wal_rate", bytesText(int64(*st.WALRate)) + "/s"})
+	}
+	if st.TimeToInvalidation != nil {
+		rows = append(rows, [2]string{"time_left", fmt.Sprintf("about %s at this WAL rate before max_slot_wal_keep_size invalidates the slot, if it stops moving", slot.DurationText(time.Duration(*st.TimeToInvalidation*float64(time.Second))))})
+	}
+	rows = append(rows, [2]string{"inactive_since", inactive}, [2]string{"invalidated", invalidated},
+		[2]string{"failover", st.Failover}, [2]string{"health", health})
+	for _, row := range rows {
 		fmt.Fprintf(w, "%-20s %s\n", row[0], row[1])
+	}
+	if st.Explain == nil {
+		return
+	}
+	if len(st.Explain) == 0 {
+		fmt.Fprintf(w, "%-20s %s\n", "explain", "nothing holds the slot back: what it retains is the WAL since PostgreSQL's last running-transactions record, which moves restart_lsn every 15 s")
+		return
+	}
+	fmt.Fprintf(w, "%-20s %s\n", "explain", "what holds the slot, most to blame first:")
+	for i, c := range st.Explain {
+		fmt.Fprintf(w, "  %d. %s (holds %s): %s\n     fix: %s\n", i+1, c.Kind, c.Holds, c.Text, c.Fix)
 	}
 }
 
 // bytesText prints a byte count for people, with the exact figure.
-func bytesText(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
-	f, i := float64(n), 0
-	for f >= 1024 && i < len(units)-1 {
-		f /= 1024
-		i++
-	}
-	if i == 0 {
-		return fmt.Sprintf("%d B", n)
-	}
-	return fmt.Sprintf("%.1f %s (%d bytes)", f, units[i], n)
-}
+func bytesText(n int64) string { return slot.BytesText(n) }
 
 // setupCmd is `walrelay setup`: print the outbox DDL, check the database,
 // create the publication and slot.
@@ -251,13 +382,17 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 			}
 		}
 	}
-	_, err = slot.Prepare(ctx, slot.SetupConfig{
+	rec, err := slot.Prepare(ctx, slot.SetupConfig{
 		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: m.Columns(),
 		CreatePublication: true, CreateSlot: true, AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,
 		Failover: c.FailoverSlot, RecordSchema: c.RecordSchema, AcceptGap: c.AcceptGap,
 	}, log)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
+	}
+	if g := rec.Accepted; g != nil {
+		fmt.Printf("accepted a gap, kept in %s.slots: %s; events committed after %s are not published through the slot: publish the rows still in the outbox tables with walrelay snapshot --pg-url … --brokers … --table %s\n",
+			c.RecordSchema, g.What, g.Since, strings.Join(c.Table, " --table "))
 	}
 	conn, err := slot.Connect(ctx, c.PGURL)
 	if err != nil {
@@ -367,6 +502,9 @@ func (c *dropCmd) Run(ctx context.Context, lf *LogFlags) error {
 // confirmed position. Without --force it refuses when rows are pending or
 // cannot be counted.
 func (c *dropCmd) dropSlot(ctx context.Context, conn *pgx.Conn, info slot.Info, log *zap.Logger) error {
+	if info.Invalidated() {
+		return c.dropInvalidated(ctx, conn, info, log)
+	}
 	rows, complete, perr := pendingRows(ctx, conn, c.Slot, c.Publication)
 	discards := fmt.Sprintf("%s of WAL past its confirmed position %s", bytesText(info.LagBytes), info.ConfirmedLSN)
 	switch {
@@ -397,6 +535,29 @@ func (c *dropCmd) dropSlot(ctx context.Context, conn *pgx.Conn, info slot.Info, 
 	fmt.Printf("dropped slot %q, discarding %s: PostgreSQL no longer keeps WAL for it; events written from now on are not captured until a new slot exists\n", c.Slot, discards)
 	log.Info("dropped replication slot", zap.String("slot", c.Slot), zap.Int64("pending_rows", rows), zap.Bool("pending_rows_counted", perr == nil),
 		zap.Int64("confirmed_lag_bytes", info.LagBytes))
+	return nil
+}
+
+// dropInvalidated drops a slot PostgreSQL invalidated. Nothing can count
+// what it did not deliver, since its WAL is gone, and no relay can run on
+// it to deliver it, so drop neither counts nor asks for --force: it says
+// what may be missing and the way on.
+func (c *dropCmd) dropInvalidated(ctx context.Context, conn *pgx.Conn, info slot.Info, log *zap.Logger) error {
+	gap := slot.ReadInvalidatedError(ctx, conn, info, 0)
+	if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", c.Slot); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42704" {
+			fmt.Printf("slot %q does not exist\n", c.Slot)
+			return nil
+		}
+		return &exitError{code: exitFailed, err: fmt.Errorf("drop slot %q: %w", c.Slot, err)}
+	}
+	if err := slot.DropRecord(ctx, conn, c.RecordSchema, c.Slot); err != nil {
+		return &exitError{code: exitFailed, err: fmt.Errorf("dropped slot %q, but cannot remove walrelay's record of it (the next start refuses as if the slot had been lost): %w", c.Slot, err)}
+	}
+	fmt.Printf("dropped slot %q without counting its pending rows: %s, and PostgreSQL kept no WAL for it, so what it had not delivered can be neither counted nor read; events committed after %s may be missing from Kafka. Next: walrelay run creates a new slot and, with --snapshot initial (the default), first publishes the rows still in the outbox tables (or: walrelay setup, then walrelay snapshot)\n",
+		c.Slot, gap.What, gap.Since)
+	log.Warn("dropped an invalidated replication slot", zap.String("slot", c.Slot), zap.String("what", gap.What), zap.Stringer("missing_after_lsn", gap.Since))
 	return nil
 }
 

@@ -212,10 +212,12 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 		e.brokers = []string{k.Addr()}
 	}
 	t.Cleanup(func() {
-		// Drop the slot so the cluster does not keep WAL for it.
+		// Drop the test database's slots (a test may make more than one) so
+		// the cluster does not keep WAL for them, nor name them to later
+		// tests' status --explain.
 		conn, err := pgx.Connect(context.Background(), e.url)
 		if err == nil {
-			conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", e.name)
+			conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
 			conn.Close(context.Background())
 		}
 	})

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -168,7 +169,17 @@ func TestReplicaSetFailovers(t *testing.T) {
 		insert(10)
 		rs.waitReplayed()
 		standbyURL := rs.standby.URL(e.name)
-		if got, want := count(standbyURL), 10*(i+1); got != want {
+		// Replayed is not always visible at once to a new hot standby's
+		// queries: wait for the rows, then hold them to the exact count.
+		want := 10 * (i + 1)
+		err := devcluster.WaitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {
+			got := count(standbyURL)
+			return got >= want, fmt.Errorf("the new standby holds %d rows", got)
+		})
+		if err != nil {
+			t.Fatalf("after failover %d: %v, want %d", i, err, want)
+		}
+		if got := count(standbyURL); got != want {
 			t.Fatalf("after failover %d the new standby holds %d rows, want %d", i, got, want)
 		}
 	}

@@ -36,8 +36,9 @@ func TestTxnErrorClassification(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Router{cfg: Config{TransactionTimeout: 2 * time.Second}}
-			r.txnBegan.Store(time.Now().Add(-tc.open).UnixNano())
-			err := r.txnError(fmt.Errorf("commit Kafka transaction: %w", tc.err))
+			r.txn = &Txn{r: r}
+			r.txn.began.Store(time.Now().Add(-tc.open).UnixNano())
+			err := r.txn.error(fmt.Errorf("commit Kafka transaction: %w", tc.err))
 			if got := errors.Is(err, ErrFenced); got != tc.fenced {
 				t.Errorf("errors.Is(%v, ErrFenced) = %v, want %v", err, got, tc.fenced)
 			}
@@ -71,7 +72,7 @@ func newEOSEnv(t *testing.T) *env {
 	e := newEnv(t, Config{TransactionalID: eosTxnID, CheckpointTopic: eosCkTopic})
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	if err := e.r.InitTransactions(ctx); err != nil {
+	if err := e.r.Txn().Init(ctx); err != nil {
 		t.Fatalf("InitTransactions: %v", err)
 	}
 	return e
@@ -81,7 +82,7 @@ func (e *env) commitTxn(key, value string) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	if err := e.r.CommitKafkaTxn(ctx, []byte(key), []byte(value)); err != nil {
+	if err := e.r.Txn().Commit(ctx, []byte(key), []byte(value)); err != nil {
 		e.t.Fatalf("CommitKafkaTxn: %v", err)
 	}
 }
@@ -90,7 +91,7 @@ func (e *env) abortTxn() {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	if err := e.r.AbortKafkaTxn(ctx); err != nil {
+	if err := e.r.Txn().Abort(ctx); err != nil {
 		e.t.Fatalf("AbortKafkaTxn: %v", err)
 	}
 }
@@ -100,7 +101,7 @@ func (e *env) readCheckpoint(key string) (string, bool) {
 	e.restart()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	v, found, err := e.r.ReadCheckpoint(ctx, []byte(key))
+	v, found, err := e.r.Txn().ReadCheckpoint(ctx, []byte(key))
 	if err != nil {
 		e.t.Fatalf("ReadCheckpoint(%q): %v", key, err)
 	}
@@ -132,7 +133,7 @@ func (e *env) restart() {
 	if err := r.Start(ctx); err != nil {
 		e.t.Fatalf("Start: %v", err)
 	}
-	if err := r.InitTransactions(ctx); err != nil {
+	if err := r.Txn().Init(ctx); err != nil {
 		e.t.Fatalf("InitTransactions: %v", err)
 	}
 	e.r = r
@@ -236,8 +237,8 @@ func TestCommitTxnAcksAfterCommit(t *testing.T) {
 	for i := range 3 {
 		e.mustSend(event(fmt.Sprintf("a%d", i), "order", "k", "{}"), lsnOf(i), a)
 	}
-	if !e.r.KafkaTxnOpen() || e.r.KafkaTxnRecords() != 3 {
-		t.Fatalf("after 3 sends KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want true, 3", e.r.KafkaTxnOpen(), e.r.KafkaTxnRecords())
+	if !e.r.Txn().Open() || e.r.Txn().Records() != 3 {
+		t.Fatalf("after 3 sends KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want true, 3", e.r.Txn().Open(), e.r.Txn().Records())
 	}
 	e.flush()
 	if n := e.endOffsets(eosTopic)[eosTopic]; n != 3 {
@@ -254,8 +255,8 @@ func TestCommitTxnAcksAfterCommit(t *testing.T) {
 	if got := a.acks.Load(); got != 3 {
 		t.Errorf("%d acks after the commit; want 3", got)
 	}
-	if e.r.KafkaTxnOpen() || e.r.KafkaTxnRecords() != 0 {
-		t.Errorf("after CommitKafkaTxn KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want false, 0", e.r.KafkaTxnOpen(), e.r.KafkaTxnRecords())
+	if e.r.Txn().Open() || e.r.Txn().Records() != 0 {
+		t.Errorf("after CommitKafkaTxn KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want false, 0", e.r.Txn().Open(), e.r.Txn().Records())
 	}
 	recs := e.readCommitted(func(r *kgo.Record) bool { return bytes.Equal(idOf(r), []byte("a2")) }, eosTopic)
 	if got := strings.Join(ids(recs, eosTopic), ","); got != "a0,a1,a2" {
@@ -298,8 +299,8 @@ func TestAbortTxnDropsTheTransaction(t *testing.T) {
 	}
 	e.flush()
 	e.abortTxn()
-	if e.r.KafkaTxnOpen() || e.r.KafkaTxnRecords() != 0 {
-		t.Errorf("after AbortKafkaTxn KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want false, 0", e.r.KafkaTxnOpen(), e.r.KafkaTxnRecords())
+	if e.r.Txn().Open() || e.r.Txn().Records() != 0 {
+		t.Errorf("after AbortKafkaTxn KafkaTxnOpen() = %v, KafkaTxnRecords() = %d; want false, 0", e.r.Txn().Open(), e.r.Txn().Records())
 	}
 	if e.r.Failed() {
 		t.Fatalf("a clean abort left the router Failed: %v", e.r.Err())
@@ -386,7 +387,7 @@ func TestReadCheckpointProbeRacesACommit(t *testing.T) {
 			before := e.endOffsets(eosCkTopic)[eosCkTopic]
 			e.restart()
 			go func() {
-				v, found, err := e.r.ReadCheckpoint(ctx, []byte("slot"))
+				v, found, err := e.r.Txn().ReadCheckpoint(ctx, []byte("slot"))
 				done <- result{string(v), found, err}
 			}()
 			// The probe and its commit marker are in the log once it has
@@ -436,7 +437,7 @@ func TestCommitTxnFenced(t *testing.T) {
 	if _, _, err := newer.ProducerID(ctx); err != nil {
 		t.Fatal(err)
 	}
-	err := e.r.CommitKafkaTxn(ctx, []byte("slot"), []byte("ck-fenced"))
+	err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("ck-fenced"))
 	if err == nil {
 		t.Fatal("CommitKafkaTxn succeeded after a newer producer took the transactional id")
 	}
@@ -481,7 +482,7 @@ func TestCommitTxnRefusedCommitAcksNothing(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	err := e.r.CommitKafkaTxn(ctx, []byte("slot"), []byte("ck-refused"))
+	err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("ck-refused"))
 	if !errors.Is(err, ErrFenced) {
 		t.Errorf("CommitKafkaTxn with the commit refused: %v; want ErrFenced", err)
 	}

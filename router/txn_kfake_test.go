@@ -15,14 +15,14 @@ func TestKafkaTxnCommitAcksAbortDoesNot(t *testing.T) {
 	e := newEnv(t, Config{TransactionalID: "walrelay-test"})
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	if err := e.r.InitTransactions(ctx); err != nil {
+	if err := e.r.Txn().Init(ctx); err != nil {
 		t.Fatal(err)
 	}
 
 	committed := &testAcker{}
 	e.mustSend(event("c1", "order", "k1", `{}`), 1, committed)
-	if !e.r.KafkaTxnOpen() || e.r.KafkaTxnRecords() != 1 {
-		t.Fatalf("after a send: open %v with %d records, want one open with 1", e.r.KafkaTxnOpen(), e.r.KafkaTxnRecords())
+	if !e.r.Txn().Open() || e.r.Txn().Records() != 1 {
+		t.Fatalf("after a send: open %v with %d records, want one open with 1", e.r.Txn().Open(), e.r.Txn().Records())
 	}
 	if err := e.r.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -30,11 +30,11 @@ func TestKafkaTxnCommitAcksAbortDoesNot(t *testing.T) {
 	if n := committed.acks.Load(); n != 0 {
 		t.Fatalf("%d acks before the Kafka commit, want 0", n)
 	}
-	if err := e.r.CommitKafkaTxn(ctx, []byte("slot"), []byte("checkpoint 1")); err != nil {
+	if err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("checkpoint 1")); err != nil {
 		t.Fatal(err)
 	}
-	if n := committed.acks.Load(); n != 1 || e.r.KafkaTxnOpen() {
-		t.Fatalf("after the commit: %d acks, open %v; want 1 ack and none open", n, e.r.KafkaTxnOpen())
+	if n := committed.acks.Load(); n != 1 || e.r.Txn().Open() {
+		t.Fatalf("after the commit: %d acks, open %v; want 1 ack and none open", n, e.r.Txn().Open())
 	}
 
 	aborted := &testAcker{}
@@ -45,16 +45,16 @@ func TestKafkaTxnCommitAcksAbortDoesNot(t *testing.T) {
 	if err := e.r.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.r.AbortKafkaTxn(ctx); err != nil {
+	if err := e.r.Txn().Abort(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := aborted.acks.Load(); n != 0 || e.r.KafkaTxnOpen() {
-		t.Fatalf("after the abort: %d acks, open %v; want none", n, e.r.KafkaTxnOpen())
+	if n := aborted.acks.Load(); n != 0 || e.r.Txn().Open() {
+		t.Fatalf("after the abort: %d acks, open %v; want none", n, e.r.Txn().Open())
 	}
 
 	last := &testAcker{}
 	e.mustSend(event("c2", "order", "k1", `{}`), 3, last)
-	if err := e.r.CommitKafkaTxn(ctx, []byte("slot"), []byte("checkpoint 2")); err != nil {
+	if err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("checkpoint 2")); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1,0 +1,237 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/walrelay/walrelay/router/internal/checkpointtopic"
+)
+
+// txn.go: the transactional producer of exactly-once delivery. A Router
+// made with a TransactionalID has a Txn (Router.Txn): the first record
+// after a commit begins a Kafka transaction; Commit closes it with a
+// checkpoint record that says how far it reaches in the PostgreSQL
+// stream, waits for every record, commits, and only then acks the
+// records' transactions, so the slot is confirmed only past committed
+// Kafka transactions. A read_committed consumer sees each record once:
+// aborted transactions are invisible, and after a crash the relay takes
+// the transactional id (Init, fencing any older holder), reads the newest
+// committed checkpoint (ReadCheckpoint) and skips what it covers.
+//
+// Txn's methods belong to the goroutine that calls Router.Send (or one it
+// waits for), except TookID, which is safe for concurrent use.
+
+// ErrFenced means another producer took this relay's transactional id:
+// nothing this producer sent since its last commit will become visible,
+// and it can commit nothing more. Usually a walrelay that took the slot
+// after this one lost it without noticing (this one should then wait as a
+// standby); otherwise a relay of another slot configured with the same
+// transactional id. Only the caller, which knows whether it still holds
+// the slot, can tell the two apart.
+var ErrFenced = errors.New("fenced: another producer took over the transactional id")
+
+// ErrTxnTimedOut means the broker aborted the open Kafka transaction because
+// it stayed open longer than the transaction timeout. Nothing of it is
+// visible to read_committed consumers; the relay resumes from the last
+// checkpoint with a new producer.
+var ErrTxnTimedOut = errors.New("kafka transaction timed out")
+
+// Txn is a Router's Kafka transaction state and calls. See txn.go.
+type Txn struct {
+	r      *Router
+	open   bool
+	acks   []ackRun     // ackers of the open Kafka transaction, in order
+	events int          // records in the open Kafka transaction
+	began  atomic.Int64 // when the open Kafka transaction began, Unix ns (read by promises)
+	broken atomic.Bool  // a transactional call failed: replace the producer
+	took   atomic.Bool  // Init succeeded (TookID)
+}
+
+// ackRun is consecutive records of one transaction.
+type ackRun struct {
+	a Acker
+	n int
+}
+
+// begin opens a Kafka transaction unless one is open.
+func (t *Txn) begin() error {
+	if t.open {
+		return nil
+	}
+	if err := t.r.client.BeginTransaction(); err != nil {
+		t.broken.Store(true)
+		return fmt.Errorf("begin Kafka transaction: %w", err)
+	}
+	t.open = true
+	t.began.Store(time.Now().UnixNano())
+	return nil
+}
+
+// track counts a record of the open Kafka transaction, to be acked through
+// a at its commit.
+func (t *Txn) track(a Acker) {
+	t.events++
+	if n := len(t.acks); n > 0 && t.acks[n-1].a == a {
+		t.acks[n-1].n++
+		return
+	}
+	t.acks = append(t.acks, ackRun{a: a, n: 1})
+}
+
+// Records is how many records the open Kafka transaction holds (0 when
+// none is open).
+func (t *Txn) Records() int { return t.events }
+
+// Open reports whether a Kafka transaction is open.
+func (t *Txn) Open() bool { return t.open }
+
+// Commit adds the checkpoint record (key, value) to the open Kafka
+// transaction, waits until Kafka has every record, commits, and then acks
+// the records' transactions. With no transaction open it does nothing. An
+// error leaves the transaction to Abort; errors.Is(err, ErrFenced) means
+// stop.
+func (t *Txn) Commit(ctx context.Context, key, value []byte) error {
+	if !t.open {
+		return nil
+	}
+	r := t.r
+	r.client.TryProduce(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: key, Value: value}, func(rec *kgo.Record, err error) {
+		if err != nil {
+			r.fail(fmt.Errorf("produce checkpoint to %s: %w", rec.Topic, t.fenceError(err)))
+		}
+	})
+	if err := r.client.Flush(ctx); err != nil {
+		t.broken.Store(true)
+		return fmt.Errorf("flush Kafka transaction: %w", err)
+	}
+	if r.failed.Load() {
+		// A record's error, already classified (fenceError) by onPromise.
+		return fmt.Errorf("kafka transaction: %w", *r.failErr.Load())
+	}
+	err := r.client.EndTransaction(ctx, kgo.TryCommit)
+	if err != nil {
+		return t.error(fmt.Errorf("commit Kafka transaction: %w", err))
+	}
+	t.open = false
+	for _, run := range t.acks {
+		for range run.n {
+			run.a.Ack()
+		}
+	}
+	t.forget()
+	return nil
+}
+
+// forget drops the open transaction's records from the accounting.
+func (t *Txn) forget() {
+	clear(t.acks)
+	t.acks, t.events = t.acks[:0], 0
+}
+
+// Abort drops the open Kafka transaction: its records are never visible
+// to read_committed consumers and their transactions are never acked.
+func (t *Txn) Abort(ctx context.Context) error {
+	t.forget()
+	if err := t.r.client.AbortBufferedRecords(ctx); err != nil {
+		t.broken.Store(true)
+		return fmt.Errorf("abort buffered records: %w", err)
+	}
+	err := t.r.client.EndTransaction(ctx, kgo.TryAbort)
+	t.open = false
+	if err != nil {
+		return t.error(fmt.Errorf("abort Kafka transaction: %w", err))
+	}
+	return nil
+}
+
+// error marks the producer for replacement and classifies err
+// (fenceError).
+func (t *Txn) error(err error) error {
+	t.broken.Store(true)
+	return t.fenceError(err)
+}
+
+// fenceError classifies an error of a transactional call or of a record in
+// the open transaction. Kafka answers PRODUCER_FENCED (to EndTxn and
+// InitProducerId) or INVALID_PRODUCER_EPOCH (to Produce; Apache Kafka 4
+// answers a fenced producer's records this way before its commit is even
+// tried) both when a newer producer took the transactional id and when the
+// broker itself aborted a transaction that outlived the transaction
+// timeout (it bumps the epoch then too). The two cannot be told apart from
+// the answer, but the broker's clock for a transaction starts after ours:
+// one open for less than the timeout was not timed out, so it was fenced.
+// It is safe for concurrent use (promises call it).
+func (t *Txn) fenceError(err error) error {
+	if !errors.Is(err, kerr.ProducerFenced) && !errors.Is(err, kerr.InvalidProducerEpoch) {
+		return err
+	}
+	timeout := t.r.cfg.TransactionTimeout
+	if open := time.Since(time.Unix(0, t.began.Load())); open >= timeout {
+		return fmt.Errorf("%w (open %s, transaction timeout %s): %w", ErrTxnTimedOut, open.Round(time.Millisecond), timeout, err)
+	}
+	return fmt.Errorf("%w: %w", ErrFenced, err)
+}
+
+// Init registers the transactional id with Kafka, fencing any older
+// producer that holds it (its open transaction is aborted). Call it before
+// reading the checkpoint; again on the same router it does nothing. An
+// error marks the router for replacement (Router.Failed).
+func (t *Txn) Init(ctx context.Context) error {
+	r := t.r
+	if _, _, err := r.client.ProducerID(ctx); err != nil {
+		t.broken.Store(true)
+		if errors.Is(err, kerr.ProducerFenced) {
+			err = fmt.Errorf("%w: %w", ErrFenced, err)
+		}
+		if errors.Is(err, kerr.InvalidTransactionTimeout) {
+			err = fmt.Errorf("the broker's transaction.max.timeout.ms is below router.Config.TransactionTimeout %s: lower router.Config.TransactionTimeout (keeping it at least twice relay.Config.TxnMaxInterval) or raise transaction.max.timeout.ms: %w", r.cfg.TransactionTimeout, err)
+		}
+		return fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err)
+	}
+	t.took.Store(true)
+	return nil
+}
+
+// TookID reports whether Init succeeded on this router. Its producer
+// epoch is then stale once another producer takes the id (a relay that
+// took the slot while this one had lost it): a relay replaces such a
+// router before it streams again, so that the new one takes the id afresh
+// rather than being answered INVALID_PRODUCER_EPOCH.
+func (t *Txn) TookID() bool { return t.took.Load() }
+
+// prepareCheckpointTopic creates (when topic creation is on) and checks
+// the checkpoint topic.
+func (t *Txn) prepareCheckpointTopic(ctx context.Context) error {
+	r := t.r
+	return checkpointtopic.Prepare(ctx, r.admin, r.cfg.CheckpointTopic, r.cfg.CreateTopics, r.cfg.TopicReplicationFactor)
+}
+
+// ReadCheckpoint returns the newest committed checkpoint record for key.
+// It first commits a probe record (key "<key>/probe") in a transaction of
+// its own, then reads the topic read_committed up to the probe: every
+// checkpoint committed before it has been seen, whatever transaction
+// markers or aborted records lie in between. Call Init first, so that no
+// older producer can commit after the probe.
+func (t *Txn) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, found bool, err error) {
+	r := t.r
+	probeKey, probe := checkpointtopic.Probe(key)
+	if err := t.begin(); err != nil {
+		return nil, false, err
+	}
+	if err := r.client.ProduceSync(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: probeKey, Value: probe}).FirstErr(); err != nil {
+		t.Abort(context.Background())
+		return nil, false, t.error(fmt.Errorf("write checkpoint probe: %w", err))
+	}
+	if err := r.client.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.open = false
+		return nil, false, t.error(fmt.Errorf("commit checkpoint probe: %w", err))
+	}
+	t.open = false
+	return checkpointtopic.Read(ctx, r.connOpts, r.cfg.CheckpointTopic, key, probeKey, probe)
+}

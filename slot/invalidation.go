@@ -1,0 +1,137 @@
+package slot
+
+// invalidation.go: a slot PostgreSQL invalidated, and the way on.
+//
+// An invalidated slot keeps no WAL and nothing can stream from it again:
+// it is something walrelay streamed from that is gone for good, like a
+// slot lost in a failover. So it is refused as a gap (*GapError, naming
+// PostgreSQL's reason and the setting behind it), and the way on is the
+// one for every gap: walrelay setup --accept-gap, which here drops the
+// invalidated slot and creates a new one at the current position,
+// recording the gap, then walrelay snapshot for the rows still in the
+// outbox.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/decoder"
+)
+
+// Invalidation says why PostgreSQL invalidated a slot, and what to set so
+// that the next one lasts.
+type Invalidation struct {
+	// Reason is PostgreSQL's word (wal_removed, idle_timeout, rows_removed,
+	// wal_level_insufficient) or, when an older server cannot tell two
+	// apart, both ("rows_removed or wal_level_insufficient").
+	Reason string
+	// Source says Reason as the server has it: "invalidation_reason = X"
+	// (17+), or Reason and what an older server reports instead.
+	Source string
+	// Cause says, with the setting behind it, what happened.
+	Cause string
+	// Prevent is the setting that keeps the next slot.
+	Prevent string
+}
+
+// Invalidation tells why the slot of info was invalidated. PostgreSQL 17+
+// reports invalidation_reason. 16 reports wal_status = lost (and
+// conflicting = true for any invalidated logical slot, so that says
+// nothing): a conflict with recovery (rows_removed or
+// wal_level_insufficient, not which) happens only on a standby and keeps
+// restart_lsn, wal_removed clears it. Before 16 the only way to lose a
+// slot is max_slot_wal_keep_size (wal_removed).
+func (i Info) Invalidation(s Settings) Invalidation {
+	var inv Invalidation
+	switch {
+	case i.InvalidationReason != "":
+		inv.Reason, inv.Source = i.InvalidationReason, "invalidation_reason = "+i.InvalidationReason
+	case i.ServerVersion >= 170000:
+		// The WAL is gone and the next checkpoint sets the reason.
+		inv.Reason = "wal_removed"
+		inv.Source = inv.Reason + ": wal_status = lost before PostgreSQL set invalidation_reason"
+	case i.ServerVersion >= 160000 && s.InRecovery && i.RestartLSN != 0:
+		// 16 says conflicting = true for every invalidated logical slot,
+		// but only wal_removed clears restart_lsn, and only a standby
+		// conflicts with recovery.
+		inv.Reason = "rows_removed or wal_level_insufficient"
+		inv.Source = inv.Reason + ": PostgreSQL 16 reports wal_status = lost on a standby with restart_lsn kept, a conflict with recovery, not which"
+	case i.ServerVersion >= 160000:
+		inv.Reason = "wal_removed"
+		inv.Source = inv.Reason + ": PostgreSQL 16 reports wal_status = lost; with restart_lsn cleared, or on a primary, only max_slot_wal_keep_size invalidates a slot"
+	default:
+		inv.Reason = "wal_removed"
+		inv.Source = inv.Reason + ": PostgreSQL before 16 reports wal_status = lost, and only max_slot_wal_keep_size invalidates a slot there"
+	}
+	switch inv.Reason {
+	case "wal_removed":
+		inv.Cause = fmt.Sprintf("it needed more WAL than max_slot_wal_keep_size = %s while no relay confirmed, and PostgreSQL removed it", s.MaxSlotWALKeepSize)
+		inv.Prevent = "raise max_slot_wal_keep_size to hold the WAL the server writes during a relay outage (or -1, no limit, if the disk holds it)"
+	case "idle_timeout":
+		inv.Cause = fmt.Sprintf("no client streamed from it for longer than idle_replication_slot_timeout = %s", s.IdleSlotTimeout)
+		inv.Prevent = "set idle_replication_slot_timeout to 0 (never) or longer than a relay outage can last"
+	case "rows_removed":
+		inv.Cause = fmt.Sprintf("the primary removed catalog rows it still needed (hot_standby_feedback = %s here)", s.HotStandbyFeedback)
+		inv.Prevent = "on the standby, set hot_standby_feedback = on and primary_slot_name, so that the primary keeps the rows"
+	case "wal_level_insufficient":
+		inv.Cause = fmt.Sprintf("wal_level on the primary was lowered below logical (wal_level = %s here)", s.WALLevel)
+		inv.Prevent = "keep wal_level = logical on the primary"
+	default:
+		inv.Cause = fmt.Sprintf("on a standby, either the primary removed catalog rows it needed (hot_standby_feedback = %s here) or the primary's wal_level was lowered below logical", s.HotStandbyFeedback)
+		inv.Prevent = "on the standby set hot_standby_feedback = on with a primary_slot_name, and keep wal_level = logical on the primary"
+	}
+	return inv
+}
+
+// InvalidatedError is the refusal for a slot PostgreSQL invalidated,
+// whoever finds it (setup, the start of a stream, the slot watch): a
+// *GapError, since an invalidated slot is something walrelay streamed
+// from that is gone for good. Events committed after since (the later of
+// the slot's and walrelay's confirmed positions) may be missing. The way
+// on is walrelay setup --accept-gap (which drops the lost slot and
+// creates a new one, recording the gap), then walrelay snapshot.
+func InvalidatedError(info Info, s Settings, since decoder.LSN) *GapError {
+	inv := info.Invalidation(s)
+	return &GapError{
+		What: fmt.Sprintf("replication slot %q was invalidated by PostgreSQL (%s): %s", info.Name, inv.Source, inv.Cause),
+		// PostgreSQL keeps confirmed_flush_lsn of an invalidated slot.
+		Since: max(since, info.ConfirmedLSN),
+		Fix:   "nothing can stream from an invalidated slot again (walrelay setup --accept-gap drops it and creates a new one); so that the next one lasts, " + inv.Prevent,
+	}
+}
+
+// ReadInvalidatedError is InvalidatedError with the settings read on conn;
+// when they cannot be read the refusal names the reason alone.
+func ReadInvalidatedError(ctx context.Context, conn *pgx.Conn, info Info, since decoder.LSN) *GapError {
+	s, err := ReadSettings(ctx, conn)
+	if err != nil {
+		s = Settings{MaxSlotWALKeepSize: "?", IdleSlotTimeout: "?", WALLevel: "?", HotStandbyFeedback: "?"}
+	}
+	return InvalidatedError(info, s, since)
+}
+
+// replaceInvalidated drops an invalidated slot when the gap was accepted
+// (SetupConfig.AcceptGap), so that ensureSlot creates a new one, and
+// returns the gap; without AcceptGap it is the refusal.
+func replaceInvalidated(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, info Info, log *zap.Logger) (*GapError, error) {
+	gap := ReadInvalidatedError(ctx, conn, info, 0)
+	if !cfg.AcceptGap {
+		return nil, gap
+	}
+	_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42704":
+		// Dropped meanwhile: ensureSlot creates it.
+	case err != nil:
+		return nil, fmt.Errorf("drop the invalidated replication slot %q: %w", cfg.Slot, err)
+	}
+	log.Warn("accepting a gap: dropped the invalidated replication slot to create a new one; events committed after its confirmed position are not published through it",
+		zap.String("slot", cfg.Slot), zap.String("what", gap.What), zap.Stringer("missing_after_lsn", gap.Since))
+	return gap, nil
+}
