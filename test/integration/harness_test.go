@@ -215,10 +215,19 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 		// Drop the test database's slots (a test may make more than one) so
 		// the cluster does not keep WAL for them, nor name them to later
 		// tests' status --explain.
+		// The walsender of a relay stopped a moment ago may still hold its
+		// slot (an active slot cannot be dropped): end it and wait.
 		conn, err := pgx.Connect(context.Background(), e.url)
 		if err == nil {
-			conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
-			conn.Close(context.Background())
+			ctx := context.Background()
+			conn.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active", e.name)
+			devcluster.WaitFor(10*time.Second, 20*time.Millisecond, func() (bool, error) {
+				var active int
+				err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = $1 AND active", e.name).Scan(&active)
+				return active == 0, err
+			})
+			conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
+			conn.Close(ctx)
 		}
 	})
 	return e
