@@ -114,7 +114,7 @@ func UnmarshalDurable(b []byte) (Durable, error) {
 // with an error naming the fix. legacy reports a record without a system
 // identifier (written by an older walrelay): accepted, the caller warns.
 func (d Durable) Verify(slot, systemID string, serverWAL decoder.LSN) (legacy bool, err error) {
-	const fix = "the relay refuses to skip events on its word: restrict WRITE on the checkpoint topic to the relay's principal, and if this checkpoint is not this slot's, start with a new --checkpoint-topic"
+	const fix = "the relay refuses to skip events on its word: restrict WRITE on the checkpoint topic to the relay's principal, and if this checkpoint is not this slot's, start with a new checkpoint topic (router.Config.CheckpointTopic)"
 	switch {
 	case d.Slot != slot:
 		return false, fmt.Errorf("checkpoint record under key %q names slot %q: %s", slot, d.Slot, fix)

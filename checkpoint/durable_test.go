@@ -135,7 +135,7 @@ func TestDurableVerify(t *testing.T) {
 		{"legacy lsn ahead", Durable{Slot: "s", LSN: 0x300}, 0x200, "0/300"},
 	} {
 		_, err := tc.d.Verify("s", sys, tc.server)
-		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "--checkpoint-topic") {
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "router.Config.CheckpointTopic") {
 			t.Errorf("%s: Verify = %v, want a refusal mentioning %q and the fix", tc.name, err, tc.want)
 		}
 	}

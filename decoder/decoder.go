@@ -161,8 +161,8 @@ type Config struct {
 	// into an event: a larger one could never be produced (the relay sets
 	// it to the record limit), so it is left nil and counted in
 	// Event.Omitted instead of costing memory a second time. A value the
-	// stream reader already left out (column kind 'o', see Event.Omitted)
-	// is treated the same way whatever this is.
+	// stream reader already left out (column kind OmittedKind, see
+	// Event.Omitted) is treated the same way whatever this is.
 	MaxValueBytes int
 }
 
@@ -262,8 +262,8 @@ type Event struct {
 
 	// Omitted is the size of the mapped values that were not copied
 	// because each was over Config.MaxValueBytes, or was left out of the
-	// message by the stream reader (column kind 'o': its size in the
-	// stream); those fields are nil. 0 when nothing was left out. Such an
+	// message by the stream reader (column kind OmittedKind: its size in
+	// the stream); those fields are nil. 0 when nothing was left out. Such an
 	// event cannot be produced: it is dead-lettered as too large.
 	Omitted int
 

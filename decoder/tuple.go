@@ -5,8 +5,8 @@ package decoder
 // An Insert is the relation OID, the tag 'N' and a TupleData: a column count
 // and per column a kind byte ('n' NULL, 'u' unchanged TOAST, 't' text, 'b'
 // binary) followed, for 't' and 'b', by an int32 length and the bytes. The
-// relay's stream reader adds the kind 'o' (omitted): an int32 length and no
-// bytes, for a value too large to read into memory.
+// relay's stream reader adds the kind OmittedKind ('o'): an int32 length
+// and no bytes, for a value too large to read into memory.
 //
 // Decoding runs in three passes so that an outbox row costs exactly one
 // allocation: walk the tuple once recording where each column's bytes are,
@@ -16,11 +16,16 @@ package decoder
 
 import "fmt"
 
+// OmittedKind is the TupleData kind byte of a value the stream reader left
+// out (slot's oversize reader writes it, Decode reads it): an int32 length
+// and no bytes. PostgreSQL never sends it.
+const OmittedKind = 'o'
+
 // colSpan is where one column's value lies in the message being decoded.
 // Offsets rather than slices, so that the decoder keeps no reference to the
 // caller's buffer after Decode returns.
 type colSpan struct {
-	kind byte // 'n', 't', 'b' or 'o' (n is then the omitted value's size)
+	kind byte // 'n', 't', 'b' or OmittedKind (n is then the omitted value's size)
 	off  int
 	n    int
 }
@@ -73,7 +78,7 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 			continue
 		}
 		sp := cols[c]
-		if sp.kind == 'o' {
+		if sp.kind == OmittedKind {
 			d.sizes[f] = -2
 			omitted += sp.n
 			continue
@@ -151,7 +156,7 @@ func (d *Decoder) walkTuple(r *reader, rel *relation) ([]colSpan, error) {
 				return nil, d.columnError(rel, i, "column length", at, fmt.Sprintf("negative length %d", size))
 			}
 			cols[i] = colSpan{kind: kind, off: r.skip(int(size), "column value"), n: int(size)}
-		case 'o':
+		case OmittedKind:
 			at = r.off
 			size := int32(r.u32("omitted length"))
 			if !r.failed && size < 0 {

@@ -22,6 +22,20 @@ const MessagePrefix = "walrelay.heartbeat"
 // table and no privilege beyond the REPLICATION the relay already has.
 const DefaultQuery = "SELECT pg_logical_emit_message(false, '" + MessagePrefix + "', now()::text)"
 
+// Kind is what a heartbeat was: the kind label of
+// walrelay_heartbeats_total.
+type Kind string
+
+const (
+	// KindWAL is a WAL nudge in the source database.
+	KindWAL Kind = "wal"
+	// KindKafka is a heartbeat record produced to the heartbeat topic.
+	KindKafka Kind = "kafka"
+)
+
+// Kinds lists every Kind (a new slice each call).
+func Kinds() []Kind { return []Kind{KindWAL, KindKafka} }
+
 // Status is what a heartbeat record reports.
 type Status struct {
 	Slot         string    `json:"slot"`
@@ -91,14 +105,14 @@ func (b *Beater) Run(ctx context.Context) {
 			if err := b.nudge(ctx); err != nil && ctx.Err() == nil {
 				b.log.Warn("heartbeat WAL nudge failed; retrying at the next beat", zap.Error(err))
 			} else if err == nil {
-				b.metrics.Heartbeats.WithLabelValues("wal").Inc()
+				b.metrics.Heartbeats.WithLabelValues(string(KindWAL)).Inc()
 			}
 		}
 		if b.cfg.Topic != "" && b.cfg.Produce != nil {
 			if err := b.record(ctx); err != nil && ctx.Err() == nil {
 				b.log.Warn("heartbeat record failed; retrying at the next beat", zap.String("topic", b.cfg.Topic), zap.Error(err))
 			} else if err == nil {
-				b.metrics.Heartbeats.WithLabelValues("kafka").Inc()
+				b.metrics.Heartbeats.WithLabelValues(string(KindKafka)).Inc()
 			}
 		}
 	}

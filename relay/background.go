@@ -282,7 +282,7 @@ func (r *Relay) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, rate f
 	}
 	if d := s.IdleSlotTimeoutDur; d > 0 && d < plan && !w.warnedIdle {
 		w.warnedIdle = true
-		r.log.Warn(fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay has streamed from it that long, less than the outage to plan for (--planned-outage %s): after a longer outage the slot and the events it holds are lost. Set idle_replication_slot_timeout to 0 or above %s (ALTER SYSTEM SET idle_replication_slot_timeout = ...; SELECT pg_reload_conf())",
+		r.log.Warn(fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay has streamed from it that long, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage the slot and the events it holds are lost. Set idle_replication_slot_timeout to 0 or above %s (ALTER SYSTEM SET idle_replication_slot_timeout = ...; SELECT pg_reload_conf())",
 			s.IdleSlotTimeout, slot.DurationText(plan), slot.DurationText(plan)), zap.String("slot", r.cfg.Slot))
 	}
 	if info.SafeWALSize == nil || !known || rate <= 0 || w.warnedKeep {
@@ -290,7 +290,7 @@ func (r *Relay) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, rate f
 	}
 	if left := time.Duration(float64(*info.SafeWALSize) / rate * float64(time.Second)); left < plan {
 		w.warnedKeep = true
-		r.log.Warn(fmt.Sprintf("max_slot_wal_keep_size = %s: at the server's WAL rate (%s/s over the last %s) the slot survives about %s without a relay confirming, less than the outage to plan for (--planned-outage %s): after a longer outage it is invalidated and the events it holds are lost. Raise max_slot_wal_keep_size to at least %s if the disk holds it (or -1)",
+		r.log.Warn(fmt.Sprintf("max_slot_wal_keep_size = %s: at the server's WAL rate (%s/s over the last %s) the slot survives about %s without a relay confirming, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage it is invalidated and the events it holds are lost. Raise max_slot_wal_keep_size to at least %s if the disk holds it (or -1)",
 			s.MaxSlotWALKeepSize, slot.BytesText(int64(rate)), slot.DurationText(info.Now.Sub(w.samples[0].at)), slot.DurationText(left), slot.DurationText(plan), slot.BytesText(int64(rate*plan.Seconds()))),
 			zap.String("slot", r.cfg.Slot), zap.Int64("safe_wal_size", *info.SafeWALSize))
 	}

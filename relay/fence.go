@@ -72,7 +72,7 @@ func (r *Relay) afterFence(err error, walsender uint32) error {
 			zap.String("slot", r.cfg.Slot), zap.String("transactional_id", txnID), zap.NamedError("slot_check", qerr), zap.Error(err))
 		return err
 	case holds:
-		return &fatalError{fmt.Errorf("transactional id %q was taken by another producer while this relay holds slot %q: a relay of another slot, or another tool, uses the same --transactional-id; give each relay its own (restarting would take it back, and the two would fence each other forever): %w",
+		return &fatalError{fmt.Errorf("transactional id %q was taken by another producer while this relay holds slot %q: a relay of another slot, or another tool, uses the same transactional id (relay.Config.Router.TransactionalID); give each relay its own (restarting would take it back, and the two would fence each other forever): %w",
 			txnID, r.cfg.Slot, err)}
 	default:
 		r.log.Warn("fenced: another relay took the slot and then the transactional id while this one had lost the slot without noticing; nothing this one sent since its last Kafka commit becomes visible; restarting, it waits as a standby",

@@ -56,8 +56,8 @@ func TestRunGivesUpOnAnUnreachableDatabaseAtTheStartupTimeout(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err = r.Run(ctx)
 		cancel()
-		if !isFatal(err) || !strings.Contains(err.Error(), "--startup-timeout") {
-			t.Fatalf("exactly-once %v: Run returned %v, want a give-up naming --startup-timeout", eos, err)
+		if !isFatal(err) || !strings.Contains(err.Error(), "relay.Config.StartupTimeout") {
+			t.Fatalf("exactly-once %v: Run returned %v, want a give-up naming relay.Config.StartupTimeout", eos, err)
 		}
 		if r.Streaming() || r.Ready() == nil {
 			t.Fatalf("exactly-once %v: streaming or ready without a stream", eos)

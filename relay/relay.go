@@ -22,6 +22,18 @@
 //
 // The pipeline lives here rather than in cmd/walrelay so that integration
 // tests, `walrelay dev` and the benchmark run the very code the daemon runs.
+//
+// DefaultConfig is the one definition of walrelay's defaults: the flags of
+// `walrelay run` and `walrelay dev` take theirs from it, so an embedder
+// that starts from it runs with the daemon's configuration. It is a
+// function rather than "zero means the default" because several defaults
+// are on (the initial snapshot, creating the slot and the publication,
+// creating topics) and several zeros mean something (no heartbeat, no
+// readiness lag check, commit at once): with zero as the default each of
+// those would need an inverted field or a negative stand-in, and a zero
+// would mean two things. So a field holds what it means, and New refuses a
+// zero where only a positive value works, naming the field and its
+// default.
 package relay
 
 import (
@@ -43,52 +55,81 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
-// Config configures a Relay. Zero durations mean their documented defaults.
+// Config configures a Relay. Start from DefaultConfig: a field holds the
+// value it means, so a zero is zero (off, none, at once), never "the
+// default"; New refuses a zero where only a positive value works. Each
+// field's documentation names its default, the value DefaultConfig sets.
 type Config struct {
 	// PGURL is the source database; the replication connection is derived
-	// from it.
-	PGURL       string
-	Slot        string
+	// from it. Required: no default.
+	PGURL string
+	// Slot is the logical replication slot (pgoutput); default "walrelay".
+	Slot string
+	// Publication is the publication the slot streams; default
+	// "walrelay_outbox".
 	Publication string
-	Tables      []decoder.Table
-	Mapping     decoder.Mapping
-	// CreatePublication and CreateSlot create what is missing at start.
+	// Tables are the outbox tables; default public.outbox.
+	Tables []decoder.Table
+	// Mapping maps outbox columns to the record; default
+	// decoder.DefaultMapping().
+	Mapping decoder.Mapping
+	// CreatePublication and CreateSlot create what is missing at start
+	// (default true, both).
 	CreatePublication, CreateSlot bool
 	// AlterPublication adds missing outbox tables to a publication walrelay
 	// did not create; AllowRowFilter accepts a row filter on an outbox
-	// table (see slot.SetupConfig).
+	// table (see slot.SetupConfig). Default false, both.
 	AlterPublication, AllowRowFilter bool
 	// NoFailoverSlot keeps the slot walrelay creates from being a failover
-	// slot (PostgreSQL 17+; by default it is one, and an existing slot is
-	// made one, so that a standby with sync_replication_slots keeps it).
+	// slot (PostgreSQL 17+; by default, false, it is one, and an existing
+	// slot is made one, so that a standby with sync_replication_slots
+	// keeps it).
 	NoFailoverSlot bool
 	// RecordSchema is the schema of walrelay's record, in the source
-	// database, of what the slot streams from (default "walrelay"): with
-	// it walrelay refuses to replace a slot, publication or outbox table
-	// that changed under it.
+	// database, of what the slot streams from (default
+	// slot.DefaultRecordSchema, "walrelay"): with it walrelay refuses to
+	// replace a slot, publication or outbox table that changed under it.
 	RecordSchema string
 	// InitialSnapshot publishes the rows already in the outbox tables when
-	// the relay creates the slot (--snapshot initial), before streaming;
-	// false (--snapshot never) publishes only what is committed later.
+	// the relay creates the slot, before streaming (default true); false
+	// publishes only what is committed later.
 	InitialSnapshot bool
 	// SnapshotWhere is an SQL condition the rows of a snapshot must meet
-	// (empty: every row); SnapshotOrder an SQL ORDER BY list (empty: the
-	// primary key).
+	// (default empty: every row); SnapshotOrder an SQL ORDER BY list
+	// (default empty: the primary key).
 	SnapshotWhere, SnapshotOrder string
-	// Binary asks pgoutput for binary values (PostgreSQL 14+).
+	// Binary asks pgoutput for binary values (PostgreSQL 14+); default
+	// false.
 	Binary bool
-	// Read tunes how the replication socket is read.
+	// Read tunes how the replication socket is read; its defaults: a read
+	// buffer of slot.DefaultReadBufferBytes (1 MiB), a socket receive
+	// buffer of 512 KiB (it carries about 50 MB/s at 10 ms round trip; 0
+	// keeps the kernel's autotuning), reads coalesced for 200µs, and
+	// messages capped at 64 MiB (MaxMessageBytes: far above the default
+	// record limit, so a row whose record fits always arrives whole, and
+	// low enough that one row cannot take a container's memory; 0: no
+	// cap).
 	Read slot.ReadOptions
 
-	// Router configures records and topics.
+	// Router configures records and topics. Its zero fields mean the
+	// router's defaults (see router.Config), which DefaultConfig spells
+	// out, with CreateTopics (default true) on.
 	Router router.Config
-	// KafkaOptions connect the producer: seed brokers, TLS, SASL,
-	// compression, linger. Router.ClientOptions are added to them.
+	// Linger is how long the producer waits to fill a batch (default 5ms;
+	// 0 sends at once), Compression its batch compression (default
+	// kgo.NoCompression()).
+	Linger      time.Duration
+	Compression kgo.CompressionCodec
+	// KafkaOptions connect the producer: seed brokers, TLS, SASL (default
+	// none). They come after the client id "walrelay", Linger and
+	// Compression, so an option here wins over those; Router.ClientOptions
+	// are added to them.
 	KafkaOptions []kgo.Opt
 
 	// StatusInterval is the longest time between standby status updates
@@ -96,8 +137,9 @@ type Config struct {
 	// wal_sender_timeout (default 60s), which disconnects a silent client.
 	StatusInterval time.Duration
 	// ConfirmDelay is the shortest time between two status updates that
-	// only move the confirmed position forward (default 100ms): confirming
-	// promptly keeps slot lag low, without a message per transaction.
+	// only move the confirmed position forward (default 100ms; 0 confirms
+	// at once): confirming promptly keeps slot lag low, without a message
+	// per transaction.
 	ConfirmDelay time.Duration
 	// ShutdownTimeout bounds the stop when Run's context ends: the wait
 	// for outstanding acks and, with exactly-once delivery, the final Kafka
@@ -107,35 +149,38 @@ type Config struct {
 	// sessions (defaults 500ms and 30s).
 	BackoffMin, BackoffMax time.Duration
 
-	// NoIdleAdvance stops confirming keepalive positions (idle advance is
-	// on by default). Only for diagnosis: without it a quiet outbox in a
-	// busy database pins WAL until the next outbox event.
+	// NoIdleAdvance stops confirming keepalive positions (default false:
+	// idle advance is on). Only for diagnosis: without it a quiet outbox
+	// in a busy database pins WAL until the next outbox event.
 	NoIdleAdvance bool
 	// HeartbeatInterval is the time between WAL nudges and heartbeat
-	// records; 0 disables both.
+	// records (default 30s); 0 disables both.
 	HeartbeatInterval time.Duration
-	// HeartbeatQuery replaces the default nudge
-	// (pg_logical_emit_message(false, 'walrelay.heartbeat', …)).
+	// HeartbeatQuery replaces the nudge (default empty:
+	// heartbeat.DefaultQuery, pg_logical_emit_message(false,
+	// 'walrelay.heartbeat', …)); "-" runs none.
 	HeartbeatQuery string
 	// HeartbeatTopic, when set, receives a heartbeat record every
-	// HeartbeatInterval.
+	// HeartbeatInterval (default empty: none).
 	HeartbeatTopic string
 	// SlotPollInterval is how often pg_replication_slots is read for the
 	// slot metrics and an invalidated slot (default 10s).
 	SlotPollInterval time.Duration
 	// ReadyMaxLag is the replication lag above which the relay reports not
-	// ready (default 60s; negative disables the check).
+	// ready (default 60s); 0 (or negative) disables the check.
 	ReadyMaxLag time.Duration
 	// PlannedOutage is the relay outage to plan for: the slot watch warns
 	// once when idle_replication_slot_timeout, or max_slot_wal_keep_size
 	// at the WAL rate it measures, would invalidate the slot during one
-	// (default 24h; negative disables the warning).
+	// (default 24h, so that a relay that failed at night is back before
+	// the slot is lost); 0 (or negative) disables the warning.
 	PlannedOutage time.Duration
 	// ExactlyOnce delivers through Kafka transactions with a checkpoint
-	// record in each (Router.TransactionalID defaults to "walrelay-<slot>").
+	// record in each (default false: at-least-once). Router.TransactionalID
+	// defaults to "walrelay-<slot>".
 	ExactlyOnce bool
 	// TxnMaxEvents and TxnMaxInterval commit a Kafka transaction once it
-	// holds this many events or is this old (defaults 10,000 and 100ms);
+	// holds this many events or is this old (defaults 10000 and 100ms);
 	// it commits earlier when the stream runs dry at a PostgreSQL
 	// transaction boundary, once it is TxnMinInterval old (default 0: at
 	// once; more trades latency for fewer Kafka transactions).
@@ -147,58 +192,69 @@ type Config struct {
 	// (default 60s, like PostgreSQL's wal_receiver_timeout).
 	ReceiveTimeout time.Duration
 	// StartupTimeout is how long the relay keeps retrying PostgreSQL and
-	// Kafka before it has streamed once (default 2m; negative: forever).
-	// After the first stream it retries forever.
+	// Kafka before it has streamed once (default 2m; 0 or negative:
+	// forever). After the first stream it retries forever.
 	StartupTimeout time.Duration
 }
 
-// DefaultPlannedOutage is the relay outage the README tells operators to
-// plan for: a day, so that a relay that failed at night is back before
-// the slot is lost.
-const DefaultPlannedOutage = 24 * time.Hour
+// DefaultConfig returns the configuration walrelay runs with when nothing
+// is set: `walrelay run` with no flag but --pg-url and --brokers, and
+// `walrelay dev`, take their defaults from it. Set PGURL and the seed
+// brokers (KafkaOptions), change what differs, and pass it to New.
+func DefaultConfig() Config {
+	return Config{
+		Slot:              "walrelay",
+		Publication:       "walrelay_outbox",
+		Tables:            []decoder.Table{{Schema: "public", Name: "outbox"}},
+		Mapping:           decoder.DefaultMapping(),
+		CreatePublication: true,
+		CreateSlot:        true,
+		RecordSchema:      slot.DefaultRecordSchema,
+		InitialSnapshot:   true,
+		Read: slot.ReadOptions{
+			BufferBytes:        slot.DefaultReadBufferBytes,
+			SocketReceiveBytes: 512 << 10,
+			Coalesce:           200 * time.Microsecond,
+			MaxMessageBytes:    64 << 20,
+		},
+		Router:            defaultRouter(),
+		Linger:            5 * time.Millisecond,
+		Compression:       kgo.NoCompression(),
+		StatusInterval:    10 * time.Second,
+		ConfirmDelay:      100 * time.Millisecond,
+		ShutdownTimeout:   30 * time.Second,
+		BackoffMin:        500 * time.Millisecond,
+		BackoffMax:        30 * time.Second,
+		HeartbeatInterval: 30 * time.Second,
+		SlotPollInterval:  10 * time.Second,
+		ReadyMaxLag:       60 * time.Second,
+		PlannedOutage:     24 * time.Hour,
+		TxnMaxEvents:      10_000,
+		TxnMaxInterval:    100 * time.Millisecond,
+		ReceiveTimeout:    60 * time.Second,
+		StartupTimeout:    2 * time.Minute,
+	}
+}
 
-// DefaultMaxMessageBytes is the default cap on one replication message
-// (Read.MaxMessageBytes): far above the default record limit, so a row
-// whose record fits always arrives whole, and low enough that one row
-// cannot take a container's memory.
-const DefaultMaxMessageBytes = 64 << 20
+// defaultRouter is the router's own defaults (what its zero fields mean),
+// spelled out so that DefaultConfig shows every value, with topic
+// creation on: a relay that meets a new aggregate type creates its topic
+// rather than stopping on it.
+func defaultRouter() router.Config {
+	c := router.Config{CreateTopics: true}.WithDefaults()
+	c.Topics = nil // a set per relay, made by New: see setDefaults
+	return c
+}
 
+// setDefaults fills in what derives from other fields: the transactional
+// id from the slot, the router's zero fields from its defaults, and the
+// Kafka client options Linger and Compression stand for.
 func (c *Config) setDefaults() {
-	if c.StatusInterval <= 0 {
-		c.StatusInterval = 10 * time.Second
-	}
-	if c.ConfirmDelay <= 0 {
-		c.ConfirmDelay = 100 * time.Millisecond
-	}
-	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 30 * time.Second
-	}
-	if c.BackoffMin <= 0 {
-		c.BackoffMin = 500 * time.Millisecond
-	}
-	if c.BackoffMax <= 0 {
-		c.BackoffMax = 30 * time.Second
-	}
-	if c.SlotPollInterval <= 0 {
-		c.SlotPollInterval = 10 * time.Second
-	}
-	if c.ReadyMaxLag == 0 {
-		c.ReadyMaxLag = 60 * time.Second
-	}
-	if c.PlannedOutage == 0 {
-		c.PlannedOutage = DefaultPlannedOutage
-	}
 	if c.ExactlyOnce && c.Router.TransactionalID == "" {
 		c.Router.TransactionalID = "walrelay-" + c.Slot
 	}
 	if !c.ExactlyOnce {
 		c.Router.TransactionalID = ""
-	}
-	if c.TxnMaxEvents <= 0 {
-		c.TxnMaxEvents = 10_000
-	}
-	if c.TxnMaxInterval <= 0 {
-		c.TxnMaxInterval = 100 * time.Millisecond
 	}
 	// The relay bounds commits by the transaction timeout, the decoder's
 	// value limit follows the record limit, and errors name the
@@ -206,18 +262,53 @@ func (c *Config) setDefaults() {
 	// set, made here once, is shared by every router of this relay, so
 	// the topic bounds hold for the process across producer replacements.
 	c.Router = c.Router.WithDefaults()
-	if c.Read.MaxMessageBytes == 0 {
-		c.Read.MaxMessageBytes = DefaultMaxMessageBytes
+	c.KafkaOptions = append([]kgo.Opt{
+		kgo.ClientID("walrelay"),
+		kgo.ProducerBatchCompression(c.Compression),
+		kgo.ProducerLinger(c.Linger),
+	}, c.KafkaOptions...)
+}
+
+// validate refuses what cannot work, naming the field and its default: a
+// zero where only a positive value works means a Config not started from
+// DefaultConfig.
+func (c *Config) validate() error {
+	def := DefaultConfig()
+	type duration struct {
+		field  string
+		d, def time.Duration
 	}
-	if c.ReceiveTimeout <= 0 {
-		c.ReceiveTimeout = 60 * time.Second
+	positive := []duration{
+		{"relay.Config.StatusInterval", c.StatusInterval, def.StatusInterval},
+		{"relay.Config.ShutdownTimeout", c.ShutdownTimeout, def.ShutdownTimeout},
+		{"relay.Config.BackoffMin", c.BackoffMin, def.BackoffMin},
+		{"relay.Config.BackoffMax", c.BackoffMax, def.BackoffMax},
+		{"relay.Config.SlotPollInterval", c.SlotPollInterval, def.SlotPollInterval},
+		{"relay.Config.ReceiveTimeout", c.ReceiveTimeout, def.ReceiveTimeout},
 	}
-	if c.StartupTimeout == 0 {
-		c.StartupTimeout = 2 * time.Minute
+	if c.ExactlyOnce {
+		positive = append(positive, duration{"relay.Config.TxnMaxInterval", c.TxnMaxInterval, def.TxnMaxInterval})
+	}
+	for _, f := range positive {
+		if f.d <= 0 {
+			return fmt.Errorf("%s is %s: give it a positive duration (the default is %s)", f.field, f.d, f.def)
+		}
+	}
+	for _, f := range []duration{{"relay.Config.ConfirmDelay", c.ConfirmDelay, def.ConfirmDelay}, {"relay.Config.Linger", c.Linger, def.Linger}, {"relay.Config.TxnMinInterval", c.TxnMinInterval, def.TxnMinInterval}} {
+		if f.d < 0 {
+			return fmt.Errorf("%s is %s: it must not be negative (the default is %s)", f.field, f.d, f.def)
+		}
+	}
+	if c.BackoffMax < c.BackoffMin {
+		return fmt.Errorf("relay.Config.BackoffMax %s is shorter than relay.Config.BackoffMin %s: raise it", c.BackoffMax, c.BackoffMin)
+	}
+	if c.ExactlyOnce && c.TxnMaxEvents <= 0 {
+		return fmt.Errorf("relay.Config.TxnMaxEvents is %d: give it a positive number (the default is %d)", c.TxnMaxEvents, def.TxnMaxEvents)
 	}
 	if c.RecordSchema == "" {
-		c.RecordSchema = slot.DefaultRecordSchema
+		return fmt.Errorf("relay.Config.RecordSchema is empty: name the schema of walrelay's record (the default is %s)", def.RecordSchema)
 	}
+	return nil
 }
 
 // Relay runs the pipeline. Create it with New, then call Run once.
@@ -278,20 +369,23 @@ type Relay struct {
 	unmapped map[decoder.Table]prometheus.Counter
 }
 
-// New checks cfg and returns a Relay.
+// New checks cfg (start from DefaultConfig) and returns a Relay.
 func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	cfg.setDefaults()
 	if err := slot.ValidSlotName(cfg.Slot); err != nil {
 		return nil, err
 	}
 	if cfg.Publication == "" {
-		return nil, errors.New("publication name is empty")
+		return nil, errors.New("relay.Config.Publication is empty: name the publication the slot streams")
 	}
 	if len(cfg.Tables) == 0 {
-		return nil, errors.New("no outbox table")
+		return nil, errors.New("relay.Config.Tables is empty: name at least one outbox table")
 	}
 	if m := cfg.Read.MaxMessageBytes; m > 0 && m <= cfg.Router.MaxRecordBytes {
-		return nil, fmt.Errorf("--max-message-bytes %d must exceed --max-record-bytes %d: a row carrying a record of the largest size must fit in one message", m, cfg.Router.MaxRecordBytes)
+		return nil, fmt.Errorf("relay.Config.Read.MaxMessageBytes %d must exceed relay.Config.Router.MaxRecordBytes %d: a row carrying a record of the largest size must fit in one message", m, cfg.Router.MaxRecordBytes)
 	}
 	if _, err := decoder.New(decoder.Config{Tables: cfg.Tables, Mapping: cfg.Mapping, Binary: cfg.Binary}); err != nil {
 		return nil, err
@@ -303,17 +397,17 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		// A transaction is committed TxnMaxInterval after it began at the
 		// earliest; past the timeout the broker has aborted it, and every
 		// quiet transaction would be retried forever.
-		return nil, fmt.Errorf("exactly-once: the commit interval (--txn-max-interval %s) must be at most half the Kafka transaction timeout (--txn-timeout %s)",
+		return nil, fmt.Errorf("exactly-once: the commit interval (relay.Config.TxnMaxInterval %s) must be at most half the Kafka transaction timeout (relay.Config.Router.TransactionTimeout %s)",
 			cfg.TxnMaxInterval, cfg.Router.TransactionTimeout)
 	}
 	if cfg.StatusInterval < cfg.ConfirmDelay {
-		return nil, fmt.Errorf("status interval %s is shorter than the confirm delay %s", cfg.StatusInterval, cfg.ConfirmDelay)
+		return nil, fmt.Errorf("relay.Config.StatusInterval %s is shorter than the confirm delay, relay.Config.ConfirmDelay %s: raise it, or lower the delay", cfg.StatusInterval, cfg.ConfirmDelay)
 	}
-	for _, kind := range []string{"wal", "kafka"} {
-		m.Heartbeats.WithLabelValues(kind)
+	for _, kind := range heartbeat.Kinds() {
+		m.Heartbeats.WithLabelValues(string(kind))
 	}
-	for _, cause := range []string{"kafka", "fenced", "slot_busy", "silent", "decode", "postgres", "connection", "setup"} {
-		m.StreamRestarts.WithLabelValues(cause)
+	for _, cause := range RestartCauses() {
+		m.StreamRestarts.WithLabelValues(string(cause))
 	}
 	r := &Relay{
 		cfg:     cfg,
@@ -428,7 +522,7 @@ func (r *Relay) Run(parent context.Context) error {
 				if isFatal(err) {
 					return err
 				}
-				if err := r.retry(ctx, "kafka", err); err != nil {
+				if err := r.retry(ctx, CauseKafka, err); err != nil {
 					return stopped(err)
 				}
 				continue
@@ -478,7 +572,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 				if ctx.Err() != nil || isFatal(err) {
 					return fail(err)
 				}
-				if err := r.retry(ctx, "kafka", err); err != nil {
+				if err := r.retry(ctx, CauseKafka, err); err != nil {
 					return fail(err)
 				}
 				continue
@@ -495,11 +589,11 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 			r.logFailover(ctx)
 			return rt, nil
 		}
-		cause := "setup"
+		cause := CauseSetup
 		if rt.Failed() {
 			// Kafka refused a snapshot record: a new producer for the
 			// next attempt.
-			cause = "kafka"
+			cause = CauseKafka
 			rt.Close()
 			rt = nil
 		}
@@ -511,7 +605,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 			return fail(&fatalError{fmt.Errorf("postgresql: %w", err)})
 		}
 		if pgAuthError(err) {
-			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of --pg-url, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
+			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of relay.Config.PGURL, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
 		}
 		if err := r.retry(ctx, cause, err); err != nil {
 			return fail(err)
@@ -562,7 +656,7 @@ func startRouter(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Me
 			return nil, &fatalError{fmt.Errorf("kafka: %w", err)}
 		}
 		if notKafka(err) {
-			return nil, &fatalError{fmt.Errorf("kafka: a --brokers endpoint did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
+			return nil, &fatalError{fmt.Errorf("kafka: a seed broker (kgo.SeedBrokers) did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
 		}
 		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}
@@ -575,7 +669,7 @@ func startRouter(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Me
 
 // kafkaConfigError reports errors that retrying cannot fix: wrong
 // credentials, an unsupported mechanism, a certificate that is not trusted,
-// a --txn-timeout above the broker's transaction.max.timeout.ms.
+// a transaction timeout above the broker's transaction.max.timeout.ms.
 func kafkaConfigError(err error) bool {
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
 		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
@@ -612,22 +706,22 @@ func certificateError(err error) bool {
 // should try again, else why to stop instead: ctx's error when ctx ended,
 // or a fatal error when the relay never streamed within StartupTimeout and
 // err is not a standby's wait for a busy slot.
-func (r *Relay) retry(ctx context.Context, cause string, err error) error {
-	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
-		return &fatalError{fmt.Errorf("gave up after --startup-timeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
+func (r *Relay) retry(ctx context.Context, cause RestartCause, err error) error {
+	if cause != CauseSlotBusy && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
+		return &fatalError{fmt.Errorf("gave up after relay.Config.StartupTimeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
 	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
-	if cause != "slot_busy" && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
+	if cause != CauseSlotBusy && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
 		// End the sleep at the deadline: one last attempt then, and the
 		// next failure gives up on time instead of a backoff late.
 		wait = max(min(wait, r.begin.Add(r.cfg.StartupTimeout).Sub(r.now())), 0)
 	}
-	r.metrics.StreamRestarts.WithLabelValues(cause).Inc()
-	if cause == "slot_busy" {
+	r.metrics.StreamRestarts.WithLabelValues(string(cause)).Inc()
+	if cause == CauseSlotBusy {
 		r.log.Info("waiting as a standby: another client streams from the slot", zap.String("slot", r.cfg.Slot),
 			zap.Error(err), zap.Duration("retry_in", wait))
 	} else {
-		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", cause), zap.Error(err),
+		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", string(cause)), zap.Error(err),
 			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	}
 	if !r.sleep(ctx, wait) {
@@ -687,25 +781,57 @@ func isFatal(err error) bool {
 	return false
 }
 
+// RestartCause says why the relay restarted: the cause label of
+// walrelay_stream_restarts_total.
+type RestartCause string
+
+const (
+	// CauseKafka: Kafka refused a record for good, a Kafka transaction
+	// failed, or no producer could be made.
+	CauseKafka RestartCause = "kafka"
+	// CauseFenced: another producer took the exactly-once transactional
+	// id after another relay took the slot (this one waits as a standby).
+	CauseFenced RestartCause = "fenced"
+	// CauseSlotBusy: another client streams from the slot (a standby's
+	// wait, not a fault).
+	CauseSlotBusy RestartCause = "slot_busy"
+	// CauseSilent: the server sent nothing for Config.ReceiveTimeout.
+	CauseSilent RestartCause = "silent"
+	// CauseDecode: a pgoutput message the decoder found malformed.
+	CauseDecode RestartCause = "decode"
+	// CausePostgres: an error PostgreSQL reported on the stream.
+	CausePostgres RestartCause = "postgres"
+	// CauseConnection: any other end of the stream (a broken connection).
+	CauseConnection RestartCause = "connection"
+	// CauseSetup: the setup checks at start failed in a way a retry may
+	// fix (the database unreachable, say).
+	CauseSetup RestartCause = "setup"
+)
+
+// RestartCauses lists every RestartCause (a new slice each call).
+func RestartCauses() []RestartCause {
+	return []RestartCause{CauseKafka, CauseFenced, CauseSlotBusy, CauseSilent, CauseDecode, CausePostgres, CauseConnection, CauseSetup}
+}
+
 // causeOf names a session's end for the restarts metric.
-func causeOf(err error) string {
+func causeOf(err error) RestartCause {
 	var pgErr *pgconn.PgError
 	var produceErr *produceError
 	var txnErr *kafkaTxnFailure
 	switch {
 	case errors.Is(err, router.ErrFenced):
-		return "fenced"
+		return CauseFenced
 	case errors.As(err, &produceErr), errors.As(err, &txnErr):
-		return "kafka"
+		return CauseKafka
 	case errors.Is(err, errSlotBusy):
-		return "slot_busy"
+		return CauseSlotBusy
 	case errors.Is(err, errServerSilent):
-		return "silent"
+		return CauseSilent
 	case errors.Is(err, decoder.ErrMalformed):
-		return "decode"
+		return CauseDecode
 	case errors.As(err, &pgErr):
-		return "postgres"
+		return CausePostgres
 	default:
-		return "connection"
+		return CauseConnection
 	}
 }

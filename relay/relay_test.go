@@ -23,13 +23,8 @@ import (
 	"github.com/walrelay/walrelay/slot"
 )
 
-func validConfig() Config {
-	return Config{
-		Slot: "walrelay", Publication: "walrelay_outbox",
-		Tables:  []decoder.Table{{Schema: "public", Name: "outbox"}},
-		Mapping: decoder.DefaultMapping(),
-	}
-}
+// validConfig is what an embedder starts from.
+func validConfig() Config { return DefaultConfig() }
 
 func TestNewValidates(t *testing.T) {
 	for _, tc := range []struct {
@@ -44,10 +39,10 @@ func TestNewValidates(t *testing.T) {
 		}, ""},
 		{"exactly-once, commit interval over half the timeout", func(c *Config) {
 			c.ExactlyOnce, c.TxnMaxInterval, c.Router.TransactionTimeout = true, 1500*time.Millisecond, 2*time.Second
-		}, "--txn-timeout"},
+		}, "relay.Config.Router.TransactionTimeout"},
 		{"exactly-once, commit interval over half the default timeout", func(c *Config) {
 			c.ExactlyOnce, c.TxnMaxInterval = true, 31*time.Second
-		}, "--txn-max-interval"},
+		}, "relay.Config.TxnMaxInterval"},
 		{"at-least-once ignores the transaction settings", func(c *Config) {
 			c.TxnMaxInterval, c.Router.TransactionTimeout = time.Minute, time.Second
 		}, ""},
@@ -56,11 +51,11 @@ func TestNewValidates(t *testing.T) {
 		{"no table", func(c *Config) { c.Tables = nil }, "table"},
 		{"message cap not above the record limit", func(c *Config) {
 			c.Read.MaxMessageBytes, c.Router.MaxRecordBytes = 1<<20, 1<<20
-		}, "--max-message-bytes"},
+		}, "relay.Config.Read.MaxMessageBytes"},
 		{"message cap above a raised record limit", func(c *Config) {
 			c.Read.MaxMessageBytes, c.Router.MaxRecordBytes = 8<<20, 4<<20
 		}, ""},
-		{"record limit above the default message cap", func(c *Config) { c.Router.MaxRecordBytes = 100 << 20 }, "--max-message-bytes"},
+		{"record limit above the default message cap", func(c *Config) { c.Router.MaxRecordBytes = 100 << 20 }, "relay.Config.Read.MaxMessageBytes"},
 		{"bad topic allowlist", func(c *Config) { c.Router.TopicAllow = "(" }, "allowlist"},
 		{"status interval under the confirm delay", func(c *Config) {
 			c.StatusInterval, c.ConfirmDelay = time.Second, 2*time.Second
@@ -90,7 +85,7 @@ func TestErrorClassification(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		err   error
-		cause string
+		cause RestartCause
 		fatal bool
 		conf  bool // kafkaConfigError
 	}{

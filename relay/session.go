@@ -323,7 +323,7 @@ func (r *Relay) unmappedInsert(t decoder.Table, oid uint32) {
 		}
 		c = r.metrics.UnmappedInserts.WithLabelValues(t.String())
 		r.unmapped[t] = c
-		r.log.Warn("the publication streams inserts of a table that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); add it with --table if it is an outbox, else remove it from the publication",
+		r.log.Warn("the publication streams inserts of a table that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); add it to relay.Config.Tables if it is an outbox, else remove it from the publication",
 			zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", r.cfg.Publication))
 	}
 	c.Inc()

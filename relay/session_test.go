@@ -774,7 +774,7 @@ func TestExactlyOnceFenced(t *testing.T) {
 			if !tc.fatal && causeOf(err) != "fenced" {
 				t.Errorf("restart cause %q, want fenced", causeOf(err))
 			}
-			if tc.fatal && !strings.Contains(err.Error(), "--transactional-id") {
+			if tc.fatal && !strings.Contains(err.Error(), "relay.Config.Router.TransactionalID") {
 				t.Errorf("the fatal error does not name the fix: %v", err)
 			}
 			if got := asked.Load(); got != 4242 {

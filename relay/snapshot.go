@@ -233,7 +233,7 @@ func (s *snapshotSender) Send(ctx context.Context, ev *decoder.Event) error {
 // then stops the relay (exit code 3).
 func (r *Relay) snapshotTxnError(err error) error {
 	if errors.Is(err, router.ErrFenced) {
-		return &fatalError{fmt.Errorf("transactional id %q was taken by another producer during the initial snapshot for slot %q: another relay started with the same --transactional-id before this one created the slot; start the others once one streams: %w",
+		return &fatalError{fmt.Errorf("transactional id %q was taken by another producer during the initial snapshot for slot %q: another relay started with the same transactional id (relay.Config.Router.TransactionalID) before this one created the slot; start the others once one streams: %w",
 			r.cfg.Router.TransactionalID, r.cfg.Slot, err)}
 	}
 	return kafkaTxnError(err)

@@ -467,7 +467,7 @@ func (r *Router) checkNewTopic(name string) (deadletter.Reason, string) {
 		return deadletter.ReasonTopicNotAllowed, fmt.Sprintf("topic %q does not match the topic allowlist %q", name, r.cfg.TopicAllow)
 	}
 	if !r.topics.Use(name, r.cfg.MaxTopics) {
-		return deadletter.ReasonTooManyTopics, fmt.Sprintf("topic %q would be one topic more than the limit of %d event topics (--max-topics)", name, r.cfg.MaxTopics)
+		return deadletter.ReasonTooManyTopics, fmt.Sprintf("topic %q would be one topic more than the limit of %d event topics (router.Config.MaxTopics)", name, r.cfg.MaxTopics)
 	}
 	return "", ""
 }
@@ -545,7 +545,7 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 		if errors.Is(err, kerr.UnknownTopicOrPartition) && !r.cfg.CreateTopics {
 			// A broker with auto.create.topics.enable=false: retrying
 			// cannot help until someone creates the topic.
-			err = fmt.Errorf("the topic does not exist: create it, or allow --create-topics: %w", err)
+			err = fmt.Errorf("the topic does not exist: create it, or turn on router.Config.CreateTopics: %w", err)
 		}
 		r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
 		return

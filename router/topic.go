@@ -63,7 +63,7 @@ func (r *Router) countExistingTopics(ctx context.Context, skip []string) error {
 	}
 	td, err := r.admin.ListTopics(ctx)
 	if err != nil {
-		return fmt.Errorf("list topics to count the event topics that exist (--max-topics): %w", err)
+		return fmt.Errorf("list topics to count the event topics that exist (router.Config.MaxTopics): %w", err)
 	}
 	var names []string
 	for name, d := range td {
@@ -75,10 +75,10 @@ func (r *Router) countExistingTopics(ctx context.Context, skip []string) error {
 	}
 	n := r.topics.Seed(names)
 	if n >= r.cfg.MaxTopics {
-		r.log.Warn("the event topics on the broker reach --max-topics: they stay in use, and events of further aggregate types are dead-lettered (too_many_topics); raise --max-topics, or delete topics no longer used",
+		r.log.Warn("the event topics on the broker reach router.Config.MaxTopics: they stay in use, and events of further aggregate types are dead-lettered (too_many_topics); raise router.Config.MaxTopics, or delete topics no longer used",
 			zap.Int("event_topics", n), zap.Int("max_topics", r.cfg.MaxTopics))
 	} else if len(names) > 0 {
-		r.log.Info("event topics that exist on the broker count towards --max-topics", zap.Int("event_topics", n), zap.Int("max_topics", r.cfg.MaxTopics))
+		r.log.Info("event topics that exist on the broker count towards router.Config.MaxTopics", zap.Int("event_topics", n), zap.Int("max_topics", r.cfg.MaxTopics))
 	}
 	return nil
 }

@@ -190,7 +190,7 @@ func (t *Txn) Init(ctx context.Context) error {
 			err = fmt.Errorf("%w: %w", ErrFenced, err)
 		}
 		if errors.Is(err, kerr.InvalidTransactionTimeout) {
-			err = fmt.Errorf("the broker's transaction.max.timeout.ms is below --txn-timeout %s: lower --txn-timeout (keeping it at least twice --txn-max-interval) or raise transaction.max.timeout.ms: %w", r.cfg.TransactionTimeout, err)
+			err = fmt.Errorf("the broker's transaction.max.timeout.ms is below router.Config.TransactionTimeout %s: lower router.Config.TransactionTimeout (keeping it at least twice relay.Config.TxnMaxInterval) or raise transaction.max.timeout.ms: %w", r.cfg.TransactionTimeout, err)
 		}
 		return fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err)
 	}

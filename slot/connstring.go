@@ -84,7 +84,7 @@ func parseConfig(conn string) (*pgconn.Config, error) {
 	// move where the query starts).
 	cfg, err := pgconn.ParseConfig(withMode)
 	if err != nil || !sameTarget(orig, cfg) {
-		return nil, setupErrorf("cannot add walrelay's default sslmode=%s to the PostgreSQL connection string (--pg-url; not shown, as it may hold a password): "+
+		return nil, setupErrorf("cannot add walrelay's default sslmode=%s to the PostgreSQL connection string (slot.SetupConfig.URL; not shown, as it may hold a password): "+
 			"set sslmode in it explicitly, and percent-encode reserved characters in a URL's password (%%3F for ?, %%40 for @, %%23 for #, %%25 for %%)", DefaultSSLMode)
 	}
 	return cfg, nil
@@ -121,7 +121,7 @@ func parseError(err error, conn string) error {
 		reason = quoted.ReplaceAllString(redactText(inner.Error(), conn), `"…"`)
 		reason = " (" + reason + ")"
 	}
-	return setupErrorf("the PostgreSQL connection string (--pg-url) does not parse%s; it is not shown, as it may hold a password. "+
+	return setupErrorf("the PostgreSQL connection string (slot.SetupConfig.URL) does not parse%s; it is not shown, as it may hold a password. "+
 		"Write postgres://user@host:port/database?sslmode=verify-full or key=value pairs (host=… user=… dbname=…), "+
 		"percent-encode reserved characters in a URL's password (%%23 for #, %%40 for @, %%3A for :, %%2F for /, %%3F for ?, %%25 for %%), "+
 		"or leave the password out and set PGPASSWORD or a passfile (~/.pgpass)", reason)
@@ -288,7 +288,7 @@ func redactErr(err error, conn string) error {
 // (retrying will not change it); anything else is redacted.
 func connectError(err error, conn string) error {
 	if mode, _ := SSLMode(conn); strings.Contains(err.Error(), "server refused TLS connection") && mode != "prefer" && mode != "allow" && mode != "disable" {
-		return setupErrorf("PostgreSQL at %s does not accept TLS, and sslmode=%s requires it (verify-full is walrelay's default when --pg-url sets no sslmode): turn ssl on in the server, or, on a trusted network only, set sslmode=disable in --pg-url", Redact(conn), mode)
+		return setupErrorf("PostgreSQL at %s does not accept TLS, and sslmode=%s requires it (verify-full is walrelay's default when slot.SetupConfig.URL sets no sslmode): turn ssl on in the server, or, on a trusted network only, set sslmode=disable in slot.SetupConfig.URL", Redact(conn), mode)
 	}
 	return redactErr(err, conn)
 }

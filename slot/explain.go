@@ -446,7 +446,7 @@ func (f Facts) Explain(opts ExplainOptions) []Cause {
 		g := InvalidatedError(info, f.Settings, 0)
 		return []Cause{{Kind: "invalidated", Holds: "nothing: PostgreSQL keeps no WAL for it",
 			Text: g.What + fmt.Sprintf("; events committed after %s may be missing from Kafka", g.Since),
-			Fix:  "run walrelay setup --accept-gap with the same --pg-url, --slot, --publication and --table (it drops the invalidated slot, creates a new one and records the gap), then publish the rows still in the outbox tables with walrelay snapshot; " + f.Settings.prevent(info)}}
+			Fix:  "run walrelay setup --accept-gap with the same database, slot, publication and tables (it drops the invalidated slot, creates a new one and records the gap), then publish the rows still in the outbox tables with walrelay snapshot; " + f.Settings.prevent(info)}}
 	}
 	var causes []Cause
 	causes = append(causes, f.relayCauses(opts)...)
@@ -512,14 +512,14 @@ func (f Facts) relayCauses(opts ExplainOptions) []Cause {
 			RelayConnectingKafka: "it cannot reach Kafka, or Kafka refused it, so it does not read the slot",
 			RelayRestarting:      "its last stream failed and it retries after a backoff",
 			RelayStandby:         "it waits as a standby for the slot, which nobody holds now: it takes it at its next attempt",
-			RelayStarting:        "it has not streamed yet (an initial snapshot, or retrying until --startup-timeout)",
+			RelayStarting:        "it has not streamed yet (an initial snapshot, or retrying until relay.Config.StartupTimeout)",
 		}[r.State]
 		if what == "" {
 			what = "it does not stream"
 		}
 		fix := "read its log: the reason and how it retries are there (walrelay_stream_restarts_total by cause)"
 		if r.State == RelayConnectingKafka {
-			fix = "make the brokers of --brokers reachable (DNS, network, TLS, SASL: its log names the error); it streams by itself once Kafka answers"
+			fix = "make the seed brokers (kgo.SeedBrokers) reachable (DNS, network, TLS, SASL: its log names the error); it streams by itself once Kafka answers"
 		}
 		return []Cause{{Kind: "relay_not_streaming", Holds: holdsSlot,
 			Text: fmt.Sprintf("no relay streams from the slot%s; walrelay is connected (pid %d, from %s) and says %q: %s; %s", since, r.PID, r.ClientAddr, r.State, what, lag),
@@ -536,7 +536,7 @@ func (f Facts) relayCauses(opts ExplainOptions) []Cause {
 	case connected && (r.State == RelayWaitingForKafka || r.State == RelayBackpressure):
 		what := "Kafka acknowledged none of the events in flight since the relay last looked"
 		if r.State == RelayBackpressure {
-			what = "the relay holds as many events as --max-inflight-events/--max-inflight-bytes allow and reads nothing more until Kafka acknowledges"
+			what = "the relay holds as many events as relay.Config.Router.MaxInflightEvents and relay.Config.Router.MaxInflightBytes allow and reads nothing more until Kafka acknowledges"
 		}
 		text := fmt.Sprintf("the relay streams (%s) but says %q: %s; %s", sender, r.State, what, lag)
 		if sent > info.ConfirmedLSN {
@@ -581,7 +581,7 @@ func (f Facts) quietOutbox() (Cause, bool) {
 	return Cause{Kind: "quiet_outbox", Holds: holdsSlot,
 		Text: fmt.Sprintf("the outbox is quiet and the relay sends no heartbeats (no connection named %q): the walsender passed %s of WAL with nothing for the relay to publish, and its confirmed_flush_lsn %s stays where the last event was, %s behind the server",
 			HeartbeatAppName(info.Name), BytesText(int64(sent-info.ConfirmedLSN)), info.ConfirmedLSN, BytesText(info.LagBytes)),
-		Fix: "run the relay with heartbeats (--heartbeat-interval 30s, the default, and a --heartbeat-query other than '-') and with --idle-advance (the default): both give it positions to confirm while the outbox is quiet"}, true
+		Fix: "run the relay with heartbeats (relay.Config.HeartbeatInterval above 0, as by default, and a relay.Config.HeartbeatQuery other than '-') and with idle advance (relay.Config.NoIdleAdvance=false, the default): both give it positions to confirm while the outbox is quiet"}, true
 }
 
 // inactiveSince says since when no client streamed from the slot:

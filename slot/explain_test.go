@@ -106,7 +106,7 @@ func TestExplainBranches(t *testing.T) {
 			f.Info.InactiveSince = ptr(time.Unix(940, 0))
 			f.Relays[0].State = RelayConnectingKafka
 			f.Settings.IdleSlotTimeout, f.Settings.IdleSlotTimeoutDur = "10min", 10*time.Minute
-		}, "relay_not_streaming", []string{`says "connecting to kafka"`, "cannot reach Kafka", "inactive_since 1970-01-01T00:15:40Z, 1m ago", "--brokers",
+		}, "relay_not_streaming", []string{`says "connecting to kafka"`, "cannot reach Kafka", "inactive_since 1970-01-01T00:15:40Z, 1m ago", "kgo.SeedBrokers",
 			"idle_replication_slot_timeout = 10min invalidates the slot", "1970-01-01T00:25:40Z"}},
 		{"relay stopped before 17, with a record", func(f *Facts) {
 			f.Info.Active, f.Info.ActivePID, f.Walsender, f.Relays = false, nil, nil, nil
@@ -123,7 +123,7 @@ func TestExplainBranches(t *testing.T) {
 		{"quiet outbox", func(f *Facts) {
 			f.Info.ConfirmedLSN, f.Info.RestartLSN, f.Info.LagBytes = 10<<20, 10<<20-100, 90<<20
 			f.Heartbeat = false
-		}, "quiet_outbox", []string{"passed 90.0 MiB", "--heartbeat-interval"}},
+		}, "quiet_outbox", []string{"passed 90.0 MiB", "relay.Config.HeartbeatInterval"}},
 		{"small lag blames nothing", func(f *Facts) {
 			f.Info.LagBytes = 1 << 20
 			f.Heartbeat = false

@@ -88,7 +88,7 @@ func (f Failover) Describe() (text string, warn bool) {
 	case !f.Supported:
 		return "no standby streams from this server; PostgreSQL before 17 has no failover slots", false
 	case !f.Slot:
-		return "the slot is not a failover slot: a failover loses it (run walrelay with --failover-slot, or ALTER_REPLICATION_SLOT ... (FAILOVER true))", f.Standbys > 0
+		return "the slot is not a failover slot: a failover loses it (turn on slot.SetupConfig.Failover, or ALTER_REPLICATION_SLOT ... (FAILOVER true))", f.Standbys > 0
 	case len(f.StandbySlots) == 0:
 		return "failover slot, but synchronized_standby_slots is empty: a standby may be behind what walrelay published, and after a failover to it Kafka would hold events of transactions the new primary never had; set synchronized_standby_slots on the primary to the standbys' physical slots (and sync_replication_slots = on, hot_standby_feedback = on on the standbys)", true
 	case len(f.Missing) > 0:

@@ -101,7 +101,7 @@ func InvalidatedError(info Info, s Settings, since decoder.LSN) *GapError {
 		What: fmt.Sprintf("replication slot %q was invalidated by PostgreSQL (%s): %s", info.Name, inv.Source, inv.Cause),
 		// PostgreSQL keeps confirmed_flush_lsn of an invalidated slot.
 		Since: max(since, info.ConfirmedLSN),
-		Fix:   "nothing can stream from an invalidated slot again (setup --accept-gap drops it and creates a new one); so that the next one lasts, " + inv.Prevent,
+		Fix:   "nothing can stream from an invalidated slot again (walrelay setup --accept-gap drops it and creates a new one); so that the next one lasts, " + inv.Prevent,
 	}
 }
 

@@ -16,9 +16,10 @@ package slot
 // bounded buffer, every CopyData message larger than the cap while it
 // streams through: it keeps the message's framing, the XLogData header and
 // every column value that still fits under the cap, and replaces each
-// other value by the marker kind 'o' followed by the value's length (a kind
-// PostgreSQL never sends; the decoder turns a mapped 'o' into an event
-// marked oversize, which the router dead-letters with its id and size).
+// other value by the marker kind decoder.OmittedKind followed by the
+// value's length (a kind PostgreSQL never sends; the decoder turns a mapped
+// omitted value into an event marked oversize, which the router
+// dead-letters with its id and size).
 // The connection stays in step, the row is dead-lettered, the stream goes
 // on, and no message pgproto3 sees is larger than the cap.
 //
@@ -31,12 +32,9 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
-)
 
-// OmittedKind is the TupleData kind byte that replaces a column value the
-// reader did not keep; it is followed by the value's int32 length and no
-// bytes.
-const OmittedKind = 'o'
+	"github.com/walrelay/walrelay/decoder"
+)
 
 // capReader passes the protocol stream through unchanged, except CopyData
 // messages whose body exceeds max, which it rewrites (see above). It is
@@ -168,7 +166,7 @@ func (c *capReader) rewriteMore() error {
 			// Only the fixed parts and one 5-byte marker per column are
 			// kept unconditionally: a real row (at most 1664 columns)
 			// fits in any sane cap; a message that does not is broken.
-			return fmt.Errorf("replication stream: message of %d bytes cannot be shortened under --max-message-bytes %d (%d columns); raise it", len(w.body)+w.left, c.max, w.cols)
+			return fmt.Errorf("replication stream: message of %d bytes cannot be shortened under slot.ReadOptions.MaxMessageBytes %d (%d columns); raise it", len(w.body)+w.left, c.max, w.cols)
 		}
 	}
 	body := w.body
@@ -214,7 +212,7 @@ func (c *capReader) step(chunk []byte) (int, error) {
 		return len(chunk), nil
 	case rwTail:
 		if len(w.body)+len(chunk) > c.max {
-			return 0, fmt.Errorf("replication stream: message of %d bytes over --max-message-bytes %d that cannot be shortened", len(w.body)+w.left, c.max)
+			return 0, fmt.Errorf("replication stream: message of %d bytes over slot.ReadOptions.MaxMessageBytes %d that cannot be shortened", len(w.body)+w.left, c.max)
 		}
 		w.body = append(w.body, chunk...)
 		return len(chunk), nil
@@ -240,7 +238,7 @@ func (c *capReader) step(chunk []byte) (int, error) {
 	switch w.state {
 	case rwXLog:
 		if f[0] != 'w' {
-			return n, fmt.Errorf("replication stream: CopyData message of type %q and %d bytes over --max-message-bytes %d", f[0], w.left+25, c.max)
+			return n, fmt.Errorf("replication stream: CopyData message of type %q and %d bytes over slot.ReadOptions.MaxMessageBytes %d", f[0], w.left+25, c.max)
 		}
 		w.body = append(w.body, f...)
 		w.state, w.need = rwType, 1
@@ -255,7 +253,7 @@ func (c *capReader) step(chunk []byte) (int, error) {
 		case 'U', 'D', 'T':
 			w.state = rwSkip
 		default:
-			return n, fmt.Errorf("replication stream: pgoutput message of type %q and %d bytes over --max-message-bytes %d", w.kind, w.left+26, c.max)
+			return n, fmt.Errorf("replication stream: pgoutput message of type %q and %d bytes over slot.ReadOptions.MaxMessageBytes %d", w.kind, w.left+26, c.max)
 		}
 	case rwInsert:
 		w.body = append(w.body, f...)
@@ -281,7 +279,7 @@ func (c *capReader) step(chunk []byte) (int, error) {
 		room := c.max - len(w.body) - 4 - 5*(w.cols-w.col-1)
 		w.keep = size <= room
 		if !w.keep {
-			w.body[len(w.body)-1] = OmittedKind
+			w.body[len(w.body)-1] = decoder.OmittedKind
 		}
 		w.body = append(w.body, f...)
 		w.val = size

@@ -59,9 +59,9 @@ func checkEndpoint(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	target := Redact(cfg.URL)
 	if inRecovery {
 		if version < 160000 {
-			return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): PostgreSQL %d cannot decode logically on a standby, nor create a publication there; point --pg-url at the primary", target, version/10000)
+			return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): PostgreSQL %d cannot decode logically on a standby, nor create a publication there; point slot.SetupConfig.URL at the primary", target, version/10000)
 		}
-		return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): walrelay streams from the primary; point --pg-url at it. (PostgreSQL 16+ can decode on a standby, but only with the publication created on the primary, hot_standby_feedback = on, and no WAL written by the relay, which its heartbeats need; walrelay does not stream from a standby)", target)
+		return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): walrelay streams from the primary; point slot.SetupConfig.URL at it. (PostgreSQL 16+ can decode on a standby, but only with the publication created on the primary, hot_standby_feedback = on, and no WAL written by the relay, which its heartbeats need; walrelay does not stream from a standby)", target)
 	}
 	if encoding == "SQL_ASCII" {
 		return setupErrorf("database %q has encoding SQL_ASCII: PostgreSQL stores its text as bytes of no known encoding, which walrelay cannot convert to the UTF-8 its records carry; move the outbox to a database created with ENCODING 'UTF8' (or any encoding PostgreSQL converts to UTF-8, such as LATIN1)", db)
@@ -97,7 +97,7 @@ func checkReplicationConnection(ctx context.Context, url string) error {
 		}
 		why = "its replication connection is a normal session, which does not know IDENTIFY_SYSTEM"
 	}
-	return setupErrorf("the endpoint of --pg-url (%s) is a connection pooler, not PostgreSQL: %s. Logical replication cannot pass through a pooler such as pgbouncer: point --pg-url at PostgreSQL itself (its own host and port), bypassing the pooler", Redact(url), why)
+	return setupErrorf("the endpoint of slot.SetupConfig.URL (%s) is a connection pooler, not PostgreSQL: %s. Logical replication cannot pass through a pooler such as pgbouncer: point slot.SetupConfig.URL at PostgreSQL itself (its own host and port), bypassing the pooler", Redact(url), why)
 }
 
 // checkOutbox refuses outbox tables and a configuration that could never
@@ -140,7 +140,7 @@ func checkRelKind(ctx context.Context, conn *pgx.Conn, t decoder.Table) error {
 	case what == "":
 		what = fmt.Sprintf("not a table (relkind %q)", kind)
 	}
-	return setupErrorf("outbox table %s is %s: a publication publishes only tables' rows, so none of its rows could ever stream; name the table the writers insert into with --table (for a view, SELECT pg_get_viewdef('%s'::regclass) shows the table it reads)", t, what, ident)
+	return setupErrorf("outbox table %s is %s: a publication publishes only tables' rows, so none of its rows could ever stream; name the table the writers insert into in slot.SetupConfig.Tables (for a view, SELECT pg_get_viewdef('%s'::regclass) shows the table it reads)", t, what, ident)
 }
 
 // checkColumns refuses mapped columns the stream cannot carry: a generated
@@ -179,7 +179,7 @@ func checkColumns(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, t decode
 			}
 		}
 		if cfg.Binary && !decoder.BinaryRenders(c.oid) {
-			return setupErrorf("--binary: column %q of outbox table %s has type %s (OID %d), whose binary form walrelay cannot render as text; start without --binary, or make the column text, varchar, bytea, json, jsonb, uuid or an integer type",
+			return setupErrorf("slot.SetupConfig.Binary: column %q of outbox table %s has type %s (OID %d), whose binary form walrelay cannot render as text; start without slot.SetupConfig.Binary, or make the column text, varchar, bytea, json, jsonb, uuid or an integer type",
 				c.name, t, c.typ, c.oid)
 		}
 	}
@@ -192,7 +192,7 @@ func checkColumns(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, t decode
 func checkGenerated(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, t decoder.Table, column string, version int) error {
 	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
 	colIdent := pgx.Identifier{column}.Sanitize()
-	fix := fmt.Sprintf("make it an ordinary column that the writers (or a BEFORE INSERT trigger) fill: ALTER TABLE %s ALTER COLUMN %s DROP EXPRESSION; or map another column with the matching --column-* or --header-column flag", table, colIdent)
+	fix := fmt.Sprintf("make it an ordinary column that the writers (or a BEFORE INSERT trigger) fill: ALTER TABLE %s ALTER COLUMN %s DROP EXPRESSION; or map another column (decoder.Mapping)", table, colIdent)
 	if version < 180000 {
 		return setupErrorf("column %q of outbox table %s is a generated column: PostgreSQL %d leaves generated columns out of logical replication, so every streamed row would lack it; %s",
 			column, t, version/10000, fix)
@@ -247,7 +247,7 @@ func checkFreeSlots(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error 
 	}
 	fix := "drop slots nothing reads (walrelay drop --slot <name>), or raise max_replication_slots and restart PostgreSQL"
 	if need == 2 {
-		fix += ", or start with --snapshot never (no snapshot of the rows already there)"
+		fix += ", or start with slot.SetupConfig.Snapshot=nil (no snapshot of the rows already there)"
 	}
 	return setupErrorf("max_replication_slots is %d and %d slots exist (%s): %s; %s", limit, used, strings.Join(names, ", "), what, fix)
 }
@@ -313,7 +313,7 @@ func warnSameTopics(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *z
 		if m == nil || !slices.Contains(splitPublicationNames(strings.ReplaceAll(m[1], "''", "'")), cfg.Publication) {
 			continue
 		}
-		log.Warn("another walrelay streams the same publication to the same topics from another slot: both publish every event, so consumers receive each one twice; stop one of the relays and drop its slot, or give them different --publication or --topic-template",
+		log.Warn("another walrelay streams the same publication to the same topics from another slot: both publish every event, so consumers receive each one twice; stop one of the relays and drop its slot, or give them different publications (slot.SetupConfig.Publication) or topic templates (slot.SetupConfig.TopicTemplate)",
 			zap.String("slot", cfg.Slot), zap.String("other_slot", o.Slot), zap.String("publication", cfg.Publication),
 			zap.String("topic_template", cfg.TopicTemplate), zap.String("fix", "walrelay drop --slot "+o.Slot))
 	}

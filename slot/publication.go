@@ -131,7 +131,7 @@ func readPublishedTable(ctx context.Context, conn *pgx.Conn, pub *Publication, p
 			(SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND `+generated+`)
 		FROM pg_class c WHERE c.oid = to_regclass($1)`, ident).Scan(&oid, &pt.Partitioned, &pt.Partitions, &visible)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return pt, setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one with --table", t)
+		return pt, setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one in slot.SetupConfig.Tables", t)
 	}
 	if err != nil {
 		return pt, fmt.Errorf("look up table %s: %w", t, err)
@@ -243,9 +243,9 @@ func publicationRefusal(cfg SetupConfig, pub Publication, log *zap.Logger) error
 	sql := addTablesSQL(cfg, missing)
 	switch {
 	case pub.Owned && !cfg.CreatePublication:
-		return setupErrorf("publication %q lacks outbox tables: run %s, or allow --create-publication", cfg.Publication, sql)
+		return setupErrorf("publication %q lacks outbox tables: run %s, or turn on slot.SetupConfig.CreatePublication", cfg.Publication, sql)
 	case !pub.Owned && !cfg.AlterPublication:
-		return setupErrorf("publication %q lacks outbox tables and was not created by walrelay (it may be shared with other subscribers): run %s yourself, or pass --alter-publication to let walrelay do it", cfg.Publication, sql)
+		return setupErrorf("publication %q lacks outbox tables and was not created by walrelay (it may be shared with other subscribers): run %s yourself, or turn on slot.SetupConfig.AlterPublication to let walrelay do it", cfg.Publication, sql)
 	}
 	return nil
 }
@@ -279,17 +279,17 @@ func checkPublished(cfg SetupConfig, t PublishedTable, log *zap.Logger) error {
 	if t.Columns != nil {
 		for _, c := range cfg.Columns {
 			if !slices.Contains(t.Columns, c) {
-				return setupErrorf("publication %q does not publish column %q of outbox table %s, which walrelay maps (its column list: %s): add the column to the list (ALTER PUBLICATION %s DROP TABLE %s, then ALTER PUBLICATION %s ADD TABLE %s (%s)), or map another column with the matching --column-* or --header-column flag",
+				return setupErrorf("publication %q does not publish column %q of outbox table %s, which walrelay maps (its column list: %s): add the column to the list (ALTER PUBLICATION %s DROP TABLE %s, then ALTER PUBLICATION %s ADD TABLE %s (%s)), or map another column (decoder.Mapping)",
 					cfg.Publication, c, t.Table, strings.Join(t.Columns, ", "), ident, table, ident, table, identList(append(slices.Clone(t.Columns), c)))
 			}
 		}
 	}
 	if t.RowFilter != "" {
 		if !cfg.AllowRowFilter {
-			return setupErrorf("publication %q has a row filter on outbox table %s (WHERE %s): rows it filters out are never published and the slot moves past them; remove it (ALTER PUBLICATION %s DROP TABLE %s, then ALTER PUBLICATION %s ADD TABLE %s), or accept it with --allow-row-filter",
+			return setupErrorf("publication %q has a row filter on outbox table %s (WHERE %s): rows it filters out are never published and the slot moves past them; remove it (ALTER PUBLICATION %s DROP TABLE %s, then ALTER PUBLICATION %s ADD TABLE %s), or accept it with slot.SetupConfig.AllowRowFilter",
 				cfg.Publication, t.Table, t.RowFilter, ident, table, ident, table)
 		}
-		log.Warn("publication row filter: outbox rows it filters out are never published (--allow-row-filter)",
+		log.Warn("publication row filter: outbox rows it filters out are never published (slot.SetupConfig.AllowRowFilter)",
 			zap.String("publication", cfg.Publication), zap.String("table", t.Table.String()), zap.String("row_filter", t.RowFilter))
 	}
 	return nil
@@ -299,7 +299,7 @@ func createPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, pub
 	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)", ident, tableList(cfg.Tables), createOptions(pub.version))
 	if !cfg.CreatePublication {
-		return setupErrorf("publication %q does not exist: create it with %s, or allow --create-publication", cfg.Publication, sql)
+		return setupErrorf("publication %q does not exist: create it with %s, or turn on slot.SetupConfig.CreatePublication", cfg.Publication, sql)
 	}
 	// The mark goes in with the publication, so that no publication
 	// walrelay created is ever without it.
@@ -307,7 +307,7 @@ func createPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, pub
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, fmt.Sprintf("COMMENT ON PUBLICATION %s IS '%s: walrelay adds the outbox tables (--table) it lacks'", ident, ownerMark))
+		_, err := tx.Exec(ctx, fmt.Sprintf("COMMENT ON PUBLICATION %s IS '%s: walrelay adds the outbox tables it lacks'", ident, ownerMark))
 		return err
 	})
 	if err != nil {

@@ -166,7 +166,7 @@ func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error
 	case errors.As(err, &pgErr) && pgErr.Code == "42501":
 		var role string
 		_ = conn.QueryRow(ctx, "SELECT current_user").Scan(&role) // the refusal stands without the name
-		return setupErrorf("cannot create walrelay's record table %s (%s): walrelay writes down there what it streams from, to refuse replacing it after a failover or a migration; as a superuser run CREATE SCHEMA %s AUTHORIZATION %s (or walrelay setup, then grant the role SELECT, INSERT, UPDATE, DELETE on it), or choose a schema the role may create tables in with --record-schema",
+		return setupErrorf("cannot create walrelay's record table %s (%s): walrelay writes down there what it streams from, to refuse replacing it after a failover or a migration; as a superuser run CREATE SCHEMA %s AUTHORIZATION %s (or walrelay setup, then grant the role SELECT, INSERT, UPDATE, DELETE on it), or choose a schema the role may create tables in (slot.SetupConfig.RecordSchema)",
 			recordTable(schema), pgErr.Message, pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize())
 	case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07"):
 		return nil // created concurrently by another walrelay
@@ -323,7 +323,7 @@ func (e *GapError) Error() string {
 		b.WriteString("; ")
 		b.WriteString(e.Fix)
 	}
-	b.WriteString("; to go on without them, run walrelay setup --accept-gap with the same --pg-url, --slot, --publication and --table, then publish the rows still in the outbox tables with walrelay snapshot")
+	b.WriteString("; to go on without them, run walrelay setup --accept-gap with the same database, slot, publication and tables, then publish the rows still in the outbox tables with walrelay snapshot")
 	return b.String()
 }
 

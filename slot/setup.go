@@ -263,7 +263,7 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 			what += fmt.Sprintf("; the record was written on PostgreSQL system %s and this server is system %s: a copy or restore of another cluster?", rec.SystemID, system)
 		}
 		return &GapError{What: what, Since: since,
-			Fix: "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: --failover-slot, sync_replication_slots on the standby, synchronized_standby_slots on the primary)"}, nil
+			Fix: "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: slot.SetupConfig.Failover, sync_replication_slots on the standby, synchronized_standby_slots on the primary)"}, nil
 	case err != nil:
 		return nil, err
 	}
@@ -374,7 +374,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 		return fmt.Errorf("look up table %s: %w", t, err)
 	}
 	if oid == nil {
-		return setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one with --table", t)
+		return setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one in slot.SetupConfig.Tables", t)
 	}
 	rows, err := conn.Query(ctx, "SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped", *oid)
 	if err != nil {
@@ -386,7 +386,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 	}
 	for _, c := range want {
 		if !slices.Contains(have, c) {
-			return setupErrorf("outbox table %s has no column %q: add it, or map another column with the matching --column-* or --header-column flag (it has: %s)", t, c, strings.Join(have, ", "))
+			return setupErrorf("outbox table %s has no column %q: add it, or map another column (decoder.Mapping; it has: %s)", t, c, strings.Join(have, ", "))
 		}
 	}
 	return nil
@@ -402,7 +402,7 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 	info, err := ReadInfo(ctx, conn, cfg.Slot)
 	create := func() (*GapError, error) {
 		if !cfg.CreateSlot {
-			return nil, setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or allow --create-slot", cfg.Slot, cfg.Slot)
+			return nil, setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or turn on slot.SetupConfig.CreateSlot", cfg.Slot, cfg.Slot)
 		}
 		if cfg.Snapshot != nil {
 			return replaced, createSlotWithSnapshot(ctx, conn, cfg, failover, log)
@@ -441,11 +441,11 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 func checkSlotInfo(cfg SetupConfig, info Info, db string) error {
 	switch {
 	case info.SlotType != "logical":
-		return setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another --slot", cfg.Slot, info.SlotType)
+		return setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another slot.SetupConfig.Slot", cfg.Slot, info.SlotType)
 	case info.Plugin != "pgoutput":
-		return setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another --slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
+		return setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another slot.SetupConfig.Slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
 	case info.Database != db:
-		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another --slot", cfg.Slot, info.Database, db)
+		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another slot.SetupConfig.Slot", cfg.Slot, info.Database, db)
 	}
 	return nil
 }

@@ -19,10 +19,14 @@ import (
 // lets the kernel move the stream in large segments, which costs the
 // walsender (usually the bottleneck) far less per event.
 
+// DefaultReadBufferBytes is the read buffer ReadOptions.BufferBytes 0
+// stands for.
+const DefaultReadBufferBytes = 1 << 20
+
 // ReadOptions tune how the replication socket is read.
 type ReadOptions struct {
 	// BufferBytes is the size of the read buffer: each read syscall takes
-	// up to this much. 0 means 1 MiB.
+	// up to this much. 0 means DefaultReadBufferBytes.
 	BufferBytes int
 	// SocketReceiveBytes sets SO_RCVBUF on the connection; 0 leaves the
 	// kernel's autotuning alone. A small buffer makes the walsender queue
@@ -49,7 +53,7 @@ const maxMessageSlack = 64 << 10
 func applyReadOptions(cfg *pgconn.Config, o ReadOptions) {
 	size := o.BufferBytes
 	if size <= 0 {
-		size = 1 << 20
+		size = DefaultReadBufferBytes
 	}
 	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
 		src := r

@@ -188,7 +188,7 @@ func (w *Watch) judge(rows []watchRow) *GapError {
 		case r.relOID == nil:
 			return &GapError{What: fmt.Sprintf("outbox table %s was dropped while walrelay streamed from it", t.Table)}
 		case *r.schema != t.Table.Schema || *r.name != t.Table.Name:
-			return &GapError{What: fmt.Sprintf("outbox table %s was renamed to %s while walrelay streamed from it: its inserts arrive under a name no --table maps", t.Table, decoder.Table{Schema: *r.schema, Name: *r.name})}
+			return &GapError{What: fmt.Sprintf("outbox table %s was renamed to %s while walrelay streamed from it: its inserts arrive under a name slot.SetupConfig.Tables does not list", t.Table, decoder.Table{Schema: *r.schema, Name: *r.name})}
 		case !member:
 			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q while walrelay streamed from it", t.Table, pub)}
 		case t.MemberOID != 0 && r.memberOID != nil && *r.memberOID != t.MemberOID:

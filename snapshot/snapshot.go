@@ -241,7 +241,7 @@ func planTable(ctx context.Context, tx pgx.Tx, t *decoder.Table, cfg Config, log
 		c := &p.cols[i]
 		typ, ok := types[c.name]
 		if !ok {
-			return nil, fmt.Errorf("%w: snapshot of %s: no column %q: map an existing column with the --column-* or --header-column flags", ErrQuery, t, c.name)
+			return nil, fmt.Errorf("%w: snapshot of %s: no column %q: map an existing column (decoder.Mapping)", ErrQuery, t, c.name)
 		}
 		c.bytea = typ == oidBytea
 		sel[i] = pgx.Identifier{c.name}.Sanitize()
@@ -256,7 +256,7 @@ func planTable(ctx context.Context, tx pgx.Tx, t *decoder.Table, cfg Config, log
 			return nil, queryError(t, err)
 		}
 		if order == "" {
-			log.Warn("outbox table has no primary key: snapshot rows come in the order PostgreSQL reads them; set --snapshot-order for a defined order",
+			log.Warn("outbox table has no primary key: snapshot rows come in the order PostgreSQL reads them; set snapshot.Config.Order for a defined order",
 				zap.Stringer("table", t))
 		}
 	}
@@ -293,7 +293,7 @@ func primaryKey(ctx context.Context, tx pgx.Tx, ident string) (string, error) {
 func queryError(t *decoder.Table, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "42") {
-		return fmt.Errorf("%w: snapshot of %s: %s (SQLSTATE %s): check the table, the --column-* flags, the snapshot condition and order, and that the role may SELECT from the table",
+		return fmt.Errorf("%w: snapshot of %s: %s (SQLSTATE %s): check the table, the column mapping (decoder.Mapping), the snapshot condition and order, and that the role may SELECT from the table",
 			ErrQuery, t, pgErr.Message, pgErr.Code)
 	}
 	return fmt.Errorf("snapshot of %s: %w", t, err)

@@ -69,7 +69,7 @@ func (c *devCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	defer kafka.Close()
 
-	cfg, err := relayConfig(url, []string{kafka.Addr()}, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags, log)
+	cfg, err := c.config(url, kafka.Addr(), log)
 	if err != nil {
 		return usageError(err)
 	}
@@ -102,6 +102,14 @@ func (c *devCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	fmt.Fprintf(out, "\ndemo: %d of %d events published and confirmed\n", pr.count(), c.Demo)
 	return nil
+}
+
+// config is the relay configuration of dev, against the throwaway
+// PostgreSQL at url and the in-process broker at broker: the daemon's
+// (relay.DefaultConfig with what the flags change), with nothing of its
+// own.
+func (c *devCmd) config(url, broker string, log *zap.Logger) (relay.Config, error) {
+	return relayConfig(url, []string{broker}, log, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags)
 }
 
 // demo inserts c.Demo events the way an application would (insert and

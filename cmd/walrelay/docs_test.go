@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"github.com/alecthomas/kong"
+
+	"github.com/walrelay/walrelay/heartbeat"
+	"github.com/walrelay/walrelay/relay"
 )
 
 // runFlags returns the flags of `walrelay run` with their environment
@@ -28,7 +31,7 @@ func runFlags(t *testing.T) map[string]string {
 func runFlagModels(t *testing.T) []*kong.Flag {
 	t.Helper()
 	var c cli
-	k, err := kong.New(&c, kong.DefaultEnvars("WALRELAY"), kong.Vars{"version": "test"})
+	k, err := kong.New(&c, parserOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,6 +162,36 @@ func TestOutboxDDLMatchesDeploy(t *testing.T) {
 		}
 		if !strings.Contains(string(b), want) {
 			t.Errorf("%s does not contain the outbox DDL walrelay dev uses:\n%s", f, want)
+		}
+	}
+}
+
+// TestReadmeListsMetricLabels keeps the README's metrics table naming every
+// restart cause and heartbeat kind the relay counts.
+func TestReadmeListsMetricLabels(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := func(metric string) string {
+		for _, line := range strings.Split(string(readme), "\n") {
+			if strings.HasPrefix(line, "| ") && strings.Contains(line, "`"+metric+"`") {
+				return line
+			}
+		}
+		t.Fatalf("README's metrics table has no row for %s", metric)
+		return ""
+	}
+	causes := row("walrelay_stream_restarts_total{cause}")
+	for _, c := range relay.RestartCauses() {
+		if !strings.Contains(causes, "`"+string(c)+"`") {
+			t.Errorf("README's row of walrelay_stream_restarts_total does not list the cause %s", c)
+		}
+	}
+	kinds := row("walrelay_heartbeats_total{kind}")
+	for _, k := range heartbeat.Kinds() {
+		if !strings.Contains(kinds, "`"+string(k)+"`") {
+			t.Errorf("README's row of walrelay_heartbeats_total does not list the kind %s", k)
 		}
 	}
 }

@@ -42,23 +42,24 @@ func (f *LogFlags) logger() (*zap.Logger, error) {
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.OutputPaths = []string{"stderr"}
 	cfg.ErrorOutputPaths = []string{"stderr"}
-	return cfg.Build()
+	// The libraries log configuration field names; the log speaks flags.
+	return cfg.Build(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return flagCore{c} }))
 }
 
 // SourceFlags say where the events come from.
 type SourceFlags struct {
-	Publication       string   `default:"walrelay_outbox" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert', publish_via_partition_root = true) when missing)."`
-	Slot              string   `default:"walrelay" help:"Logical replication slot (pgoutput)."`
-	Table             []string `default:"public.outbox" help:"Outbox table, schema.table; repeat the flag (or separate with commas) for several."`
-	CreatePublication bool     `default:"true" negatable:"" help:"Create the publication when missing, and add outbox tables it lacks to a publication walrelay created."`
-	AlterPublication  bool     `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared: every subscriber of it then receives them)."`
-	AllowRowFilter    bool     `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published. Logged at WARN at startup."`
-	CreateSlot        bool     `default:"true" negatable:"" help:"Create the replication slot when missing, at a first start: a slot walrelay streamed from that disappeared (a failover, a drop) is never recreated without walrelay setup --accept-gap."`
-	FailoverSlot      bool     `default:"true" negatable:"" help:"PostgreSQL 17+: make the slot a failover slot (created so, or altered), which standbys with sync_replication_slots = on keep a copy of that survives their promotion."`
-	RecordSchema      string   `default:"walrelay" help:"Schema of walrelay's record of what each slot streams from (table <schema>.slots, created when missing): with it walrelay refuses to replace a slot, publication or outbox table that changed under it."`
-	Snapshot          string   `default:"initial" enum:"initial,never" help:"initial: when walrelay creates the slot, first publish the rows already in the outbox tables (at the slot's consistent point), then stream; never: publish only rows committed after the slot exists."`
-	SnapshotWhere     string   `placeholder:"SQL" help:"SQL condition the rows of the initial snapshot must meet (e.g. 'sent_at IS NULL'); empty for every row."`
-	SnapshotOrder     string   `placeholder:"SQL" help:"SQL ORDER BY list of the initial snapshot (e.g. 'created_at, id'); empty for the table's primary key."`
+	Publication       string   `default:"${publication}" help:"Publication the slot streams (created FOR TABLE <tables> WITH (publish = 'insert', publish_via_partition_root = true) when missing)."`
+	Slot              string   `default:"${slot}" help:"Logical replication slot (pgoutput)."`
+	Table             []string `default:"${table}" help:"Outbox table, schema.table; repeat the flag (or separate with commas) for several."`
+	CreatePublication bool     `default:"${create_publication}" negatable:"" help:"Create the publication when missing, and add outbox tables it lacks to a publication walrelay created."`
+	AlterPublication  bool     `default:"${alter_publication}" help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared: every subscriber of it then receives them)."`
+	AllowRowFilter    bool     `default:"${allow_row_filter}" help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published. Logged at WARN at startup."`
+	CreateSlot        bool     `default:"${create_slot}" negatable:"" help:"Create the replication slot when missing, at a first start: a slot walrelay streamed from that disappeared (a failover, a drop) is never recreated without walrelay setup --accept-gap."`
+	FailoverSlot      bool     `default:"${failover_slot}" negatable:"" help:"PostgreSQL 17+: make the slot a failover slot (created so, or altered), which standbys with sync_replication_slots = on keep a copy of that survives their promotion."`
+	RecordSchema      string   `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from (table <schema>.slots, created when missing): with it walrelay refuses to replace a slot, publication or outbox table that changed under it."`
+	Snapshot          string   `default:"${snapshot}" enum:"initial,never" help:"initial: when walrelay creates the slot, first publish the rows already in the outbox tables (at the slot's consistent point), then stream; never: publish only rows committed after the slot exists."`
+	SnapshotWhere     string   `default:"${snapshot_where}" placeholder:"SQL" help:"SQL condition the rows of the initial snapshot must meet (e.g. 'sent_at IS NULL'); empty for every row."`
+	SnapshotOrder     string   `default:"${snapshot_order}" placeholder:"SQL" help:"SQL ORDER BY list of the initial snapshot (e.g. 'created_at, id'); empty for the table's primary key."`
 }
 
 // validateSource checks the flags every command that touches the database
@@ -89,11 +90,11 @@ func validateSource(pgURL, slotName string, publication *string) error {
 
 // ColumnFlags map outbox columns to the record.
 type ColumnFlags struct {
-	ColumnID            string   `default:"id" help:"Outbox column whose text becomes the id header."`
-	ColumnAggregateType string   `default:"aggregate_type" help:"Outbox column that selects the topic."`
-	ColumnAggregateID   string   `default:"aggregate_id" help:"Outbox column that becomes the record key."`
-	ColumnType          string   `default:"type" help:"Outbox column that becomes the type header; empty for none."`
-	ColumnPayload       string   `default:"payload" help:"Outbox column that becomes the record value (json/jsonb/text as is, bytea as raw bytes, NULL as a tombstone)."`
+	ColumnID            string   `default:"${column_id}" help:"Outbox column whose text becomes the id header."`
+	ColumnAggregateType string   `default:"${column_aggregate_type}" help:"Outbox column that selects the topic."`
+	ColumnAggregateID   string   `default:"${column_aggregate_id}" help:"Outbox column that becomes the record key."`
+	ColumnType          string   `default:"${column_type}" help:"Outbox column that becomes the type header; empty for none."`
+	ColumnPayload       string   `default:"${column_payload}" help:"Outbox column that becomes the record value (json/jsonb/text as is, bytea as raw bytes, NULL as a tombstone)."`
 	HeaderColumn        []string `placeholder:"COLUMN[=HEADER]" help:"Extra outbox column to send as a header (named HEADER, default the column name); repeatable."`
 	Preset              string   `default:"none" enum:"none,debezium" help:"debezium: the records of Debezium's Outbox Event Router with its defaults, for its outbox table (columns id, aggregatetype, aggregateid, payload; no type header). It changes only the column flags left at walrelay's defaults."`
 }
@@ -106,9 +107,10 @@ type ColumnFlags struct {
 // id header are walrelay's defaults already.
 var presets = map[string]func(c *ColumnFlags){
 	"debezium": func(c *ColumnFlags) {
-		preset(&c.ColumnAggregateType, "aggregate_type", "aggregatetype")
-		preset(&c.ColumnAggregateID, "aggregate_id", "aggregateid")
-		preset(&c.ColumnType, "type", "")
+		def := relay.DefaultConfig().Mapping
+		preset(&c.ColumnAggregateType, def.AggregateType, "aggregatetype")
+		preset(&c.ColumnAggregateID, def.AggregateID, "aggregateid")
+		preset(&c.ColumnType, def.Type, "")
 	},
 }
 
@@ -157,173 +159,157 @@ func parseTables(names []string) ([]decoder.Table, error) {
 
 // RecordFlags say what the Kafka records look like.
 type RecordFlags struct {
-	TopicTemplate          string `default:"outbox.event.{aggregate_type}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
-	TopicAllow             string `help:"Regular expression (anchored at both ends) every event topic must match, e.g. 'outbox\\.event\\.(order|payment)'; events of other topics are dead-lettered (topic_not_allowed). Empty allows all."`
-	MaxTopics              int    `default:"1000" help:"Most distinct event topics produced to (and created); events of further topics are dead-lettered (too_many_topics). Negative: no limit."`
-	MaxTopicSeries         int    `default:"100" help:"Most topics with their own walrelay_events_published_total series; the rest count under topic=\"other\". Negative: no limit."`
-	CreateTopics           bool   `default:"true" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
-	TopicPartitions        int32  `default:"-1" help:"Partitions of created topics; -1 means the broker's default."`
-	TopicReplicationFactor int16  `default:"-1" help:"Replication factor of created topics; -1 means the broker's default."`
-	DeadLetterTopic        string `default:"walrelay.dlq" help:"Topic for invalid events (no aggregate type or id, a topic name Kafka rejects, too large)."`
-	OnInvalid              string `default:"dlq" enum:"dlq,fail,skip" help:"What happens to an invalid event: dlq, fail (stop the relay), skip (log and drop)."`
+	TopicTemplate          string `default:"${topic_template}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
+	TopicAllow             string `default:"${topic_allow}" help:"Regular expression (anchored at both ends) every event topic must match, e.g. 'outbox\\.event\\.(order|payment)'; events of other topics are dead-lettered (topic_not_allowed). Empty allows all."`
+	MaxTopics              int    `default:"${max_topics}" help:"Most distinct event topics produced to (and created); events of further topics are dead-lettered (too_many_topics). Negative: no limit."`
+	MaxTopicSeries         int    `default:"${max_topic_series}" help:"Most topics with their own walrelay_events_published_total series; the rest count under topic=\"other\". Negative: no limit."`
+	CreateTopics           bool   `default:"${create_topics}" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
+	TopicPartitions        int32  `default:"${topic_partitions}" help:"Partitions of created topics; -1 means the broker's default."`
+	TopicReplicationFactor int16  `default:"${topic_replication_factor}" help:"Replication factor of created topics; -1 means the broker's default."`
+	DeadLetterTopic        string `default:"${dead_letter_topic}" help:"Topic for invalid events (no aggregate type or id, a topic name Kafka rejects, too large)."`
+	OnInvalid              string `default:"${on_invalid}" enum:"dlq,fail,skip" help:"What happens to an invalid event: dlq, fail (stop the relay), skip (log and drop)."`
 	ColumnFlags            `embed:""`
-	HeaderID               string        `default:"id" help:"Name of the id header."`
-	HeaderType             string        `default:"type" help:"Name of the type header."`
-	MaxRecordBytes         int           `default:"1000012" help:"Largest record the broker accepts (its message.max.bytes); larger events are invalid."`
-	Compression            string        `default:"none" enum:"none,gzip,snappy,lz4,zstd" help:"Producer compression: none, gzip, snappy, lz4, zstd."`
-	Linger                 time.Duration `default:"5ms" help:"How long the producer waits to fill a batch; 0 sends at once."`
+	HeaderID               string        `default:"${header_id}" help:"Name of the id header."`
+	HeaderType             string        `default:"${header_type}" help:"Name of the type header."`
+	MaxRecordBytes         int           `default:"${max_record_bytes}" help:"Largest record the broker accepts (its message.max.bytes); larger events are invalid."`
+	Compression            string        `default:"${compression}" enum:"none,gzip,snappy,lz4,zstd" help:"Producer compression: none, gzip, snappy, lz4, zstd."`
+	Linger                 time.Duration `default:"${linger}" help:"How long the producer waits to fill a batch; 0 sends at once."`
 }
 
 // TuningFlags trade latency, memory and load.
 type TuningFlags struct {
-	StatusInterval    time.Duration `default:"10s" help:"Longest time between standby status updates; keep it well under the server's wal_sender_timeout."`
-	ConfirmDelay      time.Duration `default:"100ms" help:"Shortest time between status updates that only advance the confirmed position."`
-	ShutdownTimeout   time.Duration `default:"30s" help:"On SIGINT/SIGTERM, how long to wait for outstanding acks before exiting."`
-	MaxInflightEvents int64         `default:"50000" help:"Events produced and not yet acknowledged, at most; bounds memory."`
-	MaxInflightBytes  int64         `default:"67108864" help:"Approximate bytes produced and not yet acknowledged, at most; bounds memory."`
-	BackoffMax        time.Duration `default:"30s" help:"Longest wait between reconnection attempts (exponential with jitter, from 500ms)."`
-	ReceiveTimeout    time.Duration `default:"60s" help:"End a replication connection that carried nothing for this long, not even the reply to a request for one sent at half of it (like PostgreSQL's wal_receiver_timeout); then reconnect."`
-	StartupTimeout    time.Duration `default:"2m" help:"How long to keep retrying unreachable PostgreSQL or Kafka before the first stream; then exit with an error. Once streaming, walrelay retries forever."`
-	Binary            bool          `help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
-	ReadBufferBytes   int           `default:"1048576" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
-	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"524288" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning (better over high-latency links: 512 KiB carries about 50 MB/s at 10 ms round trip)."`
-	MaxMessageBytes   int           `default:"67108864" help:"Largest replication message read into memory; a larger one (a huge outbox row) is read as a stream, its values over this size left out, and the row dead-lettered as too large. Must exceed --max-record-bytes."`
-	ReadCoalesce      time.Duration `default:"200us" help:"After a small read, wait this long before the next so the stream arrives in larger pieces (less work for the walsender); adds at most this much latency."`
+	StatusInterval    time.Duration `default:"${status_interval}" help:"Longest time between standby status updates; keep it well under the server's wal_sender_timeout."`
+	ConfirmDelay      time.Duration `default:"${confirm_delay}" help:"Shortest time between status updates that only advance the confirmed position."`
+	ShutdownTimeout   time.Duration `default:"${shutdown_timeout}" help:"On SIGINT/SIGTERM, how long to wait for outstanding acks before exiting."`
+	MaxInflightEvents int64         `default:"${max_inflight_events}" help:"Events produced and not yet acknowledged, at most; bounds memory."`
+	MaxInflightBytes  int64         `default:"${max_inflight_bytes}" help:"Approximate bytes produced and not yet acknowledged, at most; bounds memory."`
+	BackoffMax        time.Duration `default:"${backoff_max}" help:"Longest wait between reconnection attempts (exponential with jitter, from ${backoff_min})."`
+	ReceiveTimeout    time.Duration `default:"${receive_timeout}" help:"End a replication connection that carried nothing for this long, not even the reply to a request for one sent at half of it (like PostgreSQL's wal_receiver_timeout); then reconnect."`
+	StartupTimeout    time.Duration `default:"${startup_timeout}" help:"How long to keep retrying unreachable PostgreSQL or Kafka before the first stream; then exit with an error (0: retry forever). Once streaming, walrelay retries forever."`
+	Binary            bool          `default:"${binary}" help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
+	ReadBufferBytes   int           `default:"${read_buffer_bytes}" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
+	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"${socket_receive_bytes}" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning (better over high-latency links: 512 KiB carries about 50 MB/s at 10 ms round trip)."`
+	MaxMessageBytes   int           `default:"${max_message_bytes}" help:"Largest replication message read into memory; a larger one (a huge outbox row) is read as a stream, its values over this size left out, and the row dead-lettered as too large. Must exceed --max-record-bytes."`
+	ReadCoalesce      time.Duration `default:"${read_coalesce}" help:"After a small read, wait this long before the next so the stream arrives in larger pieces (less work for the walsender); adds at most this much latency."`
 }
 
 // HealthFlags keep the slot moving and visible.
 type HealthFlags struct {
-	HeartbeatInterval time.Duration `default:"30s" help:"Time between heartbeats (a WAL nudge in the source database, and a record on --heartbeat-topic when set); 0 disables."`
-	HeartbeatQuery    string        `help:"SQL run as the WAL nudge instead of pg_logical_emit_message(false, 'walrelay.heartbeat', now()::text) (like Debezium's heartbeat.action.query); '-' runs none."`
-	HeartbeatTopic    string        `help:"Topic receiving a heartbeat record (key: slot name, value: JSON status) every heartbeat interval; empty disables."`
-	IdleAdvance       bool          `default:"true" negatable:"" help:"Confirm a keepalive's WAL position once everything received before it is acknowledged, so a quiet outbox in a busy database does not pin WAL. Turn off only to diagnose."`
-	SlotPollInterval  time.Duration `default:"10s" help:"How often pg_replication_slots is read for the slot metrics and to detect an invalidated slot."`
-	ReadyMaxLag       time.Duration `default:"60s" help:"Replication lag above which /readyz reports not ready; 0 disables the lag check."`
-	PlannedOutage     time.Duration `default:"24h" help:"The relay outage to plan for: walrelay warns at startup when idle_replication_slot_timeout, or max_slot_wal_keep_size at the server's WAL rate, would invalidate the slot during one this long; 0 disables the warning."`
+	HeartbeatInterval time.Duration `default:"${heartbeat_interval}" help:"Time between heartbeats (a WAL nudge in the source database, and a record on --heartbeat-topic when set); 0 disables."`
+	HeartbeatQuery    string        `default:"${heartbeat_query}" help:"SQL run as the WAL nudge instead of pg_logical_emit_message(false, 'walrelay.heartbeat', now()::text) (like Debezium's heartbeat.action.query); '-' runs none."`
+	HeartbeatTopic    string        `default:"${heartbeat_topic}" help:"Topic receiving a heartbeat record (key: slot name, value: JSON status) every heartbeat interval; empty disables."`
+	IdleAdvance       bool          `default:"${idle_advance}" negatable:"" help:"Confirm a keepalive's WAL position once everything received before it is acknowledged, so a quiet outbox in a busy database does not pin WAL. Turn off only to diagnose."`
+	SlotPollInterval  time.Duration `default:"${slot_poll_interval}" help:"How often pg_replication_slots is read for the slot metrics and to detect an invalidated slot."`
+	ReadyMaxLag       time.Duration `default:"${ready_max_lag}" help:"Replication lag above which /readyz reports not ready; 0 disables the lag check."`
+	PlannedOutage     time.Duration `default:"${planned_outage}" help:"The relay outage to plan for: walrelay warns at startup when idle_replication_slot_timeout, or max_slot_wal_keep_size at the server's WAL rate, would invalidate the slot during one this long; 0 disables the warning."`
 }
 
 // DeliveryFlags choose at-least-once or exactly-once delivery.
 type DeliveryFlags struct {
-	Delivery        string        `default:"at-least-once" enum:"at-least-once,exactly-once" help:"at-least-once (duplicates possible after a crash, each with the same id header) or exactly-once (Kafka transactions with a checkpoint; read_committed consumers see each row once)."`
-	TransactionalID string        `help:"Kafka transactional id for exactly-once delivery; default walrelay-<slot>, so that two relays of one slot share it (one streams, the other waits as a standby) and relays of different slots do not."`
-	CheckpointTopic string        `default:"walrelay.checkpoints" help:"Compacted one-partition topic of exactly-once checkpoints (key: slot name); created when --create-topics."`
-	TxnMaxEvents    int           `default:"10000" help:"Exactly-once: commit the Kafka transaction once it holds this many events (large PostgreSQL transactions are split)."`
-	TxnMaxInterval  time.Duration `default:"100ms" help:"Exactly-once: commit the Kafka transaction at least this often, for a stream that never runs dry (it commits as soon as it does)."`
-	TxnMinInterval  time.Duration `default:"0s" help:"Exactly-once: when the stream runs dry, commit the Kafka transaction only once it is this old; raise it to trade latency for fewer Kafka transactions."`
-	TxnTimeout      time.Duration `default:"60s" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it; at least twice --txn-max-interval."`
+	Delivery        string        `default:"${delivery}" enum:"at-least-once,exactly-once" help:"at-least-once (duplicates possible after a crash, each with the same id header) or exactly-once (Kafka transactions with a checkpoint; read_committed consumers see each row once)."`
+	TransactionalID string        `default:"${transactional_id}" help:"Kafka transactional id for exactly-once delivery; default walrelay-<slot>, so that two relays of one slot share it (one streams, the other waits as a standby) and relays of different slots do not."`
+	CheckpointTopic string        `default:"${checkpoint_topic}" help:"Compacted one-partition topic of exactly-once checkpoints (key: slot name); created when --create-topics."`
+	TxnMaxEvents    int           `default:"${txn_max_events}" help:"Exactly-once: commit the Kafka transaction once it holds this many events (large PostgreSQL transactions are split)."`
+	TxnMaxInterval  time.Duration `default:"${txn_max_interval}" help:"Exactly-once: commit the Kafka transaction at least this often, for a stream that never runs dry (it commits as soon as it does)."`
+	TxnMinInterval  time.Duration `default:"${txn_min_interval}" help:"Exactly-once: when the stream runs dry, commit the Kafka transaction only once it is this old; raise it to trade latency for fewer Kafka transactions."`
+	TxnTimeout      time.Duration `default:"${txn_timeout}" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it; at least twice --txn-max-interval."`
 }
 
-// relayConfig assembles the relay's configuration from the flag groups.
-func relayConfig(pgURL string, brokers []string, src SourceFlags, rec RecordFlags, tun TuningFlags, hf HealthFlags, df DeliveryFlags, log *zap.Logger) (relay.Config, error) {
+// flagGroup is a group of flags that sets its part of a relay.Config.
+type flagGroup interface {
+	apply(cfg *relay.Config) error
+}
+
+// relayConfig is relay.DefaultConfig with pgURL, the brokers and what the
+// flag groups set: a flag left at its default (which is DefaultConfig's)
+// changes nothing.
+func relayConfig(pgURL string, brokers []string, log *zap.Logger, groups ...flagGroup) (relay.Config, error) {
 	// A URL that does not parse is refused before any connection attempt,
 	// without being quoted (a password may be anywhere in it).
 	if err := slot.CheckURL(pgURL); err != nil {
 		return relay.Config{}, err
 	}
-	tables, err := parseTables(src.Table)
-	if err != nil {
-		return relay.Config{}, err
-	}
-	mapping, err := rec.mapping()
-	if err != nil {
-		return relay.Config{}, err
-	}
-	codec, err := compression(rec.Compression)
-	if err != nil {
-		return relay.Config{}, err
-	}
-	kopts := []kgo.Opt{
-		kgo.ClientID("walrelay"),
-		kgo.ProducerBatchCompression(codec),
-		kgo.ProducerLinger(rec.Linger),
-		kgo.WithLogger(kzap.New(log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))),
-	}
+	cfg := relay.DefaultConfig()
+	cfg.PGURL = pgURL
 	if len(brokers) > 0 {
-		kopts = append(kopts, kgo.SeedBrokers(brokers...))
+		cfg.KafkaOptions = append(cfg.KafkaOptions, kgo.SeedBrokers(brokers...))
 	}
-	return relay.Config{
-		PGURL:             pgURL,
-		Slot:              src.Slot,
-		Publication:       src.Publication,
-		Tables:            tables,
-		Mapping:           mapping,
-		CreatePublication: src.CreatePublication,
-		CreateSlot:        src.CreateSlot,
-		NoFailoverSlot:    !src.FailoverSlot,
-		RecordSchema:      src.RecordSchema,
-		AlterPublication:  src.AlterPublication,
-		AllowRowFilter:    src.AllowRowFilter,
-		InitialSnapshot:   src.Snapshot != "never",
-		SnapshotWhere:     src.SnapshotWhere,
-		SnapshotOrder:     src.SnapshotOrder,
-		Binary:            tun.Binary,
-		Read: slot.ReadOptions{
-			BufferBytes:        tun.ReadBufferBytes,
-			SocketReceiveBytes: tun.SocketRecvBytes,
-			Coalesce:           tun.ReadCoalesce,
-			MaxMessageBytes:    tun.MaxMessageBytes,
-		},
-		Router: router.Config{
-			TopicTemplate:          rec.TopicTemplate,
-			TopicAllow:             rec.TopicAllow,
-			MaxTopics:              rec.MaxTopics,
-			MaxTopicSeries:         rec.MaxTopicSeries,
-			DeadLetterTopic:        rec.DeadLetterTopic,
-			OnInvalid:              router.OnInvalid(rec.OnInvalid),
-			CreateTopics:           rec.CreateTopics,
-			TopicPartitions:        rec.TopicPartitions,
-			TopicReplicationFactor: rec.TopicReplicationFactor,
-			MaxInflightEvents:      tun.MaxInflightEvents,
-			MaxInflightBytes:       tun.MaxInflightBytes,
-			MaxRecordBytes:         rec.MaxRecordBytes,
-			HeaderID:               rec.HeaderID,
-			HeaderType:             rec.HeaderType,
-			TransactionalID:        df.TransactionalID,
-			CheckpointTopic:        df.CheckpointTopic,
-			TransactionTimeout:     df.TxnTimeout,
-		},
-		ExactlyOnce:     df.Delivery == "exactly-once",
-		TxnMaxEvents:    df.TxnMaxEvents,
-		TxnMaxInterval:  df.TxnMaxInterval,
-		TxnMinInterval:  df.TxnMinInterval,
-		KafkaOptions:    kopts,
-		StatusInterval:  tun.StatusInterval,
-		ConfirmDelay:    tun.ConfirmDelay,
-		ShutdownTimeout: tun.ShutdownTimeout,
-		BackoffMax:      tun.BackoffMax,
-		StartupTimeout:  tun.StartupTimeout,
-		ReceiveTimeout:  tun.ReceiveTimeout,
-
-		NoIdleAdvance:     !hf.IdleAdvance,
-		HeartbeatInterval: hf.HeartbeatInterval,
-		HeartbeatQuery:    hf.HeartbeatQuery,
-		HeartbeatTopic:    hf.HeartbeatTopic,
-		SlotPollInterval:  hf.SlotPollInterval,
-		ReadyMaxLag:       readyMaxLag(hf.ReadyMaxLag),
-		PlannedOutage:     readyMaxLag(hf.PlannedOutage),
-	}, nil
+	// The daemon's log carries the Kafka client's warnings; an embedder
+	// chooses its own (KafkaOptions).
+	cfg.KafkaOptions = append(cfg.KafkaOptions, kgo.WithLogger(kzap.New(log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))))
+	for _, g := range groups {
+		if err := g.apply(&cfg); err != nil {
+			return relay.Config{}, err
+		}
+	}
+	return cfg, nil
 }
 
-// readyMaxLag maps a flag's "0 disables" to the relay's negative value.
-func readyMaxLag(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
+func (f SourceFlags) apply(cfg *relay.Config) error {
+	tables, err := parseTables(f.Table)
+	if err != nil {
+		return err
 	}
-	return d
+	cfg.Slot, cfg.Publication, cfg.Tables = f.Slot, f.Publication, tables
+	cfg.CreatePublication, cfg.CreateSlot = f.CreatePublication, f.CreateSlot
+	cfg.AlterPublication, cfg.AllowRowFilter = f.AlterPublication, f.AllowRowFilter
+	cfg.NoFailoverSlot = !f.FailoverSlot
+	cfg.RecordSchema = f.RecordSchema
+	cfg.InitialSnapshot = f.Snapshot != "never"
+	cfg.SnapshotWhere, cfg.SnapshotOrder = f.SnapshotWhere, f.SnapshotOrder
+	return nil
 }
 
-func compression(name string) (kgo.CompressionCodec, error) {
-	switch name {
-	case "none":
-		return kgo.NoCompression(), nil
-	case "gzip":
-		return kgo.GzipCompression(), nil
-	case "snappy":
-		return kgo.SnappyCompression(), nil
-	case "lz4":
-		return kgo.Lz4Compression(), nil
-	case "zstd":
-		return kgo.ZstdCompression(), nil
+func (f RecordFlags) apply(cfg *relay.Config) error {
+	mapping, err := f.mapping()
+	if err != nil {
+		return err
 	}
-	return kgo.CompressionCodec{}, fmt.Errorf("--compression %q: want none, gzip, snappy, lz4 or zstd", name)
+	codec, err := compression(f.Compression)
+	if err != nil {
+		return err
+	}
+	cfg.Mapping = mapping
+	cfg.Compression, cfg.Linger = codec, f.Linger
+	r := &cfg.Router
+	r.TopicTemplate, r.TopicAllow = f.TopicTemplate, f.TopicAllow
+	r.MaxTopics, r.MaxTopicSeries = f.MaxTopics, f.MaxTopicSeries
+	r.DeadLetterTopic, r.OnInvalid = f.DeadLetterTopic, router.OnInvalid(f.OnInvalid)
+	r.CreateTopics = f.CreateTopics
+	r.TopicPartitions, r.TopicReplicationFactor = f.TopicPartitions, f.TopicReplicationFactor
+	r.MaxRecordBytes = f.MaxRecordBytes
+	r.HeaderID, r.HeaderType = f.HeaderID, f.HeaderType
+	return nil
+}
+
+func (f TuningFlags) apply(cfg *relay.Config) error {
+	cfg.StatusInterval, cfg.ConfirmDelay, cfg.ShutdownTimeout = f.StatusInterval, f.ConfirmDelay, f.ShutdownTimeout
+	cfg.Router.MaxInflightEvents, cfg.Router.MaxInflightBytes = f.MaxInflightEvents, f.MaxInflightBytes
+	cfg.BackoffMax = f.BackoffMax
+	cfg.ReceiveTimeout, cfg.StartupTimeout = f.ReceiveTimeout, f.StartupTimeout
+	cfg.Binary = f.Binary
+	cfg.Read = slot.ReadOptions{
+		BufferBytes:        f.ReadBufferBytes,
+		SocketReceiveBytes: f.SocketRecvBytes,
+		Coalesce:           f.ReadCoalesce,
+		MaxMessageBytes:    f.MaxMessageBytes,
+	}
+	return nil
+}
+
+func (f HealthFlags) apply(cfg *relay.Config) error {
+	cfg.HeartbeatInterval, cfg.HeartbeatQuery, cfg.HeartbeatTopic = f.HeartbeatInterval, f.HeartbeatQuery, f.HeartbeatTopic
+	cfg.NoIdleAdvance = !f.IdleAdvance
+	cfg.SlotPollInterval = f.SlotPollInterval
+	cfg.ReadyMaxLag = f.ReadyMaxLag
+	cfg.PlannedOutage = f.PlannedOutage
+	return nil
+}
+
+func (f DeliveryFlags) apply(cfg *relay.Config) error {
+	cfg.ExactlyOnce = f.Delivery == "exactly-once"
+	cfg.Router.TransactionalID, cfg.Router.CheckpointTopic = f.TransactionalID, f.CheckpointTopic
+	cfg.Router.TransactionTimeout = f.TxnTimeout
+	cfg.TxnMaxEvents, cfg.TxnMaxInterval, cfg.TxnMinInterval = f.TxnMaxEvents, f.TxnMaxInterval, f.TxnMinInterval
+	return nil
 }

@@ -74,12 +74,7 @@ func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
 	var c cli
-	parser := kong.Must(&c,
-		kong.Name("walrelay"),
-		kong.Description("PostgreSQL outbox to Kafka relay: committed outbox INSERTs, in commit order, confirmed only after Kafka acknowledges."),
-		kong.DefaultEnvars("WALRELAY"),
-		kong.Vars{"version": version},
-	)
+	parser := kong.Must(&c, parserOptions()...)
 	kctx, err := parser.Parse(os.Args[1:])
 	if err != nil {
 		// kong exits 1 for some of these (a bad value in a WALRELAY_*
@@ -94,7 +89,9 @@ func main() {
 	stop() // not deferred: os.Exit skips deferred calls
 	if err != nil {
 		// One line: pgconn lists each connection attempt on its own line.
-		fmt.Fprintln(os.Stderr, "walrelay:", strings.Join(strings.Fields(err.Error()), " "))
+		// The libraries name configuration fields; the command line
+		// speaks flags.
+		fmt.Fprintln(os.Stderr, "walrelay:", strings.Join(strings.Fields(speakFlags(err.Error())), " "))
 		var ee *exitError
 		if errors.As(err, &ee) {
 			os.Exit(ee.code)

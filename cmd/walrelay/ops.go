@@ -21,15 +21,15 @@ import (
 // and probes.
 type statusCmd struct {
 	PGURL         string `name:"pg-url" required:"" help:"Source database URL."`
-	Slot          string `default:"walrelay" help:"Logical replication slot."`
+	Slot          string `default:"${slot}" help:"Logical replication slot."`
 	JSON          bool   `name:"json" help:"Print JSON instead of text."`
 	MaxLagBytes   int64  `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
 	RequireActive bool   `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
-	RecordSchema  string `default:"walrelay" help:"Schema of walrelay's record of what each slot streams from."`
+	RecordSchema  string `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from."`
 	Explain       bool   `help:"Name what holds the slot's restart_lsn and catalog_xmin back, most to blame first (the relay stopped, not streaming, waiting for Kafka or behind; open and prepared transactions; a quiet outbox without heartbeats), then what holds the cluster's WAL or xmin (other slots, standbys), each with its fix."`
 	// The time the slot has left.
 	RateWindow    time.Duration `default:"1s" help:"When max_slot_wal_keep_size limits the slot, watch the server's WAL position this long to measure its WAL rate and the time left before invalidation; 0 skips it."`
-	PlannedOutage time.Duration `default:"24h" help:"Warn when, at the measured WAL rate, max_slot_wal_keep_size would invalidate the slot sooner than this without a relay confirming, or idle_replication_slot_timeout is shorter; 0 disables."`
+	PlannedOutage time.Duration `default:"${planned_outage}" help:"Warn when, at the measured WAL rate, max_slot_wal_keep_size would invalidate the slot sooner than this without a relay confirming, or idle_replication_slot_timeout is shorter; 0 disables."`
 }
 
 // Validate refuses malformed flags before anything is connected.
@@ -165,6 +165,17 @@ func (c *statusCmd) Run(ctx context.Context) error {
 	}
 	if c.MaxLagBytes > 0 && info.LagBytes > c.MaxLagBytes {
 		st.Problems = append(st.Problems, fmt.Sprintf("confirmed lag %s exceeds --max-lag-bytes %s", bytesText(info.LagBytes), bytesText(c.MaxLagBytes)))
+	}
+	// The slot package names configuration fields; status speaks flags.
+	st.Failover = speakFlags(st.Failover)
+	for _, list := range [][]string{st.Problems, st.Warnings} {
+		for i := range list {
+			list[i] = speakFlags(list[i])
+		}
+	}
+	for i := range st.Explain {
+		c := &st.Explain[i]
+		c.Holds, c.Text, c.Fix = speakFlags(c.Holds), speakFlags(c.Text), speakFlags(c.Fix)
 	}
 	st.Healthy = len(st.Problems) == 0
 	if c.JSON {
@@ -312,17 +323,17 @@ func bytesText(n int64) string { return slot.BytesText(n) }
 // create the publication and slot.
 type setupCmd struct {
 	PGURL       string   `name:"pg-url" required:"" help:"Source database URL."`
-	Publication string   `default:"walrelay_outbox" help:"Publication to create."`
-	Slot        string   `default:"walrelay" help:"Logical replication slot to create (pgoutput)."`
-	Table       []string `default:"public.outbox" help:"Outbox table, schema.table; repeatable."`
+	Publication string   `default:"${publication}" help:"Publication to create."`
+	Slot        string   `default:"${slot}" help:"Logical replication slot to create (pgoutput)."`
+	Table       []string `default:"${table}" help:"Outbox table, schema.table; repeatable."`
 	CreateTable bool     `help:"Create missing outbox tables with the printed DDL."`
 	ColumnFlags `embed:""`
 
 	// What setup may accept of an existing publication, as for run.
 	AlterPublication bool   `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared)."`
 	AllowRowFilter   bool   `help:"Accept a publication row filter (WHERE) on an outbox table; rows it filters out are never published."`
-	FailoverSlot     bool   `default:"true" negatable:"" help:"PostgreSQL 17+: make the slot a failover slot, which standbys with sync_replication_slots = on keep a copy of."`
-	RecordSchema     string `default:"walrelay" help:"Schema of walrelay's record of what each slot streams from."`
+	FailoverSlot     bool   `default:"${failover_slot}" negatable:"" help:"PostgreSQL 17+: make the slot a failover slot, which standbys with sync_replication_slots = on keep a copy of."`
+	RecordSchema     string `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from."`
 	AcceptGap        bool   `help:"Go on after something walrelay streamed from was replaced or removed (the slot lost in a failover, the publication dropped or altered, an outbox table recreated or removed from it): log the gap, keep it in the record, create again what is missing. Events committed in the gap are not published; walrelay snapshot publishes the rows still in the outbox."`
 }
 
@@ -439,11 +450,11 @@ func publicationSummary(p slot.Publication) []string {
 // dropCmd is `walrelay drop`: remove the slot (and the publication).
 type dropCmd struct {
 	PGURL           string `name:"pg-url" required:"" help:"Source database URL."`
-	Slot            string `default:"walrelay" help:"Logical replication slot to drop."`
-	Publication     string `default:"walrelay_outbox" help:"Publication the slot streams: its pending rows are counted, and it is dropped with --drop-publication."`
+	Slot            string `default:"${slot}" help:"Logical replication slot to drop."`
+	Publication     string `default:"${publication}" help:"Publication the slot streams: its pending rows are counted, and it is dropped with --drop-publication."`
 	DropPublication bool   `help:"Also drop the publication."`
 	Force           bool   `help:"Drop the slot even when it holds committed outbox rows not yet published (they are lost to the relay), or when they cannot be counted."`
-	RecordSchema    string `default:"walrelay" help:"Schema of walrelay's record of what each slot streams from: the slot's record is removed with it, so the next start is a first start."`
+	RecordSchema    string `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from: the slot's record is removed with it, so the next start is a first start."`
 }
 
 // Validate refuses malformed flags before anything is connected.

@@ -19,7 +19,7 @@ func TestPresetDebezium(t *testing.T) {
 		{nil, "aggregate_type", "aggregate_id", "type"},
 	} {
 		var c cli
-		parser, err := kong.New(&c, kong.Vars{"version": "test"})
+		parser, err := kong.New(&c, parserOptions()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,7 +35,7 @@ func TestPresetDebezium(t *testing.T) {
 		}
 	}
 	var c cli
-	parser, _ := kong.New(&c, kong.Vars{"version": "test"})
+	parser, _ := kong.New(&c, parserOptions()...)
 	if _, err := parser.Parse([]string{"run", "--pg-url", "postgres://u@h/db", "--brokers", "k:9092", "--preset", "kafka-connect"}); err == nil {
 		t.Error("--preset kafka-connect accepted; want a usage error naming none and debezium")
 	}

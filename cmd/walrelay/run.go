@@ -64,15 +64,10 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 
 	// Everything up to relay.New checks the configuration alone: its
 	// errors are malformed flags.
-	cfg, err := relayConfig(c.PGURL, c.Brokers, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags, log)
+	cfg, err := c.config(log)
 	if err != nil {
 		return usageError(err)
 	}
-	kopts, err := c.KafkaFlags.options()
-	if err != nil {
-		return usageError(err)
-	}
-	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
 	r, err := relay.New(cfg, log, m)
 	if err != nil {
 		return usageError(err)
@@ -106,6 +101,21 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return &exitError{code: exitFailed, err: err}
 	}
 	return nil
+}
+
+// config is the daemon's relay configuration: relay.DefaultConfig with
+// what the flags change.
+func (c *runCmd) config(log *zap.Logger) (relay.Config, error) {
+	cfg, err := relayConfig(c.PGURL, c.Brokers, log, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags)
+	if err != nil {
+		return relay.Config{}, err
+	}
+	kopts, err := c.KafkaFlags.options()
+	if err != nil {
+		return relay.Config{}, err
+	}
+	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
+	return cfg, nil
 }
 
 // closedByBroker reports a broker that closed the connection instead of

@@ -42,11 +42,13 @@ func (c *snapshotCmd) Run(ctx context.Context, lf *LogFlags) error {
 	}
 	defer log.Sync()
 	warnPGTLS(log, c.PGURL)
-	src := SourceFlags{Table: c.Table}
 	// Up to PublishSnapshot only the configuration is checked: its errors
 	// are malformed flags.
-	cfg, err := relayConfig(c.PGURL, c.Brokers, src, c.RecordFlags, TuningFlags{}, HealthFlags{}, DeliveryFlags{Delivery: "at-least-once"}, log)
+	cfg, err := relayConfig(c.PGURL, c.Brokers, log, c.RecordFlags)
 	if err != nil {
+		return usageError(err)
+	}
+	if cfg.Tables, err = parseTables(c.Table); err != nil {
 		return usageError(err)
 	}
 	kopts, err := c.KafkaFlags.options()

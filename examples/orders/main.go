@@ -33,13 +33,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
-	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/examples/orders/shop"
 	"github.com/walrelay/walrelay/inbox"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
-	"github.com/walrelay/walrelay/router"
 )
 
 func main() {
@@ -295,14 +293,13 @@ func demo(ctx context.Context, args []string) error {
 	defer db.Close()
 	fmt.Printf("PostgreSQL %s, Kafka %s\n", url, k.Addr())
 
-	r, err := relay.New(relay.Config{
-		PGURL: url, Slot: "walrelay", Publication: "walrelay_outbox",
-		Tables:            []decoder.Table{{Schema: "public", Name: "outbox"}},
-		Mapping:           decoder.DefaultMapping(),
-		CreatePublication: true, CreateSlot: true,
-		Router:       router.Config{TopicTemplate: "outbox.event.{aggregate_type}", DeadLetterTopic: "walrelay.dlq", CreateTopics: true, TopicPartitions: 3},
-		KafkaOptions: []kgo.Opt{kgo.SeedBrokers(k.Addr()), kgo.ProducerLinger(time.Millisecond)},
-	}, log, metrics.New(prometheus.NewRegistry()))
+	// The daemon's configuration: what `walrelay run` does given only
+	// --pg-url and --brokers (the initial snapshot, the heartbeat, topic
+	// creation with the broker's partition count, three here).
+	cfg := relay.DefaultConfig()
+	cfg.PGURL = url
+	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(k.Addr())}
+	r, err := relay.New(cfg, log, metrics.New(prometheus.NewRegistry()))
 	if err != nil {
 		return err
 	}
@@ -315,7 +312,8 @@ func demo(ctx context.Context, args []string) error {
 			log.Error("relay", zap.Error(err))
 		}
 	}()
-	// Events committed before the slot exists would not be in it.
+	// The writer starts once the relay streams, so every event goes
+	// through the stream (the initial snapshot finds the outbox empty).
 	if err := devcluster.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, error) { return r.Streaming(), nil }); err != nil {
 		return fmt.Errorf("the relay did not start streaming: %w", err)
 	}

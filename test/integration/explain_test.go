@@ -412,6 +412,17 @@ func TestExplainRelayStopped(t *testing.T) {
 	e := newEnv(t)
 	p := startProc(t, nil, e.args()...)
 	e.waitSlotActive(p)
+	// The slot is active already while the relay creates it, before it
+	// writes its record: a stop then leaves no record to tell since when.
+	e.waitFor("walrelay's record of the slot", 30*time.Second, func() (bool, error) {
+		conn, err := pgx.Connect(e.ctx, e.url)
+		if err != nil {
+			return false, err
+		}
+		defer conn.Close(context.Background())
+		_, ok, err := slot.ReadRecord(e.ctx, conn, slot.DefaultRecordSchema, e.name)
+		return ok, err
+	})
 	stopProc(t, p)
 	e.exec(`SELECT pg_logical_emit_message(false, 'walrelay.test', repeat('x', 100000))`)
 	text, c := e.waitCause("relay_stopped", 30*time.Second)

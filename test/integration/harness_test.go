@@ -51,7 +51,6 @@ import (
 	"github.com/walrelay/walrelay/internal/kafkacluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
-	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -216,10 +215,19 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 		// Drop the test database's slots (a test may make more than one) so
 		// the cluster does not keep WAL for them, nor name them to later
 		// tests' status --explain.
+		// The walsender of a relay stopped a moment ago may still hold its
+		// slot (an active slot cannot be dropped): end it and wait.
 		conn, err := pgx.Connect(context.Background(), e.url)
 		if err == nil {
-			_, _ = conn.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
-			conn.Close(context.Background())
+			ctx := context.Background()
+			_, _ = conn.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active", e.name)
+			_ = devcluster.WaitFor(10*time.Second, 20*time.Millisecond, func() (bool, error) {
+				var active int
+				err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = $1 AND active", e.name).Scan(&active)
+				return active == 0, err
+			})
+			_, _ = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
+			conn.Close(ctx)
 		}
 	})
 	return e
@@ -289,28 +297,26 @@ func (e *env) topicPrefix() string { return e.name + "." }
 // topic is the topic events of aggregate type agg go to.
 func (e *env) topic(agg string) string { return e.topicPrefix() + agg }
 
-// config is the relay configuration the tests start from.
+// config is the relay configuration the tests start from: the defaults,
+// with this test's names, a faster pace (status updates, reconnects,
+// linger), three partitions per topic, and neither the initial snapshot
+// nor the heartbeat: tests of those turn them on, the others count every
+// record and every WAL message they cause.
 func (e *env) config() relay.Config {
-	return relay.Config{
-		PGURL:             e.url,
-		Slot:              e.name,
-		Publication:       e.name,
-		Tables:            []decoder.Table{{Schema: "public", Name: "outbox"}},
-		Mapping:           decoder.DefaultMapping(),
-		CreatePublication: true,
-		CreateSlot:        true,
-		Router: router.Config{
-			TopicTemplate:   e.topicPrefix() + "{aggregate_type}",
-			DeadLetterTopic: e.topicPrefix() + "dlq",
-			CreateTopics:    true,
-			TopicPartitions: 3,
-		},
-		KafkaOptions:   []kgo.Opt{kgo.SeedBrokers(e.brokers...), kgo.ProducerLinger(time.Millisecond)},
-		StatusInterval: time.Second,
-		ReceiveTimeout: 10 * time.Second,
-		BackoffMin:     100 * time.Millisecond,
-		BackoffMax:     time.Second,
-	}
+	cfg := relay.DefaultConfig()
+	cfg.PGURL = e.url
+	cfg.Slot, cfg.Publication = e.name, e.name
+	cfg.Router.TopicTemplate = e.topicPrefix() + "{aggregate_type}"
+	cfg.Router.DeadLetterTopic = e.topicPrefix() + "dlq"
+	cfg.Router.TopicPartitions = 3
+	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(e.brokers...)}
+	cfg.Linger = time.Millisecond
+	cfg.StatusInterval = time.Second
+	cfg.ReceiveTimeout = 10 * time.Second
+	cfg.BackoffMin, cfg.BackoffMax = 100*time.Millisecond, time.Second
+	cfg.InitialSnapshot = false
+	cfg.HeartbeatInterval = 0
+	return cfg
 }
 
 // args are the binary's flags equivalent to config().

@@ -44,7 +44,7 @@ func Prepare(ctx context.Context, admin *kadm.Client, name string, create bool, 
 	}
 	d, ok := details[name]
 	if !ok || d.Err != nil {
-		return fmt.Errorf("checkpoint topic %q does not exist: create it (compacted, one partition) or allow --create-topics", name)
+		return fmt.Errorf("checkpoint topic %q does not exist: create it (compacted, one partition) or turn on router.Config.CreateTopics", name)
 	}
 	if n := len(d.Partitions); n != 1 {
 		return fmt.Errorf("checkpoint topic %q has %d partitions: it needs exactly one", name, n)

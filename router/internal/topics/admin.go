@@ -78,13 +78,13 @@ func (a *Admin) Prepare(ctx context.Context, name string) (Limits, error) {
 func (a *Admin) limits(ctx context.Context, name string) Limits {
 	rcs, err := a.adm.DescribeTopicConfigs(ctx, name)
 	if err != nil {
-		a.log.Debug("cannot read topic config; using --max-record-bytes", zap.String("topic", name), zap.Error(err))
+		a.log.Debug("cannot read topic config; using router.Config.MaxRecordBytes", zap.String("topic", name), zap.Error(err))
 		return Limits{}
 	}
 	var l Limits
 	for _, rc := range rcs {
 		if rc.Err != nil {
-			a.log.Debug("cannot read topic config; using --max-record-bytes", zap.String("topic", name), zap.Error(rc.Err))
+			a.log.Debug("cannot read topic config; using router.Config.MaxRecordBytes", zap.String("topic", name), zap.Error(rc.Err))
 			return Limits{}
 		}
 		values := map[string]string{}
