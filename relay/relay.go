@@ -786,24 +786,24 @@ func isFatal(err error) bool {
 type RestartCause string
 
 const (
-	// CauseKafka: Kafka refused a record for good, a Kafka transaction
+	// CauseKafka is a restart because Kafka refused a record for good, a Kafka transaction
 	// failed, or no producer could be made.
 	CauseKafka RestartCause = "kafka"
-	// CauseFenced: another producer took the exactly-once transactional
+	// CauseFenced is a restart because another producer took the exactly-once transactional
 	// id after another relay took the slot (this one waits as a standby).
 	CauseFenced RestartCause = "fenced"
-	// CauseSlotBusy: another client streams from the slot (a standby's
+	// CauseSlotBusy is a wait because another client streams from the slot (a standby's
 	// wait, not a fault).
 	CauseSlotBusy RestartCause = "slot_busy"
-	// CauseSilent: the server sent nothing for Config.ReceiveTimeout.
+	// CauseSilent is a restart because the server sent nothing for Config.ReceiveTimeout.
 	CauseSilent RestartCause = "silent"
-	// CauseDecode: a pgoutput message the decoder found malformed.
+	// CauseDecode is a restart on a pgoutput message the decoder found malformed.
 	CauseDecode RestartCause = "decode"
-	// CausePostgres: an error PostgreSQL reported on the stream.
+	// CausePostgres is a restart on an error PostgreSQL reported on the stream.
 	CausePostgres RestartCause = "postgres"
-	// CauseConnection: any other end of the stream (a broken connection).
+	// CauseConnection is any other end of the stream (a broken connection).
 	CauseConnection RestartCause = "connection"
-	// CauseSetup: the setup checks at start failed in a way a retry may
+	// CauseSetup is a retry because the setup checks at start failed in a way a retry may
 	// fix (the database unreachable, say).
 	CauseSetup RestartCause = "setup"
 )
