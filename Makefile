@@ -58,16 +58,18 @@ test-kafka: deps
 # The version matrix: the integration suite (and internal/devcluster's
 # standby and failover tests) on each PostgreSQL major version from the
 # oldest supported (14) to the newest (18), with binaries that
-# deps-pg-versions installs. The oldest and the newest run everything; the
-# versions between run PG_CORE_TESTS. Each run prints its wall time.
+# deps-pg-versions installs. The newest runs everything; the others run
+# PG_CORE_TESTS (with the tests whose behaviour 14 changes: it streams
+# empty transactions). Each run prints its wall time, and the total stays
+# inside CI's 50 minutes.
 # PostgreSQL 15 is left out here: make test runs the whole suite on the
 # local server, Debian's 15.
-PG_FULL_VERSIONS := 14 18
-PG_CORE_VERSIONS := 16 17
+PG_FULL_VERSIONS := 18
+PG_CORE_VERSIONS := 14 16 17
 # The core subset, one -run regexp: delivery, kills, snapshot, partitioned
 # outbox, schema change, exactly-once, standby and failover, and the
 # database changing under the relay (publication, table, slot, failover).
-PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestOddStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover)$$
+PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestOddStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestQuietOutboxBusyDatabase|TestIdleDatabaseBusyOtherDatabase|TestKeepalivesWhileInFlightThenKill|TestSetupAndDrop)$$
 PG_TEST_PKGS := ./internal/devcluster ./test/integration
 # A -skip regexp for the whole-suite runs, to keep CI under 50 minutes: the
 # long tests whose subject is not the server's version (soaks of kills and

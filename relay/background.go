@@ -72,10 +72,12 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 					r.recordFailover(f)
 				}
 				if c := r.Confirmed(); c > recorded {
-					if err := slot.RecordConfirmed(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, c); err != nil && ctx.Err() == nil {
-						r.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
+					if after, err := slot.RecordConfirmed(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, c); err != nil {
+						if ctx.Err() == nil {
+							r.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
+						}
 					} else {
-						recorded = c
+						recorded = after
 					}
 				}
 			}

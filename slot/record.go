@@ -258,14 +258,26 @@ func writeRecord(ctx context.Context, conn *pgx.Conn, schema string, rec Record)
 }
 
 // RecordConfirmed moves the record's confirmed position forward to lsn,
-// so that a refusal after a failover names a recent one.
-func RecordConfirmed(ctx context.Context, conn *pgx.Conn, schema, slot string, lsn decoder.LSN) error {
+// so that a refusal after a failover names a recent one. It returns the
+// server's WAL position after its own write: that write is a transaction
+// of the relay's database, which PostgreSQL 14 streams as an empty one and
+// the relay confirms; a caller that writes again only past the returned
+// position does not feed on its own writes on an idle outbox.
+func RecordConfirmed(ctx context.Context, conn *pgx.Conn, schema, slot string, lsn decoder.LSN) (decoder.LSN, error) {
 	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET confirmed_lsn = $2::text::pg_lsn, updated_at = now()
 		WHERE slot_name = $1 AND confirmed_lsn < $2::text::pg_lsn`, slot, lsn.String())
 	if err != nil {
-		return fmt.Errorf("update walrelay's record of slot %q: %w", slot, err)
+		return 0, fmt.Errorf("update walrelay's record of slot %q: %w", slot, err)
 	}
-	return nil
+	var after string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&after); err != nil {
+		return 0, fmt.Errorf("read the WAL position after updating walrelay's record of slot %q: %w", slot, err)
+	}
+	end, err := ParseLSN(after)
+	if err != nil {
+		return 0, err
+	}
+	return max(lsn, end), nil
 }
 
 // RecordStop writes down why a running relay stopped, and the last

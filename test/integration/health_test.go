@@ -254,6 +254,11 @@ func TestIdleDatabaseBusyOtherDatabase(t *testing.T) {
 			cfg := e.config()
 			cfg.NoIdleAdvance = true
 			cfg.HeartbeatInterval = tc.heartbeat
+			// Polls every half second: a relay that wrote its record
+			// (walrelay.slots) at each move of the slot would, on
+			// PostgreSQL 14 whose pgoutput streams that write as an empty
+			// transaction the relay confirms, move the slot at each poll.
+			cfg.SlotPollInterval = 500 * time.Millisecond
 			e.startRelay(cfg)
 			before := e.slotInfo().ConfirmedLSN
 
@@ -269,8 +274,14 @@ func TestIdleDatabaseBusyOtherDatabase(t *testing.T) {
 			if tc.heartbeat > 0 && moves < 5 {
 				t.Errorf("slot moved %d times in 15s with a 1s heartbeat; want the nudges to move it", moves)
 			}
-			if tc.heartbeat == 0 && after != before {
-				t.Errorf("slot moved from %s to %s with no heartbeat and no idle advance", before, after)
+			// The relay's first record write after start may still come
+			// under the test: on 14 it moves the slot once, never again.
+			ownWrites := 0
+			if pgVersion < 150000 {
+				ownWrites = 1
+			}
+			if tc.heartbeat == 0 && moves > ownWrites {
+				t.Errorf("slot moved %d times (%s to %s) with no heartbeat and no idle advance; want at most %d (the relay's own first record write)", moves, before, after, ownWrites)
 			}
 		})
 	}
