@@ -126,6 +126,38 @@ func (rs *replicaSet) waitReplayed() {
 	}
 }
 
+// replicationState describes the primary and the standby for a failure
+// message: what each holds of db's outbox and where replay stands.
+func (rs *replicaSet) replicationState(db string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	probe := func(url, sql string, settings ...string) string {
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err.Error()
+		}
+		defer c.Close(context.Background())
+		for _, set := range settings {
+			if _, err := c.Exec(ctx, "SET "+set+" = off"); err != nil {
+				return err.Error()
+			}
+		}
+		var out string
+		if err := c.QueryRow(ctx, sql).Scan(&out); err != nil {
+			return err.Error()
+		}
+		return out
+	}
+	return fmt.Sprintf("primary (port %d): %s; standby (port %d): %s; standby without index scans: %s",
+		rs.primary.Port, probe(rs.primary.URL(db), `SELECT format('%s rows, wal %s, timeline %s, standbys %s', (SELECT count(*) FROM outbox),
+			pg_current_wal_lsn(), (SELECT timeline_id FROM pg_control_checkpoint()),
+			(SELECT coalesce(string_agg(application_name || ' ' || state || ' replay ' || coalesce(replay_lsn::text, '-'), ', '), 'none') FROM pg_stat_replication))`),
+		rs.standby.Port, probe(rs.standby.URL(db), `SELECT format('%s rows, receive %s, replay %s, in recovery %s, receiver %s', (SELECT count(*) FROM outbox),
+			pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn(), pg_is_in_recovery(),
+			(SELECT coalesce(string_agg(status || ' tli ' || received_tli, ', '), 'none') FROM pg_stat_wal_receiver))`),
+		probe(rs.standby.URL(db), `SELECT count(*)::text FROM outbox`, "enable_indexscan", "enable_indexonlyscan", "enable_bitmapscan"))
+}
+
 // TestReplicaSetFailovers is the harness's own test: rows written through
 // an env's multi-host URL survive two failovers in a row, each promoted
 // server takes writes through the same URL, and the standby of each round
@@ -177,7 +209,7 @@ func TestReplicaSetFailovers(t *testing.T) {
 			return got >= want, fmt.Errorf("the new standby holds %d rows", got)
 		})
 		if err != nil {
-			t.Fatalf("after failover %d: %v, want %d", i, err, want)
+			t.Fatalf("after failover %d: %v, want %d; %s", i, err, want, rs.replicationState(e.name))
 		}
 		if got := count(standbyURL); got != want {
 			t.Fatalf("after failover %d the new standby holds %d rows, want %d", i, got, want)
