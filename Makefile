@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build build-bench test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions
+.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions
 
 all: build
 
@@ -16,6 +16,16 @@ build:
 # does not link it: bin/walrelay-bench measures bin/walrelay, built beside it.
 build-bench: build
 	$(GO) build -o bin/walrelay-bench ./cmd/walrelay-bench
+
+# docs/reference/, written from the code: every command's flags (from the
+# kong models the binaries parse with), the metrics (from the registry
+# metrics.New registers on), the exit codes, the dead-letter reasons and
+# headers, the restart causes. Each page's TestReference, which make test
+# runs, fails while the committed page differs from what the code gives:
+# after changing a flag, a metric or one of those constants, run this and
+# commit the pages with the change.
+docs:
+	$(GO) test -count=1 -run '^TestReference$$' ./cmd/walrelay ./cmd/walrelay-bench -args -update
 
 # Everything CI checks: formatting, vet, every test with the race detector
 # (unit, fuzz seed corpus, integration against a throwaway PostgreSQL and
