@@ -97,10 +97,11 @@ func TestComposeUsesRealVariables(t *testing.T) {
 }
 
 // TestOutboxDDLMatchesDeploy keeps deploy/outbox.sql (used by compose),
-// the README and `walrelay dev` on one table definition.
+// the pages that show the table (the README's and getting-started's first
+// step, outbox-table.md) and `walrelay dev` on one table definition.
 func TestOutboxDDLMatchesDeploy(t *testing.T) {
 	want := outboxDDL("public.outbox")
-	for _, f := range []string{"../../deploy/outbox.sql", "../../README.md"} {
+	for _, f := range []string{"../../deploy/outbox.sql", "../../README.md", "../../docs/getting-started.md", "../../docs/outbox-table.md"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
