@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build build-bench test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions
+.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl
 
 all: build
 
@@ -16,6 +16,16 @@ build:
 # does not link it: bin/walrelay-bench measures bin/walrelay, built beside it.
 build-bench: build
 	$(GO) build -o bin/walrelay-bench ./cmd/walrelay-bench
+
+# docs/reference/, written from the code: every command's flags (from the
+# kong models the binaries parse with), the metrics (from the registry
+# metrics.New registers on), the exit codes, the dead-letter reasons and
+# headers, the restart causes. Each page's TestReference, which make test
+# runs, fails while the committed page differs from what the code gives:
+# after changing a flag, a metric or one of those constants, run this and
+# commit the pages with the change.
+docs:
+	$(GO) test -count=1 -run '^TestReference$$' ./cmd/walrelay ./cmd/walrelay-bench -args -update
 
 # Everything CI checks: formatting, vet, every test with the race detector
 # (unit, fuzz seed corpus, integration against a throwaway PostgreSQL and
@@ -68,8 +78,9 @@ PG_FULL_VERSIONS := 18
 PG_CORE_VERSIONS := 14 16 17
 # The core subset, one -run regexp: delivery, kills, snapshot, partitioned
 # outbox, schema change, exactly-once, standby and failover, and the
-# database changing under the relay (publication, table, slot, failover).
-PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestOddStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestQuietOutboxBusyDatabase|TestIdleDatabaseBusyOtherDatabase|TestKeepalivesWhileInFlightThenKill|TestSetupAndDrop)$$
+# database changing under the relay (publication, table, slot, failover),
+# and the documentation's getting-started and Debezium steps.
+PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestOddStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestQuietOutboxBusyDatabase|TestIdleDatabaseBusyOtherDatabase|TestKeepalivesWhileInFlightThenKill|TestSetupAndDrop|TestGettingStarted|TestDebeziumTakeover)$$
 PG_TEST_PKGS := ./internal/devcluster ./test/integration
 # A -skip regexp for the whole-suite runs, to keep CI under 50 minutes: the
 # long tests whose subject is not the server's version (soaks of kills and
@@ -119,7 +130,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer
+DEPS := deps-postgres deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer deps-curl
 
 deps: $(DEPS)
 
@@ -207,6 +218,18 @@ deps-systemd:
 	  echo "== installing systemd (systemd-analyze, for the unit's check)"; \
 	  if ! { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null; }; then \
 	    echo "deps-systemd: could not install systemd (run: sudo apt-get install systemd); the unit's systemd-analyze check is skipped"; \
+	  fi; \
+	fi
+
+# curl, which the documentation's getting-started steps call (TestGettingStarted
+# runs them; psql comes with deps-postgres's client). Without root or
+# passwordless sudo it says what to run, and that test fails naming it.
+deps-curl:
+	@if ! command -v curl >/dev/null; then \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo -n"; \
+	  echo "== installing curl (the getting-started steps' checks)"; \
+	  if ! { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl >/dev/null; }; then \
+	    echo "deps-curl: could not install curl (run: sudo apt-get install curl); TestGettingStarted needs it"; \
 	  fi; \
 	fi
 

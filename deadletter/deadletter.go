@@ -16,24 +16,47 @@ import (
 // record's walrelay.reason header and of the metric's reason label.
 type Reason string
 
-// The reasons an event is invalid.
+// The reasons an event is invalid. docs/reference/dead-letters.md is
+// generated from these comments: they speak to the person reading the
+// dead-letter topic.
 const (
+	// ReasonNoAggregateType: the aggregate type column, which selects the
+	// topic, is NULL or empty.
 	ReasonNoAggregateType Reason = "missing_aggregate_type"
-	ReasonNoAggregateID   Reason = "missing_aggregate_id"
-	ReasonNoID            Reason = "missing_id"
-	ReasonInvalidTopic    Reason = "invalid_topic"
-	ReasonTopicRejected   Reason = "topic_rejected"
-	ReasonTooLarge        Reason = "record_too_large"
-	// ReasonUnmappable is a row of an outbox table that lacked a mapped
-	// column when the row was written (decoder.Event.Unmappable): a column
-	// dropped or renamed while the relay ran.
+	// ReasonNoAggregateID: the aggregate id column, the record's key, is
+	// NULL.
+	ReasonNoAggregateID Reason = "missing_aggregate_id"
+	// ReasonNoID: the id column, the id header consumers deduplicate on, is
+	// NULL.
+	ReasonNoID Reason = "missing_id"
+	// ReasonInvalidTopic: the topic template made a name Kafka does not
+	// accept (empty, . or .., longer than 249 characters, or with a
+	// character outside [a-zA-Z0-9._-]).
+	ReasonInvalidTopic Reason = "invalid_topic"
+	// ReasonTopicRejected: Kafka refused the topic for good: it does not
+	// exist and creating it is not authorized or a creation policy refuses
+	// it, or writing to it is not authorized. The topic is not retried
+	// until the relay restarts.
+	ReasonTopicRejected Reason = "topic_rejected"
+	// ReasonTooLarge: the record is larger than its topic's
+	// max.message.bytes (or the --max-record-bytes bound), or a value of
+	// the row was too large to read into memory at all; the payload's size
+	// is then in walrelay.payload_omitted.
+	ReasonTooLarge Reason = "record_too_large"
+	// ReasonUnmappable: the row was written while a mapped column
+	// (--column-*, --header-column) was dropped or renamed, so it lacks
+	// it. Restarting cannot help: the WAL keeps the row as written.
 	ReasonUnmappable Reason = "unmappable"
-	// ReasonUndecodable is a row with a mapped value the decoder cannot
-	// render (decoder.Event.Undecodable), such as a binary value of a
-	// type --binary does not cover.
-	ReasonUndecodable     Reason = "undecodable"
-	ReasonTopicNotAllowed Reason = "topic_not_allowed" // not matched by the topic allowlist
-	ReasonTooManyTopics   Reason = "too_many_topics"   // past the bound on event topics
+	// ReasonUndecodable: a mapped value the decoder cannot render, such
+	// as a binary value of a type --binary does not cover (a column whose
+	// type changed while the relay ran).
+	ReasonUndecodable Reason = "undecodable"
+	// ReasonTopicNotAllowed: the event's topic does not match the topic
+	// allowlist (--topic-allow); the topic is never created.
+	ReasonTopicNotAllowed Reason = "topic_not_allowed"
+	// ReasonTooManyTopics: the event's topic would be one more than the
+	// bound on distinct event topics (--max-topics).
+	ReasonTooManyTopics Reason = "too_many_topics"
 )
 
 // Reasons lists every Reason (a new slice each call).
@@ -49,16 +72,32 @@ func (r Reason) AboutTopic() bool {
 }
 
 // Dead-letter header names. The event's own id and type headers keep their
-// configured names.
+// configured names, and its header columns (--header-column) are carried
+// too. docs/reference/dead-letters.md is generated from these comments.
 const (
-	HeaderReason        = "walrelay.reason"
-	HeaderDetail        = "walrelay.detail"
-	HeaderTable         = "walrelay.table"
-	HeaderLSN           = "walrelay.lsn"
+	// HeaderReason is why the event is invalid: a Reason above.
+	HeaderReason = "walrelay.reason"
+	// HeaderDetail is what was wrong, in words (the column missing,
+	// the size and the limit, Kafka's error).
+	HeaderDetail = "walrelay.detail"
+	// HeaderTable is the outbox table of the row, schema.table.
+	HeaderTable = "walrelay.table"
+	// HeaderLSN is the WAL position of the row's message; for a row
+	// of the initial snapshot, the slot's consistent point.
+	HeaderLSN = "walrelay.lsn"
+	// HeaderAggregateType is the row's aggregate type, when it is not
+	// NULL (its first 1024 bytes).
 	HeaderAggregateType = "walrelay.aggregate_type"
-	HeaderAggregateID   = "walrelay.aggregate_id"
-	HeaderTopic         = "walrelay.topic"
-	HeaderPayloadOmit   = "walrelay.payload_omitted"
+	// HeaderAggregateID is the row's aggregate id, when it is not NULL
+	// (its first 1024 bytes); it is also the record's key.
+	HeaderAggregateID = "walrelay.aggregate_id"
+	// HeaderTopic is the topic the event was for, when the reason is
+	// about that topic.
+	HeaderTopic = "walrelay.topic"
+	// HeaderPayloadOmit is the payload's size in bytes when the
+	// payload was left out: too large to read, or too large for the
+	// dead-letter topic's own max.message.bytes.
+	HeaderPayloadOmit = "walrelay.payload_omitted"
 )
 
 // InvalidEventError is returned by router.Send for an invalid event when

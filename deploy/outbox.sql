@@ -1,4 +1,4 @@
--- The outbox table walrelay expects by default (see README, "The outbox table").
+-- The outbox table walrelay expects by default (see docs/outbox-table.md).
 -- Services insert a row in the same transaction as the business change and
 -- may delete it again in that transaction: the INSERT is already in the WAL.
 CREATE TABLE "public"."outbox" (

@@ -210,8 +210,13 @@ func ReadFacts(ctx context.Context, conn *pgx.Conn, info Info) (Facts, error) {
 	if info.ActivePID != nil {
 		var w Walsender
 		var sent, flush *string
+		// pg_stat_replication shows a walsender's columns but its pid only
+		// to superusers and pg_read_all_stats, not even to the walsender's
+		// own role (the relay's, which status runs as with least
+		// privilege): a NULL state is such a row, and the explanation goes
+		// on without the walsender's details.
 		err := conn.QueryRow(ctx, `SELECT pid, coalesce(host(client_addr), 'local'), state, sent_lsn::text, flush_lsn::text
-			FROM pg_stat_replication WHERE pid = $1`, *info.ActivePID).Scan(&w.PID, &w.ClientAddr, &w.State, &sent, &flush)
+			FROM pg_stat_replication WHERE pid = $1 AND state IS NOT NULL`, *info.ActivePID).Scan(&w.PID, &w.ClientAddr, &w.State, &sent, &flush)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return f, fmt.Errorf("read pg_stat_replication: %w", err)
 		}

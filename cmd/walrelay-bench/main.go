@@ -64,13 +64,7 @@ type benchCmd struct {
 
 func main() {
 	var c benchCmd
-	parser := kong.Must(&c,
-		kong.Name("walrelay-bench"),
-		kong.Description("Measure walrelay against pg_recvlogical (throughput), and its latency, memory and idle CPU, on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."),
-		// The variables walrelay bench read when it was a walrelay
-		// command (WALRELAY_PG_URL, WALRELAY_BROKERS, …).
-		kong.DefaultEnvars("WALRELAY"),
-	)
+	parser := kong.Must(&c, parserOptions()...)
 	if _, err := parser.Parse(os.Args[1:]); err != nil {
 		parser.Errorf("%s", err)
 		os.Exit(exitUsage)
@@ -79,6 +73,18 @@ func main() {
 	code := c.run(ctx)
 	stop() // not deferred: os.Exit skips deferred calls
 	os.Exit(code)
+}
+
+// parserOptions are the options of the command line's parser, the
+// binary's and docs/reference/walrelay-bench.md's (TestReference).
+func parserOptions() []kong.Option {
+	return []kong.Option{
+		kong.Name("walrelay-bench"),
+		kong.Description("Measure walrelay against pg_recvlogical (throughput), and its latency, memory and idle CPU, on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."),
+		// The variables walrelay bench read when it was a walrelay
+		// command (WALRELAY_PG_URL, WALRELAY_BROKERS, …).
+		kong.DefaultEnvars("WALRELAY"),
+	}
 }
 
 func (c *benchCmd) run(ctx context.Context) int {

@@ -122,7 +122,7 @@ func kafkaDiff(t *testing.T, a, b []kgo.Opt) []string {
 	return out
 }
 
-// TestFlagDuration: durations as the README and a person write them.
+// TestFlagDuration: durations as the docs and a person write them.
 func TestFlagDuration(t *testing.T) {
 	for d, want := range map[time.Duration]string{
 		0: "0s", 200 * time.Microsecond: "200us", 5 * time.Millisecond: "5ms", 30 * time.Second: "30s",

@@ -161,7 +161,7 @@ func parseTables(names []string) ([]decoder.Table, error) {
 type RecordFlags struct {
 	TopicTemplate          string `default:"${topic_template}" help:"Topic of each event; {aggregate_type} is replaced by the row's aggregate type."`
 	TopicAllow             string `default:"${topic_allow}" help:"Regular expression (anchored at both ends) every event topic must match, e.g. 'outbox\\.event\\.(order|payment)'; events of other topics are dead-lettered (topic_not_allowed). Empty allows all."`
-	MaxTopics              int    `default:"${max_topics}" help:"Most distinct event topics produced to (and created); events of further topics are dead-lettered (too_many_topics). Negative: no limit."`
+	MaxTopics              int    `default:"${max_topics}" help:"Most distinct event topics produced to (and created); events of further topics are dead-lettered (too_many_topics). The topics on the broker that the template makes (and --topic-allow allows) count, read at every start, so the bound holds across restarts; an outbox has tens of aggregate types, the bound stops a writer that invents them. Negative: no limit."`
 	MaxTopicSeries         int    `default:"${max_topic_series}" help:"Most topics with their own walrelay_events_published_total series; the rest count under topic=\"other\". Negative: no limit."`
 	CreateTopics           bool   `default:"${create_topics}" negatable:"" help:"Create missing topics (and the dead-letter topic) before producing to them."`
 	TopicPartitions        int32  `default:"${topic_partitions}" help:"Partitions of created topics; -1 means the broker's default."`
@@ -178,15 +178,15 @@ type RecordFlags struct {
 
 // TuningFlags trade latency, memory and load.
 type TuningFlags struct {
-	StatusInterval    time.Duration `default:"${status_interval}" help:"Longest time between standby status updates; keep it well under the server's wal_sender_timeout."`
+	StatusInterval    time.Duration `default:"${status_interval}" help:"Longest time between standby status updates; keep it well under the server's wal_sender_timeout (60s by default)."`
 	ConfirmDelay      time.Duration `default:"${confirm_delay}" help:"Shortest time between status updates that only advance the confirmed position."`
-	ShutdownTimeout   time.Duration `default:"${shutdown_timeout}" help:"On SIGINT/SIGTERM, how long to wait for outstanding acks before exiting."`
+	ShutdownTimeout   time.Duration `default:"${shutdown_timeout}" help:"On SIGINT/SIGTERM, how long to wait for outstanding acks before exiting (with exactly-once delivery, for the final Kafka commit too: the whole stop)."`
 	MaxInflightEvents int64         `default:"${max_inflight_events}" help:"Events produced and not yet acknowledged, at most; bounds memory."`
 	MaxInflightBytes  int64         `default:"${max_inflight_bytes}" help:"Approximate bytes produced and not yet acknowledged, at most; bounds memory."`
 	BackoffMax        time.Duration `default:"${backoff_max}" help:"Longest wait between reconnection attempts (exponential with jitter, from ${backoff_min})."`
 	ReceiveTimeout    time.Duration `default:"${receive_timeout}" help:"End a replication connection that carried nothing for this long, not even the reply to a request for one sent at half of it (like PostgreSQL's wal_receiver_timeout); then reconnect."`
 	StartupTimeout    time.Duration `default:"${startup_timeout}" help:"How long to keep retrying unreachable PostgreSQL or Kafka before the first stream; then exit with an error (0: retry forever). Once streaming, walrelay retries forever."`
-	Binary            bool          `default:"${binary}" help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender."`
+	Binary            bool          `default:"${binary}" help:"Ask pgoutput for binary values (PostgreSQL 14+): less work for the walsender. Mapped columns must then be text-like, bytea, json/jsonb, uuid or integers (checked at start; rows of a column changed to another type later are dead-lettered as undecodable)."`
 	ReadBufferBytes   int           `default:"${read_buffer_bytes}" help:"Largest read from the replication socket; larger reads mean fewer system calls."`
 	SocketRecvBytes   int           `name:"socket-receive-buffer-bytes" default:"${socket_receive_bytes}" help:"SO_RCVBUF of the replication socket; 0 keeps the kernel's autotuning (better over high-latency links: 512 KiB carries about 50 MB/s at 10 ms round trip)."`
 	MaxMessageBytes   int           `default:"${max_message_bytes}" help:"Largest replication message read into memory; a larger one (a huge outbox row) is read as a stream, its values over this size left out, and the row dead-lettered as too large. Must exceed --max-record-bytes."`
@@ -196,8 +196,8 @@ type TuningFlags struct {
 // HealthFlags keep the slot moving and visible.
 type HealthFlags struct {
 	HeartbeatInterval time.Duration `default:"${heartbeat_interval}" help:"Time between heartbeats (a WAL nudge in the source database, and a record on --heartbeat-topic when set); 0 disables."`
-	HeartbeatQuery    string        `default:"${heartbeat_query}" help:"SQL run as the WAL nudge instead of pg_logical_emit_message(false, 'walrelay.heartbeat', now()::text) (like Debezium's heartbeat.action.query); '-' runs none."`
-	HeartbeatTopic    string        `default:"${heartbeat_topic}" help:"Topic receiving a heartbeat record (key: slot name, value: JSON status) every heartbeat interval; empty disables."`
+	HeartbeatQuery    string        `default:"${heartbeat_query}" help:"SQL run as the WAL nudge instead of pg_logical_emit_message(false, 'walrelay.heartbeat', now()::text) (like Debezium's heartbeat.action.query); '-' runs none. It runs with the relay's role: treat it as privileged configuration."`
+	HeartbeatTopic    string        `default:"${heartbeat_topic}" help:"Topic receiving a heartbeat record (key: slot name, value: JSON with the slot, the time, whether it streams, the confirmed and the received LSN) every heartbeat interval; empty disables."`
 	IdleAdvance       bool          `default:"${idle_advance}" negatable:"" help:"Confirm a keepalive's WAL position once everything received before it is acknowledged, so a quiet outbox in a busy database does not pin WAL. Turn off only to diagnose."`
 	SlotPollInterval  time.Duration `default:"${slot_poll_interval}" help:"How often pg_replication_slots is read for the slot metrics and to detect an invalidated slot."`
 	ReadyMaxLag       time.Duration `default:"${ready_max_lag}" help:"Replication lag above which /readyz reports not ready; 0 disables the lag check."`
@@ -212,7 +212,7 @@ type DeliveryFlags struct {
 	TxnMaxEvents    int           `default:"${txn_max_events}" help:"Exactly-once: commit the Kafka transaction once it holds this many events (large PostgreSQL transactions are split)."`
 	TxnMaxInterval  time.Duration `default:"${txn_max_interval}" help:"Exactly-once: commit the Kafka transaction at least this often, for a stream that never runs dry (it commits as soon as it does)."`
 	TxnMinInterval  time.Duration `default:"${txn_min_interval}" help:"Exactly-once: when the stream runs dry, commit the Kafka transaction only once it is this old; raise it to trade latency for fewer Kafka transactions."`
-	TxnTimeout      time.Duration `default:"${txn_timeout}" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it; at least twice --txn-max-interval."`
+	TxnTimeout      time.Duration `default:"${txn_timeout}" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it; at least twice --txn-max-interval (refused at startup otherwise)."`
 }
 
 // flagGroup is a group of flags that sets its part of a relay.Config.

@@ -41,22 +41,40 @@ type cli struct {
 	Version kong.VersionFlag `env:"-" help:"Print the version and exit."`
 }
 
-// Exit codes. The README's "Exit codes" section states the same rule; keep
-// the two together.
+// Exit codes. docs/reference/exit-codes.md is generated from these
+// comments: they speak to an operator or a supervisor deciding what to do.
+//
+// 0: done; run stopped by SIGINT or SIGTERM after confirming what Kafka
+// acknowledged. An error of no kind below exits 1 as well.
 const (
-	// exitUnhealthy: status found the slot needing attention.
+	// exitUnhealthy: the slot needs attention: status found it unhealthy (confirmed lag over
+	// --max-lag-bytes, invalidated, wal_status = unreserved, or not
+	// streamed with --require-active); dev --demo: events missing after
+	// --timeout.
 	exitUnhealthy = 1
 	// exitFailed: the database or the broker refused or failed: a setup
-	// refusal, credentials, an unreachable server past --startup-timeout,
-	// an invalidated slot, drop refusing to discard pending rows.
+	// refusal (one line naming the fix), wrong PostgreSQL or SASL
+	// credentials, an untrusted certificate, a --brokers endpoint that is
+	// not Kafka, PostgreSQL or Kafka unreachable past --startup-timeout, an
+	// invalidated or vanished slot or something else that changed under
+	// the relay (the way on is walrelay setup --accept-gap), status unable
+	// to read the slot, drop refusing to discard pending rows, snapshot
+	// refused (its query) or failed. Restarting does not help until the
+	// cause is fixed.
 	exitFailed = 2
-	// exitFenced: another producer took the exactly-once transactional id
-	// while this relay held its slot: two relays share an id. Restarting
-	// would fence the other in turn. (A relay fenced after losing its slot
-	// becomes a standby instead.)
+	// exitFenced: exactly-once: another producer took the transactional id
+	// while this relay still held its slot: a relay of another slot, or a
+	// tool, uses the same --transactional-id. Give each relay its own;
+	// restarting would fence the other in turn. (A relay fenced after
+	// losing its slot to another relay of the same slot does not exit: it
+	// becomes the standby.)
 	exitFenced = 3
 	// exitUsage: a malformed flag, WALRELAY_* variable or configuration,
-	// found before anything is connected (kong's code for usage errors).
+	// found before anything is connected: an unknown flag or a bad value,
+	// an empty or unparsable --pg-url, a slot name outside [a-z0-9_], a bad
+	// --table, --header-column or --topic-template, --txn-max-interval over
+	// half --txn-timeout, unreadable --kafka-tls-* files (kong's code for
+	// usage errors).
 	exitUsage = 80
 )
 

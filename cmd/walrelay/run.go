@@ -21,7 +21,7 @@ import (
 
 // runCmd is `walrelay run`, the daemon.
 type runCmd struct {
-	PGURL         string   `name:"pg-url" required:"" help:"Source database URL (postgres://user@host:5432/db?sslrootcert=…; sslmode defaults to verify-full); the replication connection is derived from it. Give it as WALRELAY_PG_URL and the password in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
+	PGURL         string   `name:"pg-url" required:"" help:"Source database URL (postgres://user@host:5432/db?sslrootcert=…; sslmode defaults to verify-full, sslcert and sslkey for a client certificate): the primary itself, not a hot standby nor a connection pooler such as pgbouncer (both refused at start); the replication connection is derived from it. Give it as WALRELAY_PG_URL and the password in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
 	Brokers       []string `required:"" help:"Kafka bootstrap brokers, host:port, comma-separated."`
 	MetricsAddr   string   `default:":9187" help:"Address serving /metrics, /healthz and /readyz (all interfaces by default: bind to one, e.g. 127.0.0.1:9187, or protect it with --web-config-file); empty disables."`
 	WebConfigFile string   `name:"web-config-file" aliases:"web.config.file" placeholder:"FILE" help:"Prometheus exporter web configuration (TLS, basic auth) for the --metrics-addr listener, the format exporters read with --web.config.file."`

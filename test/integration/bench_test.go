@@ -10,8 +10,8 @@ import (
 )
 
 // TestBenchSmoke runs every scenario of walrelay-bench at a tiny size so
-// the benchmark cannot rot: it must finish, and every metric the README and
-// BENCHMARKS.md report must be there and positive. walrelay-bench is built
+// the benchmark cannot rot: it must finish, and every metric the README,
+// docs/architecture.md and BENCHMARKS.md report must be there and positive. walrelay-bench is built
 // next to the suite's walrelay binary, where it finds the relay to measure
 // by default (as bin/walrelay-bench finds bin/walrelay).
 func TestBenchSmoke(t *testing.T) {

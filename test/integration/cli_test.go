@@ -214,7 +214,7 @@ func TestCLIBadSlotNameRefusedEverywhere(t *testing.T) {
 	}
 }
 
-// TestCLIExitCodes checks the exit code rule the README states: malformed
+// TestCLIExitCodes checks the exit code rule docs/reference/exit-codes.md states: malformed
 // flags and configuration, whether kong or walrelay finds them, exit 80; a
 // database that refuses the setup exits 2.
 func TestCLIExitCodes(t *testing.T) {

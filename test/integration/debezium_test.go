@@ -250,7 +250,7 @@ func TestDebeziumSameRecords(t *testing.T) {
 		}
 		// Debezium's connector (extended.headers.enabled, on by default)
 		// adds headers naming itself, which walrelay does not send: the
-		// README lists them among the differences that remain.
+		// docs/debezium.md lists them among the differences that remain.
 		if context != debeziumContextHeaders {
 			t.Errorf("id %s: Debezium's context headers %s, want %s", id, context, debeziumContextHeaders)
 		}
@@ -300,7 +300,7 @@ func headerList(hs []kgo.RecordHeader) string {
 }
 
 // TestDebeziumMoveInPlace moves an outbox from Debezium to walrelay and
-// back as the README's "Moving from Debezium" says, under a live write
+// back as docs/debezium.md's "Moving from Debezium" says, under a live write
 // load: Debezium streams its slot and publication to
 // outbox.event.<aggregatetype>; the operator stops Kafka Connect (SIGTERM)
 // while the writers go on and starts walrelay --preset debezium
@@ -452,7 +452,7 @@ func TestDebeziumMoveInPlace(t *testing.T) {
 	// PostgreSQL moves the slot's restart_lsn past Debezium's stored offset
 	// soon after walrelay confirms (at the next running-xacts record, which
 	// a checkpoint writes): make it happen while walrelay streams, so the
-	// way back always meets the case the README's step is for. With the
+	// way back always meets the case docs/debezium.md's step is for. With the
 	// default offset.mismatch.strategy (no_validation) Debezium 3.6 then
 	// refuses to start: "Last recorded offset is no longer available on
 	// the server".
@@ -475,7 +475,7 @@ func TestDebeziumMoveInPlace(t *testing.T) {
 	}
 	t.Logf("walrelay stopped after %d rows were written; slot confirmed at %s", written.Load(), confirmed())
 	idle("walrelay stopped")
-	// The README's way back: the slot is authoritative.
+	// docs/debezium.md's way back: the slot is authoritative.
 	if err := dbz.SetConnector(map[string]string{"offset.mismatch.strategy": "trust_slot"}); err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ import (
 	"github.com/walrelay/walrelay/internal/devcluster"
 )
 
-// failoverWriters commit outbox rows the README's way (insert and delete in
+// failoverWriters commit outbox rows the documented way (docs/outbox-table.md: insert and delete in
 // the business transaction) through the set's multi-host URL, and note
 // each committed id in a table of their own in the same transaction: after
 // any number of failovers, that table on the last primary is exactly what

@@ -937,7 +937,7 @@ func TestPostgresPasswordNeverLogged(t *testing.T) {
 	roleURL := e.createRole(role, "REPLICATION", secret)
 	e.exec(fmt.Sprintf("GRANT SELECT ON outbox TO %s", pgx.Identifier{role}.Sanitize()))
 	e.exec(fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE outbox WITH (publish = 'insert')`, pgx.Identifier{e.name}.Sanitize()))
-	// The README's least privilege: walrelay's record in a schema of its own.
+	// The least privilege of docs/security.md: walrelay's record in a schema of its own.
 	e.exec(fmt.Sprintf(`CREATE SCHEMA walrelay AUTHORIZATION %s`, pgx.Identifier{role}.Sanitize()))
 	if !strings.Contains(roleURL, ":"+secret+"@") {
 		t.Fatalf("role URL %q does not carry the password", roleURL)
