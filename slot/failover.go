@@ -47,8 +47,11 @@ func ReadFailover(ctx context.Context, conn *pgx.Conn, info Info) (Failover, err
 	var f Failover
 	var version int
 	var standbySlots string
+	// pg_stat_replication shows a role without pg_read_all_stats (the
+	// relay's least-privileged one) the pid of another role's walsender
+	// and nothing else: a row without a state is counted as streaming.
 	err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, coalesce(current_setting('synchronized_standby_slots', true), ''),
-			(SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = pg_stat_replication.pid AND s.slot_type = 'logical'))`).
+			(SELECT count(*) FROM pg_stat_replication WHERE coalesce(state, 'streaming') = 'streaming' AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = pg_stat_replication.pid AND s.slot_type = 'logical'))`).
 		Scan(&version, &standbySlots, &f.Standbys)
 	if err != nil {
 		return f, fmt.Errorf("read the failover settings: %w", err)

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -201,8 +202,15 @@ func TestFailoverWithoutFailoverSlotIsRefused(t *testing.T) {
 	p := startProc(t, nil, args...)
 	e.waitSlotActive(p)
 	out, _ := runOutput(t, "status", "--pg-url", e.url, "--slot", e.name)
-	if want := map[bool]string{true: "not a failover slot: a failover loses it", false: "a failover to one of its 1 standbys loses the slot"}[pgVersion >= 170000]; !strings.Contains(out, want) {
+	want := map[bool]string{true: "not a failover slot: a failover loses it", false: "a failover to one of its 1 standbys loses the slot"}[pgVersion >= 170000]
+	if !strings.Contains(out, want) {
 		t.Errorf("status does not warn %q:\n%s", want, out)
+	}
+	// The same from the relay's own least-privileged role, from which
+	// pg_stat_replication hides the standby's state (it lacks
+	// pg_read_all_stats).
+	if out, code := runOutput(t, "status", "--pg-url", e.leastPrivilegedURL(), "--slot", e.name); !strings.Contains(out, want) {
+		t.Errorf("status as a role without pg_read_all_stats does not warn %q (exit %d):\n%s", want, code, out)
 	}
 	// Writers start once the slot exists: rows committed before it (and
 	// deleted in their transaction) are in no slot's stream.
@@ -418,4 +426,35 @@ func TestChainFailover(t *testing.T) {
 	rows := ch.waitLedger(time.Minute)
 	t.Logf("chain across 2 failovers: %d order events committed in the surviving history, ledger %d rows = events, per order in version order; elapsed %s",
 		events, rows, time.Since(begin).Round(time.Second))
+}
+
+// leastPrivilegedURL is e.url as a role of the test's own with LOGIN and
+// REPLICATION and the reads status needs (the record table), nothing more;
+// dropped at the test's end.
+func (e *env) leastPrivilegedURL() string {
+	e.t.Helper()
+	role := e.name + "_lp"
+	e.exec(`CREATE ROLE ` + role + ` WITH LOGIN REPLICATION`)
+	e.t.Cleanup(func() {
+		ctx := context.Background()
+		c, err := pgx.Connect(ctx, e.url)
+		if err != nil {
+			e.t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer c.Close(ctx)
+		for _, q := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
+			if _, err := c.Exec(ctx, q); err != nil {
+				e.t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+	e.exec(`GRANT USAGE ON SCHEMA walrelay TO ` + role)
+	e.exec(`GRANT SELECT ON walrelay.slots TO ` + role)
+	u, err := url.Parse(e.url)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	u.User = url.User(role)
+	return u.String()
 }
