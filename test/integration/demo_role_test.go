@@ -1,15 +1,12 @@
 package integration
 
 import (
-	"context"
 	"net/url"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // TestDemoRelayRoleStreams runs deploy/demo-relay-role.sql, which
@@ -31,20 +28,7 @@ func TestDemoRelayRoleStreams(t *testing.T) {
 	if !strings.Contains(renamed, "ROLE "+role) {
 		t.Fatalf("deploy/demo-relay-role.sql creates no role walrelay:\n%s", sql)
 	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		c, err := pgx.Connect(ctx, e.url)
-		if err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-			return
-		}
-		defer c.Close(ctx)
-		for _, q := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
-			if _, err := c.Exec(ctx, q); err != nil {
-				t.Errorf("%s: %v", q, err)
-			}
-		}
-	})
+	e.dropRoleAtEnd(role)
 	e.exec(renamed)
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('order', 'before', 'created', '{}', 1)`)
 

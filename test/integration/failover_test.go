@@ -435,20 +435,7 @@ func (e *env) leastPrivilegedURL() string {
 	e.t.Helper()
 	role := e.name + "_lp"
 	e.exec(`CREATE ROLE ` + role + ` WITH LOGIN REPLICATION`)
-	e.t.Cleanup(func() {
-		ctx := context.Background()
-		c, err := pgx.Connect(ctx, e.url)
-		if err != nil {
-			e.t.Errorf("drop role %s: %v", role, err)
-			return
-		}
-		defer c.Close(ctx)
-		for _, q := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
-			if _, err := c.Exec(ctx, q); err != nil {
-				e.t.Errorf("%s: %v", q, err)
-			}
-		}
-	})
+	e.dropRoleAtEnd(role)
 	e.exec(`GRANT USAGE ON SCHEMA walrelay TO ` + role)
 	e.exec(`GRANT SELECT ON walrelay.slots TO ` + role)
 	u, err := url.Parse(e.url)

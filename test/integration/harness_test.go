@@ -320,6 +320,27 @@ func (e *env) config() relay.Config {
 }
 
 // args are the binary's flags equivalent to config().
+// dropRoleAtEnd drops role, a cluster-wide object a test created, with
+// what it owns in the env's database, when the test ends (after the
+// relays it started, whose cleanups run first).
+func (e *env) dropRoleAtEnd(role string) {
+	e.t.Cleanup(func() {
+		ctx := context.Background()
+		c, err := pgx.Connect(ctx, e.url)
+		if err != nil {
+			e.t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer c.Close(ctx)
+		ident := pgx.Identifier{role}.Sanitize()
+		for _, q := range []string{"DROP OWNED BY " + ident, "DROP ROLE " + ident} {
+			if _, err := c.Exec(ctx, q); err != nil {
+				e.t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+}
+
 func (e *env) args() []string {
 	return []string{
 		"run", "--pg-url", e.url, "--brokers", strings.Join(e.brokers, ","),
