@@ -386,6 +386,11 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	if wait := r.gate.wait(); wait != nil {
 		return wait, nil
 	}
+	if r.txn != nil {
+		if wait := r.txn.pending(); wait != nil {
+			return wait, nil // the last Kafka transaction is completing
+		}
+	}
 	if ev.Omitted > 0 {
 		// A value was too large to be read into memory: the event could
 		// never be produced, and it may lack its other fields.
