@@ -81,7 +81,7 @@ func main() {
 func parserOptions() []kong.Option {
 	return []kong.Option{
 		kong.Name("walrelay-bench"),
-		kong.Description("Measure walrelay against pg_recvlogical (throughput), and its latency, memory and idle CPU, on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."),
+		kong.Description("Measure walrelay against PostgreSQL's decoding limit and pg_recvlogical (throughput), and its latency, memory and idle CPU, on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."),
 		// The variables walrelay bench read when it was a walrelay
 		// command (WALRELAY_PG_URL, WALRELAY_BROKERS, …).
 		kong.DefaultEnvars("WALRELAY"),
