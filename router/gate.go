@@ -10,9 +10,16 @@ import (
 // bounded by the producer buffer rather than by transaction size. The
 // sending goroutine acquires; promises release from the producer's
 // goroutine.
+//
+// A full gate wakes its waiter only once a quarter of the window is free
+// (resume), not at the first release: franz-go finishes a batch's
+// promises one by one, and waking the sender at each would hand it one
+// record's room at a time, a goroutine switch per event.
 type gate struct {
 	events, bytes       atomic.Int64
 	maxEvents, maxBytes int64
+	resumeEvents        int64 // wake the waiter at or below these
+	resumeBytes         int64
 	waiting             atomic.Bool
 	wake                chan struct{}
 	metrics             *metrics.Metrics
@@ -20,6 +27,7 @@ type gate struct {
 
 func (g *gate) init(maxEvents, maxBytes int64, m *metrics.Metrics) {
 	g.maxEvents, g.maxBytes = maxEvents, maxBytes
+	g.resumeEvents, g.resumeBytes = maxEvents-(maxEvents+3)/4, maxBytes-(maxBytes+3)/4
 	g.wake = make(chan struct{}, 1)
 	g.metrics = m
 }
@@ -28,9 +36,11 @@ func (g *gate) full() bool {
 	return g.events.Load() >= g.maxEvents || g.bytes.Load() >= g.maxBytes
 }
 
-// wait returns nil when there is room, or a channel that receives after
-// the next release. The flag is raised before the second check, so a
-// release racing with it either is seen by the check or sends the wakeup.
+// wait returns nil when there is room, or a channel that receives once a
+// quarter of the window is free. The flag is raised before the second
+// check, so a release racing with it either is seen by the check or sends
+// the wakeup; everything in flight is released in the end, so the
+// releases reach resume.
 func (g *gate) wait() <-chan struct{} {
 	if !g.full() {
 		return nil
@@ -51,7 +61,8 @@ func (g *gate) acquire(size int) {
 func (g *gate) release(size int) {
 	g.bytes.Add(-int64(size))
 	g.metrics.InflightEvents.Set(float64(g.events.Add(-1)))
-	if g.waiting.Load() && g.waiting.CompareAndSwap(true, false) {
+	if g.waiting.Load() && g.events.Load() <= g.resumeEvents && g.bytes.Load() <= g.resumeBytes &&
+		g.waiting.CompareAndSwap(true, false) {
 		select {
 		case g.wake <- struct{}{}:
 		default:

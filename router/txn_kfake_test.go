@@ -2,9 +2,15 @@ package router
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // TestKafkaTxnCommitAcksAbortDoesNot runs the transactional producer
@@ -75,5 +81,125 @@ func TestKafkaTxnCommitAcksAbortDoesNot(t *testing.T) {
 	}
 	if len(ids) != 2 || ids[0] != "c1" {
 		t.Fatalf("read_committed saw %v, want [c1 c2]", ids)
+	}
+}
+
+// describeAs answers the router's DescribeTransactions (settle's questions)
+// with state or errCode for every transactional id asked about, until
+// answer returns false; asks counts the questions.
+func describeAs(e *env, asks *atomic.Int64, answer func(n int64) (state string, errCode int16, ok bool)) {
+	e.c.ControlKey(int16(kmsg.DescribeTransactions), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.c.KeepControl()
+		n := asks.Add(1)
+		state, code, ok := answer(n)
+		if !ok {
+			return nil, nil, false // kfake answers
+		}
+		dreq := req.(*kmsg.DescribeTransactionsRequest)
+		resp := dreq.ResponseKind().(*kmsg.DescribeTransactionsResponse)
+		for _, id := range dreq.TransactionalIDs {
+			st := kmsg.NewDescribeTransactionsResponseTransactionState()
+			st.TransactionalID, st.State, st.ErrorCode = id, state, code
+			resp.TransactionStates = append(resp.TransactionStates, st)
+		}
+		return resp, nil, true
+	})
+}
+
+// After a commit the coordinator still writes the transaction's markers
+// (PrepareCommit): the next transaction's first record waits until it is
+// done, then is taken, and both transactions are read.
+func TestTxnNextWaitsForCommitMarkers(t *testing.T) {
+	e := newEOSEnv(t)
+	e.r.txn.settleMax = patience // only the coordinator's answer ends the wait
+	var asks atomic.Int64
+	var complete atomic.Bool
+	askedTwice := make(chan struct{})
+	describeAs(e, &asks, func(n int64) (string, int16, bool) {
+		if complete.Load() {
+			return "", 0, false
+		}
+		if n == 2 {
+			close(askedTwice)
+		}
+		return "PrepareCommit", 0, true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+
+	e.mustSend(event("t1", "order", "k1", `{}`), 1, &testAcker{})
+	if err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("checkpoint 1")); err != nil {
+		t.Fatal(err)
+	}
+	second := event("t2", "order", "k1", `{}`)
+	wait, err := e.r.Send(second, 2, &testAcker{})
+	if err != nil || wait == nil {
+		t.Fatalf("Send of the next transaction's first record while the coordinator completes the last commit: channel %v, error %v; want a channel to wait on", wait, err)
+	}
+	select {
+	case <-askedTwice:
+	case <-ctx.Done():
+		t.Fatal("the coordinator was not asked again while it said PrepareCommit")
+	}
+	select {
+	case <-wait:
+		t.Fatal("the wait ended while the coordinator still said PrepareCommit")
+	default:
+	}
+	if e.r.Txn().Open() {
+		t.Fatal("a Kafka transaction is open: the record was taken while told to wait")
+	}
+
+	complete.Store(true) // kfake answers from now on: the commit is complete
+	select {
+	case <-wait:
+	case <-ctx.Done():
+		t.Fatal("the wait did not end once the coordinator completed the commit")
+	}
+	e.mustSend(second, 2, &testAcker{})
+	if err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("checkpoint 2")); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.endOffsets(eosTopic)[eosTopic]; got < 2 {
+		t.Fatalf("%s holds %d records, want both transactions' (and their markers)", eosTopic, got)
+	}
+}
+
+// A coordinator that refuses the question (no DESCRIBE on the
+// transactional id) is not asked again and nothing waits for it; one that
+// fails in passing (loading its log) is asked again after the next commit.
+func TestTxnSettleRefusedOrPassing(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		code      int16
+		asksAgain bool
+	}{
+		{"refused", kerr.TransactionalIDAuthorizationFailed.Code, false},
+		{"passing", kerr.CoordinatorLoadInProgress.Code, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEOSEnv(t)
+			var asks atomic.Int64
+			describeAs(e, &asks, func(int64) (string, int16, bool) { return "", tc.code, true })
+			ctx, cancel := context.WithTimeout(context.Background(), patience)
+			defer cancel()
+			var after [2]int64 // questions once each commit's wait is over
+			for i := range 2 {
+				id := fmt.Sprintf("r%d", i)
+				e.mustSend(event(id, "order", "k1", `{}`), decoder.LSN(i+1), &testAcker{})
+				if err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("checkpoint "+id)); err != nil {
+					t.Fatal(err)
+				}
+				// The next record is taken once the wait is over.
+				e.mustSend(event(id+"-next", "order", "k1", `{}`), decoder.LSN(i+1), &testAcker{})
+				after[i] = asks.Load()
+			}
+			if after[0] == 0 {
+				t.Fatal("the coordinator was not asked after the first commit")
+			}
+			if again := after[1] > after[0]; again != tc.asksAgain {
+				t.Fatalf("asked again after the second commit: %v (%d, then %d questions), want %v", again, after[0], after[1], tc.asksAgain)
+			}
+		})
 	}
 }

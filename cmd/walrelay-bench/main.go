@@ -45,6 +45,7 @@ type benchCmd struct {
 	Peer         string        `default:"none" enum:"none,debezium" help:"debezium: run only the peer scenario: walrelay --preset debezium, Debezium with its defaults and Debezium tuned, one after the other on one Apache Kafka node (needs Java and Maven; see make deps-debezium): drain rate per --txn-size, latency per --peer-rate, peak RSS, CPU per event, and a kill -9 under load."`
 	PeerRate     []int         `default:"1000,5000" help:"peer: commits per second of the latency runs; one run per value."`
 	PeerRun      []string      `default:"walrelay,debezium,debezium-tuned" help:"peer: which to run: walrelay, debezium (its defaults), debezium-tuned."`
+	PeerMeasure  []string      `default:"drain,latency,kill" enum:"drain,latency,kill" help:"peer: what to measure: drain (per --txn-size), latency (per --peer-rate), kill."`
 	Events       int           `default:"200000" help:"drain: backlog size in events."`
 	TxnSize      []int         `default:"1,100" help:"drain: rows per transaction; one run per value."`
 	PayloadBytes int           `default:"200" help:"Approximate payload size of each event."`
@@ -80,7 +81,7 @@ func main() {
 func parserOptions() []kong.Option {
 	return []kong.Option{
 		kong.Name("walrelay-bench"),
-		kong.Description("Measure walrelay against pg_recvlogical (throughput), and its latency, memory and idle CPU, on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."),
+		kong.Description("Measure walrelay against PostgreSQL's decoding limit and pg_recvlogical (throughput), and its latency, memory and idle CPU, on throwaway PostgreSQL and kfake (see BENCHMARKS.md)."),
 		// The variables walrelay bench read when it was a walrelay
 		// command (WALRELAY_PG_URL, WALRELAY_BROKERS, …).
 		kong.DefaultEnvars("WALRELAY"),
@@ -98,7 +99,7 @@ func (c *benchCmd) run(ctx context.Context) int {
 	}
 	results, err := bench.Run(ctx, bench.Config{
 		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
-		Brokers: c.Broker, Deliveries: c.Delivery, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
+		Brokers: c.Broker, Deliveries: c.Delivery, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
 		Repeat: c.Repeat, RelayArgs: c.RelayArg, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
 	})
 	if c.JSON {

@@ -1,5 +1,6 @@
-// Package bench measures walrelay against the walsender's own speed: it
-// drains a backlog with pg_recvlogical (PostgreSQL's client, the yardstick)
+// Package bench measures walrelay against PostgreSQL's own speed: it
+// decodes a backlog inside PostgreSQL (pg_logical_slot_peek_binary_changes,
+// the decoding limit), drains it with pg_recvlogical (PostgreSQL's client)
 // and with the relay, side by side in one run, and measures commit-to-
 // consumer latency, memory on a huge transaction, and idle CPU.
 //
@@ -38,6 +39,7 @@ type Config struct {
 	Rates        []int    // latency: commits per second
 	PeerRates    []int    // peer: commits per second of its latency runs
 	Peers        []string // peer: walrelay, debezium, debezium-tuned; empty: all
+	PeerMeasures []string // peer: drain, latency, kill; empty: all
 	Duration     time.Duration
 	BigRows      []int
 	IdleFor      time.Duration
@@ -319,17 +321,17 @@ func formatMetrics(r Result) string {
 }
 
 var metricOrder = []string{
-	"recv_events_per_s", "relay_events_per_s", "ratio", "recv_mb_per_s", "relay_mb_per_s",
-	"recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "broker_cpu_us_per_event",
+	"decode_events_per_s", "recv_events_per_s", "relay_events_per_s", "relay_decode_ratio", "ratio", "recv_mb_per_s", "relay_mb_per_s",
+	"decode_backend_us_per_event", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "broker_cpu_us_per_event",
 	"alo_events_per_s", "eos_events_per_s", "eos_ratio",
 	"kafka_txns", "p50_ms", "p99_ms", "max_ms", "achieved_rate", "events", "kafka_txns_per_s", "broker_cpu_percent",
-	"drain_s", "peak_rss_mb", "cpu_percent",
+	"first_record_s", "drain_s", "peak_rss_mb", "cpu_percent",
 	"first_new_record_s", "delivered_twice",
 }
 
 func formatValue(k string, v float64) string {
 	switch {
-	case k == "ratio":
+	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio":
 		return fmt.Sprintf("%.2f", v)
 	case v >= 1000:
 		return fmt.Sprintf("%.0f", v)

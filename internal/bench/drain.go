@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
@@ -112,6 +113,9 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 			}
 			for _, d := range b.cfg.Deliveries {
 				out = append(out, byMode[d]...)
+				if rs := byMode[d]; len(rs) > 1 {
+					out = append(out, medians(rs))
+				}
 			}
 			alo, eos := byMode["at-least-once"], byMode["exactly-once"]
 			if len(alo) > 0 && len(eos) > 0 {
@@ -128,10 +132,12 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 	return out, nil
 }
 
-// drain writes a backlog while two slots wait, drains one with
-// pg_recvlogical and the other with the relay, and compares.
+// drain writes a backlog while three slots wait, decodes one inside
+// PostgreSQL (pg_logical_slot_peek_binary_changes: the decoding limit, no
+// client, no socket), drains one with pg_recvlogical and the other with
+// the relay, and compares.
 func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery string) (Result, error) {
-	su, err := b.newSetup(ctx, "recv", "relay")
+	su, err := b.newSetup(ctx, "peek", "recv", "relay")
 	if err != nil {
 		return Result{}, err
 	}
@@ -150,6 +156,13 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	}
 	walBytes := float64(end - start)
 	n := float64(b.cfg.Events)
+
+	// The decoding limit: the same slot options, decoded by one backend
+	// into a count, nothing sent anywhere.
+	decodeTime, decodeCPU, err := peekDecode(ctx, url, "peek")
+	if err != nil {
+		return Result{}, err
+	}
 
 	// pg_recvlogical: PostgreSQL's own client.
 	cfg, err := pgconn.ParseConfig(url)
@@ -195,6 +208,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	}
 	rl := su.relay
 	relayCPU, _ := cpuTime(rl.cmd.Process.Pid)
+	rss, _ := peakRSS(rl.cmd.Process.Pid)
 	brokerCPU := k.cpu() - brokerStart
 	wsCPU := relayWSCPU.Stop()
 
@@ -202,6 +216,9 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 		Scenario: "drain",
 		Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s delivery=%s", b.cfg.Events, txnSize, b.cfg.PayloadBytes, k.name, delivery),
 		Metrics: map[string]float64{
+			"decode_events_per_s":          n / decodeTime.Seconds(),
+			"decode_backend_us_per_event":  float64(decodeCPU.Microseconds()) / n,
+			"relay_decode_ratio":           decodeTime.Seconds() / relayTime.Seconds(),
 			"recv_events_per_s":            n / recvTime.Seconds(),
 			"relay_events_per_s":           n / relayTime.Seconds(),
 			"ratio":                        recvTime.Seconds() / relayTime.Seconds(),
@@ -210,6 +227,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 			"recv_walsender_us_per_event":  float64(recvWSCPU.Microseconds()) / n,
 			"relay_walsender_us_per_event": float64(wsCPU.Microseconds()) / n,
 			"relay_cpu_us_per_event":       float64(relayCPU.Microseconds()) / n,
+			"peak_rss_mb":                  float64(rss) / (1 << 20),
 		},
 	}
 	if k.kafka != nil || k.apache != nil {
@@ -224,9 +242,48 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 			res.Metrics["kafka_txns"] = float64(txns)
 		}
 	}
-	b.logf("drain txn=%d broker=%s delivery=%s: pg_recvlogical %s, relay %s (ratio %.2f)", txnSize, k.name, delivery,
-		recvTime.Round(time.Millisecond), relayTime.Round(time.Millisecond), res.Metrics["ratio"])
+	b.logf("drain txn=%d broker=%s delivery=%s: decoding %s, pg_recvlogical %s, relay %s (%.2f of the decoding rate, %.2f of pg_recvlogical's)", txnSize, k.name, delivery,
+		decodeTime.Round(time.Millisecond), recvTime.Round(time.Millisecond), relayTime.Round(time.Millisecond), res.Metrics["relay_decode_ratio"], res.Metrics["ratio"])
 	return res, nil
+}
+
+// peekDecode decodes the backlog of slotName in one backend, with the
+// options the relay streams with (pgoutput protocol 1, the bench
+// publication), without consuming it: the time and the backend's CPU.
+func peekDecode(ctx context.Context, url, slotName string) (time.Duration, time.Duration, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close(context.Background())
+	pid := int(conn.PgConn().PID())
+	before, err := cpuTime(pid)
+	if err != nil {
+		return 0, 0, fmt.Errorf("CPU of the decoding backend: %w", err)
+	}
+	start := time.Now()
+	var msgs int64
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+		'proto_version', '1', 'publication_names', 'bench')`, slotName).Scan(&msgs)
+	elapsed := time.Since(start)
+	if err != nil {
+		return 0, 0, fmt.Errorf("decode the backlog in PostgreSQL: %w", err)
+	}
+	after, err := cpuTime(pid)
+	if err != nil {
+		return 0, 0, fmt.Errorf("CPU of the decoding backend: %w", err)
+	}
+	return elapsed, after - before, nil
+}
+
+// medians is one result of the medians of every metric of rs (runs of one
+// measurement).
+func medians(rs []Result) Result {
+	m := Result{Scenario: rs[0].Scenario, Params: rs[0].Params, Metrics: map[string]float64{}, Notes: fmt.Sprintf("medians of %d runs", len(rs))}
+	for k := range rs[0].Metrics {
+		m.Metrics[k] = medianOf(rs, k)
+	}
+	return m
 }
 
 // medianOf is the median of metric over rs.

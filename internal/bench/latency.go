@@ -14,19 +14,26 @@ import (
 )
 
 func (b *bencher) latencyAll(ctx context.Context) ([]Result, error) {
-	var out []Result
+	// Repeats interleave the delivery modes, so that a slow phase of the
+	// machine does not fall on one of them only; each measurement's runs
+	// are followed by a row of their medians.
+	runs := map[string][]Result{}
+	var order []string
 	for _, rate := range b.cfg.Rates {
-		for _, d := range b.cfg.Deliveries {
-			for range b.cfg.Repeat {
+		for range b.cfg.Repeat {
+			for _, d := range b.cfg.Deliveries {
 				r, err := b.latency(ctx, rate, d)
 				if err != nil {
-					return out, err
+					return collect(runs, order), err
 				}
-				out = append(out, r)
+				if _, ok := runs[r.Params]; !ok {
+					order = append(order, r.Params)
+				}
+				runs[r.Params] = append(runs[r.Params], r)
 			}
 		}
 	}
-	return out, nil
+	return collect(runs, order), nil
 }
 
 // latency commits one-row transactions at rate per second for the

@@ -108,10 +108,11 @@ type peerRun struct {
 	c      contender
 	client *kgo.Client
 
-	mu     sync.Mutex
-	reads  map[int][]time.Time // seq -> read times
-	first  time.Time
-	onRead func(seq int, appended time.Time)
+	mu       sync.Mutex
+	reads    map[int][]time.Time // seq -> read times
+	appended map[int]time.Time   // seq -> the broker's append time of its first copy
+	first    time.Time
+	onRead   func(seq int, appended time.Time)
 }
 
 func (b *bencher) peerAll(ctx context.Context) ([]Result, error) {
@@ -127,7 +128,6 @@ func (b *bencher) peerAll(ctx context.Context) ([]Result, error) {
 	}
 	defer kc.Close()
 	b.logf("peer: Apache Kafka at %s", kc.Addrs()[0])
-	var out []Result
 	peers := b.cfg.Peers
 	if len(peers) == 0 {
 		peers = []string{"walrelay", "debezium", "debezium-tuned"}
@@ -137,28 +137,76 @@ func (b *bencher) peerAll(ctx context.Context) ([]Result, error) {
 			return nil, fmt.Errorf("peer %q: want walrelay, debezium or debezium-tuned", name)
 		}
 	}
-	for _, name := range peers {
-		for _, size := range b.cfg.TxnSizes {
-			r, err := b.peerDrain(ctx, kc.Addrs(), name, size)
-			if err != nil {
-				return out, fmt.Errorf("%s drain: %w", name, err)
-			}
-			out = append(out, r)
+	// Repeats interleave the contenders, so that a slow phase of the
+	// machine does not fall on one of them only; each measurement's runs
+	// are followed by a row of their medians.
+	runs := map[string][]Result{}
+	var order []string
+	keep := func(r Result) {
+		if _, ok := runs[r.Params]; !ok {
+			order = append(order, r.Params)
 		}
-		for _, rate := range b.cfg.PeerRates {
-			r, err := b.peerLatency(ctx, kc.Addrs(), name, rate)
-			if err != nil {
-				return out, fmt.Errorf("%s latency: %w", name, err)
-			}
-			out = append(out, r)
-		}
-		r, err := b.peerKill(ctx, kc.Addrs(), name)
-		if err != nil {
-			return out, fmt.Errorf("%s kill: %w", name, err)
-		}
-		out = append(out, r)
+		runs[r.Params] = append(runs[r.Params], r)
 	}
-	return out, nil
+	for range b.cfg.Repeat {
+		for _, name := range peers {
+			for _, size := range b.peerSizes("drain") {
+				r, err := b.peerDrain(ctx, kc.Addrs(), name, size)
+				if err != nil {
+					return collect(runs, order), fmt.Errorf("%s drain: %w", name, err)
+				}
+				keep(r)
+			}
+			for _, rate := range b.peerSizes("latency") {
+				r, err := b.peerLatency(ctx, kc.Addrs(), name, rate)
+				if err != nil {
+					return collect(runs, order), fmt.Errorf("%s latency: %w", name, err)
+				}
+				keep(r)
+			}
+			if b.peerMeasures("kill") {
+				r, err := b.peerKill(ctx, kc.Addrs(), name)
+				if err != nil {
+					return collect(runs, order), fmt.Errorf("%s kill: %w", name, err)
+				}
+				keep(r)
+			}
+		}
+	}
+	return collect(runs, order), nil
+}
+
+// peerMeasures reports whether the peer scenario measures what (drain,
+// latency, kill: Config.PeerMeasures, all when empty).
+func (b *bencher) peerMeasures(what string) bool {
+	return len(b.cfg.PeerMeasures) == 0 || has(b.cfg.PeerMeasures, what)
+}
+
+// peerSizes is what the peer scenario runs what at: the transaction sizes
+// of its drains, the rates of its latency runs; none when it is not
+// measured.
+func (b *bencher) peerSizes(what string) []int {
+	switch {
+	case !b.peerMeasures(what):
+		return nil
+	case what == "drain":
+		return b.cfg.TxnSizes
+	default:
+		return b.cfg.PeerRates
+	}
+}
+
+// collect lists each measurement's runs in order, each followed by their
+// medians when there are several.
+func collect(runs map[string][]Result, order []string) []Result {
+	var out []Result
+	for _, p := range order {
+		out = append(out, runs[p]...)
+		if len(runs[p]) > 1 {
+			out = append(out, medians(runs[p]))
+		}
+	}
+	return out
 }
 
 // newPeerRun makes a database with Debezium's outbox table, an
@@ -193,7 +241,7 @@ func (b *bencher) newPeerRun(ctx context.Context, brokers []string, name string)
 		return nil, err
 	}
 	prefix := db + "."
-	r := &peerRun{b: b, name: name, url: url, slot: slotName, conn: conn, topic: prefix + "outbox.event.bench", reads: map[int][]time.Time{}}
+	r := &peerRun{b: b, name: name, url: url, slot: slotName, conn: conn, topic: prefix + "outbox.event.bench", reads: map[int][]time.Time{}, appended: map[int]time.Time{}}
 	switch name {
 	case "walrelay":
 		r.c = &walrelayPeer{b: b, url: url, slot: slotName, template: prefix + "outbox.event.{aggregate_type}", brokers: brokers}
@@ -287,6 +335,9 @@ func (r *peerRun) consume(ctx context.Context) {
 				r.first = now
 			}
 			r.reads[p.Seq] = append(r.reads[p.Seq], now)
+			if _, ok := r.appended[p.Seq]; !ok {
+				r.appended[p.Seq] = rec.Timestamp
+			}
 			f := r.onRead
 			r.mu.Unlock()
 			if f != nil {
@@ -326,9 +377,13 @@ func (r *peerRun) insert(ctx context.Context, conn *pgx.Conn, seq, padBytes int)
 }
 
 // peerDrain: the contender streams, is stopped gracefully, a backlog of
-// --events rows is written, the contender starts again; the drain rate is
-// over the window from the first backlog record read to the last (the
-// JVM's start is not counted), and so are the CPU times.
+// --events rows is written, the contender starts again. The drain rate is
+// the broker's: the backlog's rows over the window from the first
+// record's append time to the last's (the topic's timestamps are
+// LogAppendTime), so neither the contender's start (a JVM's, a connector's
+// snapshot of its offsets) nor the consumer's pace counts; the
+// contender's CPU is over the same window (sampled when the consumer reads
+// the first and the last record).
 func (b *bencher) peerDrain(ctx context.Context, brokers []string, name string, txnSize int) (Result, error) {
 	r, err := b.newPeerRun(ctx, brokers, name)
 	if err != nil {
@@ -355,6 +410,7 @@ func (b *bencher) peerDrain(ctx context.Context, brokers []string, name string, 
 	}
 	var cpuFirst time.Duration
 	var firstOnce sync.Once
+	started := time.Now()
 	r.mu.Lock()
 	r.onRead = func(seq int, _ time.Time) {
 		if seq > 0 {
@@ -381,19 +437,25 @@ func (b *bencher) peerDrain(ctx context.Context, brokers []string, name string, 
 	}
 	rss, _ := peakRSS(r.c.pid())
 	r.mu.Lock()
-	first, last := r.first, time.Time{}
+	var first, last time.Time
 	for s := 1; s <= n; s++ {
-		if t := r.reads[s][0]; t.After(last) {
+		t := r.appended[s]
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+		if t.After(last) {
 			last = t
 		}
 	}
 	r.mu.Unlock()
-	window := last.Sub(first).Seconds()
+	// Append times are in milliseconds: a window of none is one.
+	window := max(last.Sub(first).Seconds(), 0.001)
 	res := Result{
 		Scenario: "peer-drain",
 		Params:   fmt.Sprintf("peer=%s events=%d txn=%d payload=%dB", name, n, txnSize, b.cfg.PayloadBytes),
 		Metrics: map[string]float64{
 			"relay_events_per_s":           float64(n) / window,
+			"first_record_s":               first.Sub(started).Seconds(),
 			"relay_cpu_us_per_event":       float64((cpuEnd - cpuFirst).Microseconds()) / float64(n),
 			"relay_walsender_us_per_event": float64(wsEnd.Microseconds()) / float64(n),
 			"peak_rss_mb":                  float64(rss) / (1 << 20),
