@@ -176,11 +176,20 @@ func (r *Relay) watchFailed(err error, what string) {
 // refuses too, even after the change was undone. Failing that, the
 // refusal still stops this relay; the log says the record could not be
 // written.
+// refusalWriteTimeout bounds connecting and writing the refusal into the
+// record once the relay is stopping.
+const refusalWriteTimeout = 15 * time.Second
+
 func (r *Relay) refuse(ctx context.Context, conn *pgx.Conn, gap *slot.GapError) {
 	if r.refused.Swap(true) {
 		return // the same refusal, found again on the way out
 	}
 	r.metrics.GapRefusals.Inc()
+	// The refusal stops the relay, which may cancel ctx while this runs:
+	// the record is written anyway, within refusalWriteTimeout, or the
+	// next start would name a vaguer cause.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refusalWriteTimeout)
+	defer cancel()
 	if conn == nil || conn.IsClosed() {
 		c, err := slot.Connect(ctx, r.cfg.PGURL)
 		if err != nil {
