@@ -11,6 +11,9 @@
 // TestShellBlocksAreMarked fails on a block with neither, on an exercised
 // block whose test does not exist, and on an illustrative one without a
 // reason; each named test fails when it finds no block marked for it.
+//
+// GoBlocks finds the ```go blocks, which TestGoBlocksCompile compiles
+// against the module's packages.
 package docblocks
 
 import (
@@ -62,6 +65,22 @@ func Parse(path string) ([]Block, error) {
 
 // ParseText is Parse of text, naming it file.
 func ParseText(file, text string) ([]Block, error) {
+	return parseFences(file, text, func(lang string) bool { return shellLangs[strings.ToLower(lang)] })
+}
+
+// GoBlocks returns the ```go blocks of the markdown file at path (their
+// markers, if any, are ignored: every Go block is compiled).
+func GoBlocks(path string) ([]Block, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseFences(path, string(b), func(lang string) bool { return lang == "go" })
+}
+
+// parseFences returns the fenced blocks of text whose language keep
+// accepts, with the marker on the nearest non-blank line before each.
+func parseFences(file, text string, keep func(lang string) bool) ([]Block, error) {
 	var (
 		blocks   []Block
 		lastText string // the nearest non-blank line outside a block
@@ -92,7 +111,7 @@ func ParseText(file, text string) ([]Block, error) {
 		}
 		if m != nil {
 			closer = m[2]
-			if shellLangs[strings.ToLower(m[3])] {
+			if keep(m[3]) {
 				open = &Block{File: file, Line: n, Lang: m[3]}
 				indent = m[1]
 				if mm := marker.FindStringSubmatch(lastText); mm != nil {
