@@ -139,9 +139,10 @@ func parseFences(file, text string, keep func(lang string) bool) ([]Block, error
 }
 
 // Pages lists the documentation a user reads, under the repository root:
-// README.md and every markdown file of docs/, sorted.
+// README.md, the READMEs of deploy/ and examples/orders/, and every
+// markdown file of docs/, sorted.
 func Pages(root string) ([]string, error) {
-	pages := []string{filepath.Join(root, "README.md")}
+	pages := []string{filepath.Join(root, "README.md"), filepath.Join(root, "deploy", "README.md"), filepath.Join(root, "examples", "orders", "README.md")}
 	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -151,7 +152,7 @@ func Pages(root string) ([]string, error) {
 		}
 		return nil
 	})
-	sort.Strings(pages[1:])
+	sort.Strings(pages[3:])
 	return pages, err
 }
 
