@@ -336,9 +336,9 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) b
 	}
 	for {
 		out, err := c.try(ctx, r, id)
-		if ctx.Err() != nil {
-			return false
-		}
+		// A record whose transaction committed is done even when the
+		// stop came meanwhile: its offset must be committed with the
+		// others, or the next consumer meets it again.
 		switch out.kind {
 		case handled:
 			c.m.processed.WithLabelValues(c.cfg.Name).Inc()
@@ -346,6 +346,11 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) b
 		case duplicate:
 			c.m.duplicates.WithLabelValues(c.cfg.Name).Inc()
 			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		switch out.kind {
 		case exhausted:
 			return c.deadLetter(ctx, cl, r, id, "handler-failed", out.lastError, out.attempts)
 		case dbError:
@@ -433,13 +438,23 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 			return outcome{kind: dbError}, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// The handler returned before any stop: its transaction commits
+	// whole, not cancelled half-way by the stop (which would leave
+	// whether it committed unknown to this consumer).
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
 		// Committed or not, the next try finds out: the row is there or
 		// it is not.
 		return outcome{kind: dbError}, err
 	}
 	return outcome{kind: handled}, nil
 }
+
+// commitTimeout bounds the commit of a handled record's transaction, which
+// a stop does not cancel: a database that stopped answering cannot hold
+// the consumer's exit for longer.
+const commitTimeout = 10 * time.Second
 
 // transient reports whether a handler error is the database's rather than
 // the record's: a lost connection, a serialization failure or deadlock

@@ -833,6 +833,54 @@ func TestChainConsumerSIGTERM(t *testing.T) {
 	t.Logf("SIGTERM with %d effects, %d offsets committed; ledger %d rows", effects, committed, rows)
 }
 
+// TestChainStopAsTheHandlerReturns stops an in-process consumer at the
+// worst moment for its bookkeeping: the 20th handler call cancels Run's
+// context just before it returns nil. The handler finished before the
+// stop, so its transaction commits and its offset is committed with the
+// 19 before it: 20 effects and 20 offsets, and the next consumer of the
+// group sees no duplicate. (A commit on the cancelled context used to
+// roll the 20th back; a stop landing just after a commit used to leave
+// its offset uncommitted, which TestChainConsumerSIGTERM caught once:
+// 21 effects, 20 offsets.)
+func TestChainStopAsTheHandlerReturns(t *testing.T) {
+	ch := newChain(t)
+	ch.createTopics()
+	ch.e.startRelay(ch.e.config())
+	raw := ch.e.consume()
+	ch.writeOrders(30)
+	raw.waitIDs(90, time.Minute)
+
+	ctx, cancel := context.WithCancel(ch.e.ctx)
+	defer cancel()
+	calls := 0
+	h := func(hctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if err := shop.ApplyToLedger(hctx, tx, m); err != nil {
+			return err
+		}
+		if calls++; calls == 20 {
+			cancel() // the stop lands as the handler returns
+		}
+		return nil
+	}
+	c, err := inbox.New(ch.consumerConfig(prometheus.NewRegistry()), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		t.Fatalf("Run after the stop: %v", err)
+	}
+	effects, committed := ch.ledgerRows(), ch.committedOffsets()
+	if effects != 20 || committed != 20 {
+		t.Fatalf("stopped as the 20th handler returned: %d effects and %d offsets committed, want 20 and 20", effects, committed)
+	}
+	lc := ch.startLedger()
+	rows := ch.waitLedger(time.Minute)
+	if d := lc.metric("inbox_duplicates_total"); d != 0 {
+		t.Errorf("the next consumer skipped %.0f duplicates, want none after a clean stop", d)
+	}
+	t.Logf("stopped as the 20th handler returned: %d effects, %d offsets committed; ledger %d rows", effects, committed, rows)
+}
+
 // TestChainSerializationFailuresAreNotPoison: a handler that hits
 // serialization failures (SQLSTATE 40001) more often than MaxAttempts is
 // retried without counting attempts, not dead-lettered: the database's
