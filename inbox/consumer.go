@@ -167,8 +167,11 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 }
 
 // Run consumes until ctx ends, then commits the offsets of what was
-// handled, leaves the group and returns nil. It returns an error only when
-// the Kafka client cannot be created.
+// handled, leaves the group and returns nil. A handler that returned nil
+// before ctx ended has its transaction committed and its offset with the
+// others; one still running when ctx ends is rolled back and its record
+// comes again to the next consumer. It returns an error only when the
+// Kafka client cannot be created.
 func (c *Consumer) Run(ctx context.Context) error {
 	opts := append(append([]kgo.Opt(nil), c.cfg.KafkaOptions...),
 		kgo.ConsumerGroup(c.cfg.Group),
