@@ -441,9 +441,9 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 			return outcome{kind: dbError}, err
 		}
 	}
-	// The handler returned before any stop: its transaction commits
-	// whole, not cancelled half-way by the stop (which would leave
-	// whether it committed unknown to this consumer).
+	// The handler returned nil: its transaction commits whole even when
+	// a stop lands now (a commit cancelled half-way would leave whether
+	// it committed unknown to this consumer).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
 	if err := tx.Commit(cctx); err != nil {
