@@ -159,6 +159,18 @@ func (ch *chain) writeOrders(n int) {
 	}
 }
 
+// publishOrders starts a relay and writes n orders (three events each),
+// and returns once all their records are on the event topic: what a
+// consumer test starts from.
+func (ch *chain) publishOrders(n int) {
+	ch.e.t.Helper()
+	ch.createTopics()
+	ch.e.startRelay(ch.e.config())
+	raw := ch.e.consume()
+	ch.writeOrders(n)
+	raw.waitIDs(3*n, time.Minute)
+}
+
 // events is the number of order events committed: the sum of the orders'
 // versions.
 func (ch *chain) events() int {
@@ -492,11 +504,7 @@ func replaceFlag(args []string, flag, value string) []string {
 // consumer of the group gets those records again and skips them.
 func TestChainConsumerKilledBeforeOffsetCommit(t *testing.T) {
 	ch := newChain(t)
-	ch.createTopics()
-	ch.e.startRelay(ch.e.config())
-	raw := ch.e.consume()
-	ch.writeOrders(30)
-	raw.waitIDs(90, time.Minute)
+	ch.publishOrders(30)
 	p := ch.e.runExample(ch.consumeArgs("-handler-delay", "20ms")...)
 	ch.e.waitFor("20 ledger rows", time.Minute, func() (bool, error) { return ch.ledgerRows() >= 20, nil })
 	kill(p)
@@ -810,11 +818,7 @@ func TestChainSoak(t *testing.T) {
 // sees no duplicate.
 func TestChainConsumerSIGTERM(t *testing.T) {
 	ch := newChain(t)
-	ch.createTopics()
-	ch.e.startRelay(ch.e.config())
-	raw := ch.e.consume()
-	ch.writeOrders(30)
-	raw.waitIDs(90, time.Minute)
+	ch.publishOrders(30)
 	p := ch.e.runExample(ch.consumeArgs("-handler-delay", "20ms")...)
 	ch.e.waitFor("20 ledger rows", time.Minute, func() (bool, error) { return ch.ledgerRows() >= 20, nil })
 	_ = p.Process.Signal(syscall.SIGTERM)
@@ -854,11 +858,7 @@ func (ch *chain) resumeWithoutDuplicates() int {
 // 21 effects, 20 offsets.)
 func TestChainStopAsTheHandlerReturns(t *testing.T) {
 	ch := newChain(t)
-	ch.createTopics()
-	ch.e.startRelay(ch.e.config())
-	raw := ch.e.consume()
-	ch.writeOrders(30)
-	raw.waitIDs(90, time.Minute)
+	ch.publishOrders(30)
 
 	ctx, cancel := context.WithCancel(ch.e.ctx)
 	defer cancel()
