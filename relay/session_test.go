@@ -5,6 +5,7 @@ package relay
 // how it ends.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -807,19 +808,28 @@ func slotSystem(id string, walEnd decoder.LSN) pglogrepl.IdentifySystemResult {
 	return pglogrepl.IdentifySystemResult{SystemID: id, XLogPos: walEnd}
 }
 
-func TestAnsweringServerReadsAheadWhileKafkaIsSlow(t *testing.T) {
-	// Exactly-once takes the transactional id and reads the checkpoint with
-	// the slot held: the walsender must keep hearing from the relay
-	// meanwhile (or it drops it after wal_sender_timeout), and the stream
-	// is read ahead, to be handed to the session in order.
+// answeringRelay is a relay whose status interval the answeringServer
+// tests can wait out.
+func answeringRelay(t *testing.T) *Relay {
+	t.Helper()
 	cfg := validConfig()
 	cfg.StatusInterval, cfg.ConfirmDelay = 10*time.Millisecond, time.Millisecond
 	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+func TestAnsweringServerReadsAheadWhileKafkaIsSlow(t *testing.T) {
+	// Exactly-once takes the transactional id and reads the checkpoint with
+	// the slot held: the walsender must keep hearing from the relay
+	// meanwhile (or it drops it after wal_sender_timeout), and the stream
+	// is read ahead, to be handed to the session in order.
+	r := answeringRelay(t)
 	st := newFakeStream()
-	sent := append(txnMsgs(2000, "e1"), keepalive(2100, true))
+	big := data(1990, insertMsg(outboxOID, strings.Repeat("b", prefetchChunkBytes))) // packed apart from the small ones
+	sent := append(txnMsgs(2000, "e1"), big, keepalive(2100, true))
 	st.send(sent...)
 	rs, err := r.answeringServer(st, start, func() error {
 		// Slow Kafka: returns once the stream was read and the server
@@ -848,4 +858,39 @@ func TestAnsweringServerReadsAheadWhileKafkaIsSlow(t *testing.T) {
 		m, err := rs.Receive(time.Now().Add(time.Second))
 		return err == nil && m.ServerWALEnd == 2200
 	})
+}
+
+func TestAnsweringServerBoundsWhatItHolds(t *testing.T) {
+	// The read-ahead is an exactly-once drain's peak of memory: its bound
+	// counts what it allocates (blocks of messages, chunks of data), not
+	// only the messages' data, which is a fraction of it for small rows.
+	defer func(was int) { prefetchMaxBytes = was }(prefetchMaxBytes)
+	prefetchMaxBytes = prefetchChunkBytes + prefetchBlockMessages*messageBytes + 1
+	const want = prefetchBlockMessages + 1 // the first message of a second block reaches the bound
+	r := answeringRelay(t)
+	st := newFakeStream()
+	st.msgs = make(chan slot.Message, 2000)
+	var sent []slot.Message
+	for i := range cap(st.msgs) {
+		sent = append(sent, data(uint64(1000+i), insertMsg(outboxOID, fmt.Sprintf("id-%d", i))))
+	}
+	st.send(sent...)
+	rs, err := r.answeringServer(st, start, func() error {
+		waitFor(t, "the read-ahead to take its share", func() bool { return len(st.msgs) <= len(sent)-want })
+		n := len(st.updates())
+		waitFor(t, "two status updates after it", func() bool { return len(st.updates()) >= n+2 })
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if queued := rs.queued(); queued != want {
+		t.Errorf("read ahead %d messages, want %d: the bound of %d bytes must count the blocks and chunks held", queued, want, prefetchMaxBytes)
+	}
+	for i, w := range sent {
+		m, err := rs.Receive(time.Now().Add(time.Second))
+		if err != nil || m.WALStart != w.WALStart || !bytes.Equal(m.Data, w.Data) {
+			t.Fatalf("message %d: %+v, %v; want %+v", i, m, err, w)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -114,11 +115,15 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		}, st, nil
 	}
 	var resume resumePoint
-	st, err := r.answeringServer(st, start, func() error {
+	var tookID, readCheckpoint time.Duration
+	ahead, err := r.answeringServer(st, start, func() error {
+		began := time.Now()
 		if err := r.initTransactions(ctx, rt); err != nil {
 			return err
 		}
+		tookID = time.Since(began)
 		found, err := r.readCheckpoint(ctx, rt.Txn())
+		readCheckpoint = time.Since(began) - tookID
 		if err == nil {
 			resume = r.distrust(found)
 		}
@@ -127,6 +132,13 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 	if err != nil {
 		return nil, nil, err
 	}
+	// The read-ahead is the drain's peak of memory: how much it took, and
+	// why, tells whether prefetchMaxBytes fits.
+	r.log.Info("exactly-once: took the transactional id and read the checkpoint; the stream was read ahead meanwhile",
+		zap.Duration("took_id", tookID), zap.Duration("read_checkpoint", readCheckpoint),
+		zap.Int("read_ahead_messages", ahead.queued()), zap.Int("read_ahead_bytes", ahead.bytes),
+		zap.Bool("read_ahead_full", ahead.bytes >= prefetchMaxBytes))
+	st = ahead
 	return func(sys pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
 		resume, err := r.onThisTimeline(ctx, resume, sys)
 		if err != nil {
@@ -197,8 +209,9 @@ func currentTimeline(ctx context.Context, conn *pgx.Conn) (int32, error) {
 	return tl, err
 }
 
-// prefetchMaxBytes bounds what answeringServer reads ahead into memory.
-const prefetchMaxBytes = 32 << 20
+// prefetchMaxBytes bounds the memory answeringServer allocates for what it
+// reads ahead, messages and their data (tests lower it).
+var prefetchMaxBytes = 32 << 20
 
 // answeringServer runs f while the stream, just started, waits for the
 // session: it reads ahead into memory (up to prefetchMaxBytes), answers
@@ -208,7 +221,7 @@ const prefetchMaxBytes = 32 << 20
 // walsender left to fill an unread socket streams slowly afterwards; taking
 // the transactional id and reading the checkpoint wait on Kafka. It
 // returns the stream the session reads: what was read ahead, then st.
-func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (stream, error) {
+func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (*prefetched, error) {
 	p := &prefetched{stream: st}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -250,9 +263,7 @@ func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (s
 			if !time.Now().Before(lastSent.Add(r.cfg.StatusInterval)) && !status() {
 				return
 			}
-			m.Data = bytes.Clone(m.Data) // valid only until the next Receive
-			p.queue = append(p.queue, m)
-			p.bytes += len(m.Data)
+			p.push(m)
 		}
 	})
 	err := f()
@@ -265,19 +276,73 @@ func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (s
 // prefetched is a stream with messages read ahead: Receive returns them
 // first (whatever the deadline: they are at hand), then an error the read
 // ahead met, then reads the stream.
+//
+// It holds them compactly, because a read-ahead that fills is the relay's
+// peak of memory in an exactly-once drain: messages in fixed blocks (a
+// growing slice would copy itself and leave the old copy to the garbage
+// collector) and their data packed into shared chunks (one allocation per
+// message costs its size class's rounding). A chunk is freed once the
+// session has let go of every message in it.
 type prefetched struct {
 	stream
-	queue []slot.Message
-	bytes int
-	err   error
+	blocks [][]slot.Message // queued messages; blocks[0][head:] next
+	head   int
+	chunk  []byte // where the next message's data is packed
+	bytes  int    // memory allocated for it: blocks and chunks
+	err    error
+}
+
+const (
+	prefetchBlockMessages = 1024
+	prefetchChunkBytes    = 256 << 10
+	messageBytes          = int(unsafe.Sizeof(slot.Message{}))
+)
+
+// push queues a copy of m (its Data is valid only until the next Receive).
+func (p *prefetched) push(m slot.Message) {
+	switch n := len(m.Data); {
+	case n == 0:
+		m.Data = m.Data[:0:0]
+	case n > prefetchChunkBytes/4:
+		m.Data = bytes.Clone(m.Data)
+		p.bytes += n
+	default:
+		if n > cap(p.chunk)-len(p.chunk) {
+			p.chunk = make([]byte, 0, prefetchChunkBytes)
+			p.bytes += prefetchChunkBytes
+		}
+		at := len(p.chunk)
+		p.chunk = append(p.chunk, m.Data...)
+		m.Data = p.chunk[at:len(p.chunk):len(p.chunk)] // a consumer's append cannot reach the next message
+	}
+	if last := len(p.blocks) - 1; last < 0 || len(p.blocks[last]) == prefetchBlockMessages {
+		p.blocks = append(p.blocks, make([]slot.Message, 0, prefetchBlockMessages))
+		p.bytes += prefetchBlockMessages * messageBytes
+	}
+	last := len(p.blocks) - 1
+	p.blocks[last] = append(p.blocks[last], m)
+}
+
+// queued is how many messages are read ahead and not yet returned.
+func (p *prefetched) queued() int {
+	n := -p.head
+	for _, b := range p.blocks {
+		n += len(b)
+	}
+	return n
 }
 
 func (p *prefetched) Receive(deadline time.Time) (slot.Message, error) {
-	if len(p.queue) > 0 {
-		m := p.queue[0]
-		p.queue[0] = slot.Message{}
-		if p.queue = p.queue[1:]; len(p.queue) == 0 {
-			p.queue = nil
+	if len(p.blocks) > 0 {
+		b := p.blocks[0]
+		m := b[p.head]
+		b[p.head] = slot.Message{} // lets its chunk go
+		if p.head++; p.head == len(b) {
+			p.blocks[0] = nil
+			p.blocks, p.head = p.blocks[1:], 0
+			if len(p.blocks) == 0 {
+				p.blocks, p.chunk = nil, nil
+			}
 		}
 		return m, nil
 	}
