@@ -311,13 +311,21 @@ func (t *Txn) prepareCheckpointTopic(ctx context.Context) error {
 }
 
 // ReadCheckpoint returns the newest committed checkpoint record for key.
-// It first commits a probe record (key "<key>/probe") in a transaction of
-// its own, then reads the topic read_committed up to the probe: every
+// It commits a probe record (key "<key>/probe") in a transaction of its
+// own and reads the topic read_committed up to the probe: every
 // checkpoint committed before it has been seen, whatever transaction
-// markers or aborted records lie in between. Call Init first, so that no
-// older producer can commit after the probe.
+// markers or aborted records lie in between. The reader starts before the
+// probe, so that its connection and first fetches overlap the probe's
+// commit (an exactly-once start reads the stream ahead into memory until
+// this returns). Call Init first, so that no older producer can commit
+// after the probe.
 func (t *Txn) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, found bool, err error) {
 	r := t.r
+	rd, err := checkpointtopic.OpenReader(r.connOpts, r.cfg.CheckpointTopic)
+	if err != nil {
+		return nil, false, fmt.Errorf("read checkpoint topic: %w", err)
+	}
+	defer rd.Close()
 	probeKey, probe := checkpointtopic.Probe(key)
 	if err := t.begin(); err != nil {
 		return nil, false, err
@@ -332,5 +340,5 @@ func (t *Txn) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, fou
 	}
 	t.open = false
 	t.settle()
-	return checkpointtopic.Read(ctx, r.connOpts, r.cfg.CheckpointTopic, key, probeKey, probe)
+	return rd.Until(ctx, key, probeKey, probe)
 }

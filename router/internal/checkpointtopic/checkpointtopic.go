@@ -57,31 +57,52 @@ func notAllowed(err error) bool {
 }
 
 // Probe returns the key ("<key>/probe") and a fresh random value of a probe
-// record for key: commit it to the topic, then call Read.
+// record for key: commit it to the topic, then read up to it (Reader.Until).
 func Probe(key []byte) (probeKey, probe []byte) {
 	nonce := make([]byte, 16)
 	rand.Read(nonce)
 	return append(append([]byte(nil), key...), "/probe"...), []byte(hex.EncodeToString(nonce))
 }
 
-// Read returns the value of the newest committed record of key in topic
-// that comes before the probe record (probeKey, probe), reading
-// read_committed with a client built from opts (the connection options:
-// seed brokers, TLS, SASL). The probe must be committed before Read is
-// called; Read returns when it reaches it, or when ctx ends. A tombstone
-// (a null value) for key deletes the checkpoint, as compaction will once
-// delete.retention.ms has passed: found is false until a newer record.
-func Read(ctx context.Context, opts []kgo.Opt, topic string, key, probeKey, probe []byte) (value []byte, found bool, err error) {
+// Reader reads the checkpoint topic read_committed, with a client built
+// from the connection options (seed brokers, TLS, SASL), for the newest
+// committed record of a key before a probe record. OpenReader starts
+// reading the topic from its start at once (connecting, looking up the
+// partition, fetching), so that this overlaps the probe's commit; Until
+// returns once it reaches the probe. Opening it before the probe is
+// committed changes nothing it returns: a read_committed fetch stops at the
+// first transaction still undecided, so the probe is reached only once
+// everything before it is decided. The probe must be committed by a
+// producer that fenced every older one.
+type Reader struct {
+	cl    *kgo.Client
+	topic string
+}
+
+// OpenReader starts reading topic; Close stops it.
+func OpenReader(opts []kgo.Opt, topic string) (*Reader, error) {
 	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), opts...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 	)...)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	defer cl.Close()
+	return &Reader{cl: cl, topic: topic}, nil
+}
+
+// Close stops the reader.
+func (rd *Reader) Close() { rd.cl.Close() }
+
+// Until reads on until the probe record (probeKey, probe), or until ctx
+// ends, and returns the newest committed value of key before it. A
+// tombstone (a null value) for key deletes the checkpoint, as compaction
+// will once delete.retention.ms has passed: found is false until a newer
+// record.
+func (rd *Reader) Until(ctx context.Context, key, probeKey, probe []byte) (value []byte, found bool, err error) {
+	topic := rd.topic
 	for {
-		fs := cl.PollFetches(ctx)
+		fs := rd.cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
 			return nil, false, fmt.Errorf("read checkpoint topic %q: %w", topic, err)
 		}

@@ -42,6 +42,17 @@ func commit(t *testing.T, ctx context.Context, cl *kgo.Client, abort bool, recs 
 
 const topic = "walrelay.checkpoints"
 
+// read opens a Reader once the probe is committed and reads up to it.
+func read(t *testing.T, ctx context.Context, opts []kgo.Opt, key, probeKey, probe []byte) ([]byte, bool, error) {
+	t.Helper()
+	rd, err := OpenReader(opts, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	return rd.Until(ctx, key, probeKey, probe)
+}
+
 // prepared starts a broker, prepares the checkpoint topic on it and returns
 // a context for the test, the connection options and a transactional
 // client.
@@ -71,7 +82,7 @@ func TestReadSeesTheNewestCommittedCheckpointBeforeTheProbe(t *testing.T) {
 
 	probeKey, probe := Probe(key)
 	commit(t, ctx, cl, false, rec(string(probeKey), string(probe)))
-	if v, found, err := Read(ctx, opts, topic, key, probeKey, probe); err != nil || found {
+	if v, found, err := read(t, ctx, opts, key, probeKey, probe); err != nil || found {
 		t.Fatalf("empty topic: %q, %v, %v; want nothing found", v, found, err)
 	}
 
@@ -81,9 +92,9 @@ func TestReadSeesTheNewestCommittedCheckpointBeforeTheProbe(t *testing.T) {
 	probeKey, probe = Probe(key)
 	commit(t, ctx, cl, false, rec(string(probeKey), string(probe)))
 	commit(t, ctx, cl, false, rec("slot_a", "after the probe"))
-	v, found, err := Read(ctx, opts, topic, key, probeKey, probe)
+	v, found, err := read(t, ctx, opts, key, probeKey, probe)
 	if err != nil || !found || string(v) != "second" {
-		t.Fatalf("Read = %q, %v, %v; want the newest committed checkpoint before the probe, \"second\"", v, found, err)
+		t.Fatalf("read = %q, %v, %v; want the newest committed checkpoint before the probe, \"second\"", v, found, err)
 	}
 }
 
@@ -108,7 +119,7 @@ func TestPrepareRefusesAMissingOrPartitionedTopic(t *testing.T) {
 }
 
 // A tombstone for the slot's key deletes its checkpoint (an operator
-// resetting it, as compaction will remove it): Read finds nothing, where
+// resetting it, as compaction will remove it): the reader finds nothing, where
 // it used to return the null value, which the relay refused as an
 // unparseable checkpoint at every start. A newer record counts again.
 func TestReadTakesATombstoneForNoCheckpoint(t *testing.T) {
@@ -118,7 +129,7 @@ func TestReadTakesATombstoneForNoCheckpoint(t *testing.T) {
 		t.Helper()
 		probeKey, probe := Probe(key)
 		commit(t, ctx, cl, false, &kgo.Record{Topic: topic, Key: probeKey, Value: probe})
-		v, found, err := Read(ctx, opts, topic, key, probeKey, probe)
+		v, found, err := read(t, ctx, opts, key, probeKey, probe)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,10 +138,34 @@ func TestReadTakesATombstoneForNoCheckpoint(t *testing.T) {
 	commit(t, ctx, cl, false, &kgo.Record{Topic: topic, Key: key, Value: []byte("first")})
 	commit(t, ctx, cl, false, &kgo.Record{Topic: topic, Key: key}) // tombstone
 	if v, found := read(); found || v != nil {
-		t.Fatalf("after a tombstone Read = %q, %v; want nothing found", v, found)
+		t.Fatalf("after a tombstone read = %q, %v; want nothing found", v, found)
 	}
 	commit(t, ctx, cl, false, &kgo.Record{Topic: topic, Key: key, Value: []byte("again")})
 	if v, found := read(); !found || string(v) != "again" {
-		t.Fatalf("after a record following the tombstone Read = %q, %v; want \"again\"", v, found)
+		t.Fatalf("after a record following the tombstone read = %q, %v; want \"again\"", v, found)
+	}
+}
+
+// The relay opens the reader before it commits the probe, so that the
+// reader's connection and first fetches overlap the commit: what it finds
+// must be what a reader opened after finds, checkpoints committed between
+// the open and the probe included.
+func TestReaderOpenedBeforeTheProbe(t *testing.T) {
+	ctx, opts, cl := prepared(t)
+	key := []byte("slot_a")
+	rec := func(k, v string) *kgo.Record { return &kgo.Record{Topic: topic, Key: []byte(k), Value: []byte(v)} }
+	commit(t, ctx, cl, false, rec("slot_a", "first"))
+	rd, err := OpenReader(opts, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	commit(t, ctx, cl, false, rec("slot_a", "second"))
+	probeKey, probe := Probe(key)
+	commit(t, ctx, cl, false, rec(string(probeKey), string(probe)))
+	commit(t, ctx, cl, false, rec("slot_a", "after the probe"))
+	v, found, err := rd.Until(ctx, key, probeKey, probe)
+	if err != nil || !found || string(v) != "second" {
+		t.Fatalf("Until = %q, %v, %v; want \"second\", committed after the reader opened and before the probe", v, found, err)
 	}
 }
