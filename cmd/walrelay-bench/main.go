@@ -58,6 +58,7 @@ type benchCmd struct {
 	Repeat       int           `default:"1" help:"Runs of each measurement."`
 	RelayBinary  string        `help:"The walrelay binary under test (default: walrelay next to this executable, else the first on PATH)."`
 	RelayArg     []string      `help:"Extra flag for the relay under test (repeatable), e.g. --relay-arg=--binary."`
+	ColdCkpt     bool          `name:"cold-checkpoints" help:"Leave the checkpoint topic to the relay, as on its first start on a new cluster (default: the broker's setup creates and uses it first, as on a cluster in service)."`
 	PGURL        string        `name:"pg-url" help:"Use this PostgreSQL (a superuser URL) instead of a throwaway cluster."`
 	Brokers      []string      `help:"Use these Kafka brokers instead of an in-process kfake."`
 	JSON         bool          `name:"json" help:"Print JSON instead of a table."`
@@ -100,7 +101,7 @@ func (c *benchCmd) run(ctx context.Context) int {
 	results, err := bench.Run(ctx, bench.Config{
 		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
 		Brokers: c.Broker, Deliveries: c.Delivery, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
-		Repeat: c.Repeat, RelayArgs: c.RelayArg, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
+		Repeat: c.Repeat, RelayArgs: c.RelayArg, ColdCheckpoints: c.ColdCkpt, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
 	})
 	if c.JSON {
 		if jerr := bench.PrintJSON(os.Stdout, results); jerr != nil && err == nil {

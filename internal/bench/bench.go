@@ -45,10 +45,14 @@ type Config struct {
 	IdleFor      time.Duration
 	Repeat       int
 	RelayArgs    []string // extra flags for walrelay run
-	Binary       string   // the walrelay binary under test (required: cmd/walrelay-bench finds it)
-	PGURL        string   // external PostgreSQL (superuser); empty: throwaway cluster
-	KafkaBrokers []string // external Kafka; empty: in-process kfake
-	Log          io.Writer
+	// ColdCheckpoints leaves the checkpoint topic to the relay (a first
+	// start on a new cluster); by default the broker's setup creates and
+	// uses it first, as on a cluster in service (see warmTransactions).
+	ColdCheckpoints bool
+	Binary          string   // the walrelay binary under test (required: cmd/walrelay-bench finds it)
+	PGURL           string   // external PostgreSQL (superuser); empty: throwaway cluster
+	KafkaBrokers    []string // external Kafka; empty: in-process kfake
+	Log             io.Writer
 }
 
 // Result is one measured row.
