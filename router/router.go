@@ -309,7 +309,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		kgo.MetadataMinAge(250 * time.Millisecond),
 	}, opts...)
 	if cfg.TransactionalID != "" {
-		r.txn = &Txn{r: r}
+		r.txn = &Txn{r: r, first: firstWrites{}}
 		all = append(all, kgo.TransactionalID(cfg.TransactionalID), kgo.TransactionTimeout(cfg.TransactionTimeout))
 	}
 	var err error
@@ -564,7 +564,9 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	}
 	if r.txn == nil {
 		o.ack.Ack() // exactly-once acks at the Kafka transaction's commit
+		return
 	}
+	r.txn.first.note(o.topic, rec)
 }
 
 // fail records the first error Kafka returned for good and tells the

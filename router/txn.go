@@ -53,6 +53,7 @@ type Txn struct {
 	noDescribe atomic.Bool   // the coordinator cannot be asked: do not wait
 	settleMax  time.Duration // how long settle waits at most (0: settleMax)
 	acks       []ackRun      // ackers of the open Kafka transaction, in order
+	first      firstWrites   // its first record in each partition, should its commit go unanswered
 	events     int           // records in the open Kafka transaction
 	began      atomic.Int64  // when the open Kafka transaction began, Unix ns (read by promises)
 	broken     atomic.Bool   // a transactional call failed: replace the producer
@@ -101,7 +102,8 @@ func (t *Txn) Open() bool { return t.open }
 // transaction, waits until Kafka has every record, commits, and then acks
 // the records' transactions. With no transaction open it does nothing. An
 // error leaves the transaction to Abort; errors.Is(err, ErrFenced) means
-// stop.
+// stop. When the commit itself was asked and failed, the transaction may
+// have committed: the error is then a *CommitUnconfirmed (Landed tells).
 func (t *Txn) Commit(ctx context.Context, key, value []byte) error {
 	if !t.open {
 		return nil
@@ -122,7 +124,9 @@ func (t *Txn) Commit(ctx context.Context, key, value []byte) error {
 	}
 	err := r.client.EndTransaction(ctx, kgo.TryCommit)
 	if err != nil {
-		return t.error(fmt.Errorf("commit Kafka transaction: %w", err))
+		uc := t.first.unconfirmed(fmt.Errorf("commit Kafka transaction: %w", err))
+		clear(t.first)
+		return t.error(uc)
 	}
 	t.open = false
 	for _, run := range t.acks {
@@ -131,6 +135,7 @@ func (t *Txn) Commit(ctx context.Context, key, value []byte) error {
 		}
 	}
 	t.forget()
+	clear(t.first) // Flush returned: no promise runs any more
 	t.settle()
 	return nil
 }
@@ -240,6 +245,7 @@ func (t *Txn) Abort(ctx context.Context) error {
 		t.broken.Store(true)
 		return fmt.Errorf("abort buffered records: %w", err)
 	}
+	clear(t.first) // no promise runs any more
 	err := t.r.client.EndTransaction(ctx, kgo.TryAbort)
 	t.open = false
 	if err != nil {

@@ -87,6 +87,19 @@ func (e *env) commitTxn(key, value string) {
 	}
 }
 
+// answerEndTxn makes the broker answer the next EndTxn (every one, with
+// keep) with the error code, without acting on it.
+func (e *env) answerEndTxn(code int16, keep bool) {
+	e.c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if keep {
+			e.c.KeepControl()
+		}
+		resp := req.(*kmsg.EndTxnRequest).ResponseKind().(*kmsg.EndTxnResponse)
+		resp.ErrorCode = code
+		return resp, nil, true
+	})
+}
+
 func (e *env) abortTxn() {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
@@ -474,12 +487,7 @@ func TestCommitTxnRefusedCommitAcksNothing(t *testing.T) {
 	a := &testAcker{}
 	e.mustSend(event("r1", "order", "k", "{}"), lsnOf(1), a)
 	e.flush()
-	e.c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.c.KeepControl()
-		resp := req.(*kmsg.EndTxnRequest).ResponseKind().(*kmsg.EndTxnResponse)
-		resp.ErrorCode = kerr.ProducerFenced.Code
-		return resp, nil, true
-	})
+	e.answerEndTxn(kerr.ProducerFenced.Code, true)
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("ck-refused"))
