@@ -217,7 +217,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		UnconfirmedCommits: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_kafka_unconfirmed_commits_total",
-			Help: "Exactly-once: sessions that resent events after a Kafka commit whose outcome was not confirmed (a broker lost during the commit) rather than skip them on a newer checkpoint's word; read_committed consumers may see those events twice.",
+			Help: "Exactly-once: sessions that resent events after a Kafka commit whose outcome was not confirmed (a broker lost during the commit) and that, read back, did not land on every partition (or could not be read), rather than skip them on a newer checkpoint's word; read_committed consumers may see some of those events twice.",
 		}),
 		GapRefusals: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_gap_refusals_total",

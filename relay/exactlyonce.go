@@ -53,26 +53,42 @@ func (r *Relay) readCheckpoint(ctx context.Context, txn *router.Txn) (resumePoin
 
 // distrust is the checkpoint a session resumes after, given the one it
 // found: normally the same, but after a Kafka commit of this process whose
-// outcome was not confirmed (a commit cut off by a broker's death), the
-// last checkpoint whose commit Kafka did confirm. On Apache Kafka 4.4 a
+// outcome was not confirmed (a commit cut off by a broker's death) that
+// wrote the newer checkpoint found, only once landed has read back that
+// the commit landed on every partition it wrote to. On Apache Kafka 4.4 a
 // transaction coordinator killed during a commit has been seen to leave
 // the transaction committed on the checkpoint's partition and aborted on
 // an event partition: skipping by that checkpoint would lose the aborted
-// events, while resending them costs at worst duplicates of a commit that
-// did go through everywhere. It also remembers found as the last sure
+// events. Then, or when the outcome cannot be read, the session resumes
+// after the last checkpoint whose commit Kafka confirmed: duplicates of
+// what did commit, at worst. It also remembers found as the last sure
 // checkpoint when nothing is in doubt.
-func (r *Relay) distrust(found resumePoint) resumePoint {
+func (r *Relay) distrust(ctx context.Context, found resumePoint, landed func(context.Context, *router.CommitUnconfirmed) (bool, error)) resumePoint {
 	if !r.commitUnsure {
 		r.lastSure = found
 		return found
 	}
-	if found.found && (!r.lastSure.found || found.ckpt.LSN != r.lastSure.ckpt.LSN || !samePartial(found.ckpt.Partial, r.lastSure.ckpt.Partial)) {
-		r.metrics.UnconfirmedCommits.Inc()
-		r.log.Warn("exactly-once: the last Kafka commit's outcome was not confirmed, and a newer checkpoint is there: resending the events after the last checkpoint whose commit Kafka confirmed, rather than skipping them on the newer one's word (a read_committed consumer may see them twice)",
-			zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Stringer("resume_lsn", r.lastSure.ckpt.LSN))
-		return r.lastSure
+	if !found.found || r.lastSure.found && found.ckpt.LSN == r.lastSure.ckpt.LSN && samePartial(found.ckpt.Partial, r.lastSure.ckpt.Partial) {
+		return found // the doubtful commit did not write it
 	}
-	return found
+	if r.doubt != nil {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ok, err := landed(ctx, r.doubt)
+		cancel()
+		if err == nil && ok {
+			r.log.Info("exactly-once: the last Kafka commit's outcome was not confirmed; read back, it landed on every partition: resuming after its checkpoint",
+				zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Int("partitions", r.doubt.Partitions()))
+			r.lastSure, r.commitUnsure, r.doubt = found, false, nil
+			return found
+		}
+		if err != nil {
+			r.log.Warn("exactly-once: could not read back the Kafka commit whose outcome was not confirmed", zap.Error(err))
+		}
+	}
+	r.metrics.UnconfirmedCommits.Inc()
+	r.log.Warn("exactly-once: the last Kafka commit's outcome was not confirmed and it did not land on every partition, or could not be read back: resending the events after the last checkpoint whose commit Kafka confirmed, rather than skipping them on the newer one's word (a read_committed consumer may see some twice)",
+		zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Stringer("resume_lsn", r.lastSure.ckpt.LSN))
+	return r.lastSure
 }
 
 func samePartial(a, b *checkpoint.Partial) bool {
@@ -167,7 +183,7 @@ type exactlyOnce struct {
 	// Kafka confirmed and of each whose outcome is unknown (see
 	// Relay.distrust).
 	committed   func(checkpoint.Durable)
-	unconfirmed func()
+	unconfirmed func(error)
 	metrics     *metrics.Metrics
 	slot        string
 	systemID    string // the PostgreSQL system identifier, written in every checkpoint
@@ -317,7 +333,7 @@ func (e *exactlyOnce) commit() error {
 	e.metrics.KafkaCommit.Observe(time.Since(began).Seconds())
 	if err != nil {
 		if e.unconfirmed != nil {
-			e.unconfirmed()
+			e.unconfirmed(err)
 		}
 		return e.failed(err)
 	}

@@ -347,9 +347,12 @@ type Relay struct {
 	verifyWanted chan struct{}
 	// lastSure is the newest exactly-once checkpoint this process knows
 	// Kafka committed, and commitUnsure says a commit's outcome was not
-	// confirmed since (distrust). Only the session goroutine touches them.
+	// confirmed since (distrust); doubt is what that commit wrote, when
+	// Kafka was asked to commit it. Only the session goroutine touches
+	// them.
 	lastSure     resumePoint
 	commitUnsure bool
+	doubt        *router.CommitUnconfirmed
 	// timeline is the timeline of the last stream: a new one means a
 	// failover, after which positions this process kept belong to the old
 	// primary's history.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
@@ -279,31 +280,66 @@ func gaugeValue(t *testing.T, g prometheus.Metric) float64 {
 }
 
 // TestDistrustAfterAnUnconfirmedCommit: after a Kafka commit whose outcome
-// was not confirmed, a newer checkpoint found at the next start is not
-// skipped by: the session resumes after the last one Kafka confirmed
-// (duplicates at worst). A checkpoint the doubtful commit did not write,
-// and any checkpoint once nothing is in doubt, is taken as found.
+// was not confirmed, a newer checkpoint found at the next start is skipped
+// by only when the commit, read back, landed on every partition; otherwise
+// (not landed, not readable, or nothing to read back) the session resumes
+// after the last one Kafka confirmed (duplicates at worst). A checkpoint
+// the doubtful commit did not write, and any checkpoint once nothing is in
+// doubt, is taken as found.
 func TestDistrustAfterAnUnconfirmedCommit(t *testing.T) {
 	cfg := validConfig()
 	cfg.ExactlyOnce = true
-	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	m := metrics.NewUnregistered()
+	r, err := New(cfg, zap.NewNop(), m)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx := context.Background()
+	asked := 0
+	answer := func(ok bool, err error) func(context.Context, *router.CommitUnconfirmed) (bool, error) {
+		return func(context.Context, *router.CommitUnconfirmed) (bool, error) {
+			asked++
+			return ok, err
+		}
+	}
+	never := func(context.Context, *router.CommitUnconfirmed) (bool, error) {
+		t.Fatal("read back a commit while nothing was in doubt")
+		return false, nil
+	}
 	sure := resumePoint{found: true, ckpt: checkpoint.Durable{Slot: "walrelay", LSN: 100}}
-	if got := r.distrust(sure); got.ckpt.LSN != 100 {
+	if got := r.distrust(ctx, sure, never); got.ckpt.LSN != 100 {
 		t.Fatalf("nothing in doubt: resumed after %s, want the checkpoint found", got.ckpt.LSN)
 	}
-	r.commitUnsure = true
 	newer := resumePoint{found: true, ckpt: checkpoint.Durable{Slot: "walrelay", LSN: 200}}
-	if got := r.distrust(newer); got.ckpt.LSN != 100 {
-		t.Fatalf("after an unconfirmed commit: resumed after %s, want the last confirmed 0/64", got.ckpt.LSN)
+	doubt := &router.CommitUnconfirmed{}
+	for _, c := range []struct {
+		name  string
+		doubt *router.CommitUnconfirmed
+		read  func(context.Context, *router.CommitUnconfirmed) (bool, error)
+	}{
+		{"aborted on a partition", doubt, answer(false, nil)},
+		{"not readable", doubt, answer(false, errors.New("no broker"))},
+		{"nothing to read back (the commit never asked)", nil, never},
+	} {
+		r.commitUnsure, r.doubt = true, c.doubt
+		if got := r.distrust(ctx, newer, c.read); got.ckpt.LSN != 100 {
+			t.Fatalf("%s: resumed after %s, want the last confirmed 0/64", c.name, got.ckpt.LSN)
+		}
+		if got := r.distrust(ctx, sure, never); got.ckpt.LSN != 100 {
+			t.Fatalf("%s, the doubtful commit did not write the checkpoint: resumed after %s, want 0/64", c.name, got.ckpt.LSN)
+		}
 	}
-	if got := r.distrust(sure); got.ckpt.LSN != 100 {
-		t.Fatalf("the doubtful commit did not land: resumed after %s, want 0/64", got.ckpt.LSN)
+	if v := testutil.ToFloat64(m.UnconfirmedCommits); v != 3 {
+		t.Fatalf("walrelay_kafka_unconfirmed_commits_total = %v after three resends, want 3", v)
 	}
-	r.commitUnsure = false
-	if got := r.distrust(newer); got.ckpt.LSN != 200 {
+	r.commitUnsure, r.doubt = true, doubt
+	if got := r.distrust(ctx, newer, answer(true, nil)); got.ckpt.LSN != 200 {
+		t.Fatalf("landed everywhere: resumed after %s, want the checkpoint found", got.ckpt.LSN)
+	}
+	if r.commitUnsure || r.lastSure.ckpt.LSN != 200 || asked != 3 {
+		t.Fatalf("after a commit read back as landed: unsure %v, last sure %s, read back %d times; want sure of 0/C8, read back 3 times", r.commitUnsure, r.lastSure.ckpt.LSN, asked)
+	}
+	if got := r.distrust(ctx, newer, never); got.ckpt.LSN != 200 {
 		t.Fatalf("doubt cleared: resumed after %s, want the checkpoint found", got.ckpt.LSN)
 	}
 }

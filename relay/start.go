@@ -125,7 +125,7 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		found, err := r.readCheckpoint(ctx, rt.Txn())
 		readCheckpoint = time.Since(began) - tookID
 		if err == nil {
-			resume = r.distrust(found)
+			resume = r.distrust(ctx, found, rt.Txn().Landed)
 		}
 		return err
 	})
@@ -149,9 +149,12 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		}
 		eo := r.newExactlyOnce(rt, rt.Txn(), resume, sys, s.wait, s.kafkaCtx)
 		eo.committed = func(d checkpoint.Durable) {
-			r.lastSure, r.commitUnsure = resumePoint{found: true, ckpt: d}, false
+			r.lastSure, r.commitUnsure, r.doubt = resumePoint{found: true, ckpt: d}, false, nil
 		}
-		eo.unconfirmed = func() { r.commitUnsure = true }
+		eo.unconfirmed = func(err error) {
+			r.commitUnsure, r.doubt = true, nil
+			errors.As(err, &r.doubt)
+		}
 		return eo, nil
 	}, st, nil
 }
