@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 )
 
@@ -112,9 +114,18 @@ type Consumer struct {
 	m       *metrics
 	inbox   string // quoted table names
 	attempt string
+	offsets string
 
 	mu   sync.Mutex
 	done map[string]map[int32]*kgo.Record // last handled record per partition, not yet committed
+	// pos is, per partition this member consumes, the next offset the
+	// offsets table holds as far as this member knows: read at assignment,
+	// moved by each of its transactions. Absent: no row yet.
+	pos map[string]map[int32]int64
+	// follow is, per partition, a database position Kafka's committed
+	// offset must be moved to though no record was handled since (a
+	// partition started or rewound there), for the tools that read it.
+	follow map[string]map[int32]int64
 }
 
 // New checks cfg and returns a Consumer; errors name the missing field.
@@ -161,8 +172,8 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 		log = zap.NewNop()
 	}
 	c := &Consumer{cfg: cfg, handle: h, log: log.With(zap.String("consumer", cfg.Name)), m: newMetrics(cfg.Registerer),
-		done: map[string]map[int32]*kgo.Record{}}
-	c.inbox, c.attempt = tableNames(cfg.Table)
+		done: map[string]map[int32]*kgo.Record{}, pos: map[string]map[int32]int64{}, follow: map[string]map[int32]int64{}}
+	c.inbox, c.attempt, c.offsets = tableNames(cfg.Table)
 	return c, nil
 }
 
@@ -170,14 +181,18 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 // handled, leaves the group and returns nil. A handler that returned nil
 // before ctx ended has its transaction committed and its offset with the
 // others; one still running when ctx ends is rolled back and its record
-// comes again to the next consumer. It returns an error only when the
-// Kafka client cannot be created.
+// comes again to the next consumer. It returns an error when the offsets
+// table is missing (run DDL again) or the Kafka client cannot be created.
 func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.checkTables(ctx); err != nil {
+		return err
+	}
 	opts := append(append([]kgo.Opt(nil), c.cfg.KafkaOptions...),
 		kgo.ConsumerGroup(c.cfg.Group),
 		kgo.ConsumeTopics(c.cfg.Topics...),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
+		kgo.AdjustFetchOffsetsFn(c.adjust),
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
 	)
@@ -216,7 +231,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return
 				}
-				if !c.process(ctx, cl, r) {
+				switch c.process(ctx, cl, r) {
+				case stopped:
+					return
+				case moved:
+					// The rest of this poll's records of the partition
+					// come after a position that is not the database's.
+					c.rewind(ctx, cl, r.Topic, r.Partition)
 					return
 				}
 				c.mark(r)
@@ -247,29 +268,57 @@ func (c *Consumer) mark(r *kgo.Record) {
 		c.done[r.Topic] = ps
 	}
 	ps[r.Partition] = r
+	delete(c.follow[r.Topic], r.Partition) // the record's offset is later
 }
 
 // commit commits the offsets after the handled records of the partitions
-// (all when nil). A failure is logged: those records come again, and the
-// inbox skips them.
+// (all when nil), and the database's positions Kafka must follow. A
+// failure is logged: Kafka's offsets only inform the tools that read them
+// (lag), the consumer starts from the database's.
 func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, only map[string][]int32) {
+	offsets := map[string]map[int32]kgo.EpochOffset{}
+	set := func(t string, p int32, o kgo.EpochOffset) {
+		if offsets[t] == nil {
+			offsets[t] = map[int32]kgo.EpochOffset{}
+		}
+		offsets[t][p] = o
+	}
 	c.mu.Lock()
-	var rs []*kgo.Record
+	for t, ps := range c.follow {
+		for p, n := range ps {
+			if only == nil || contains(only[t], p) {
+				set(t, p, kgo.EpochOffset{Epoch: -1, Offset: n})
+				delete(ps, p)
+			}
+		}
+	}
 	for t, ps := range c.done {
 		for p, r := range ps {
-			if only != nil && !contains(only[t], p) {
-				continue
+			if only == nil || contains(only[t], p) {
+				set(t, p, kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1})
+				delete(ps, p)
 			}
-			rs = append(rs, r)
-			delete(ps, p)
 		}
 	}
 	c.mu.Unlock()
-	if len(rs) == 0 {
+	if len(offsets) == 0 {
 		return
 	}
-	if err := cl.CommitRecords(ctx, rs...); err != nil {
-		c.log.Warn("offset commit failed: the records since the last commit will be delivered again and skipped as duplicates", zap.Error(err))
+	var err error
+	cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, cerr error) {
+		if err = cerr; err != nil {
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if err == nil {
+					err = kerr.ErrorForCode(p.ErrorCode)
+				}
+			}
+		}
+	})
+	if err != nil {
+		c.log.Warn("Kafka offset commit failed: consumer-group lag tools show this group behind until the next one (the consumer itself starts from the positions in its database)", zap.Error(err))
 	}
 }
 
@@ -287,6 +336,7 @@ func contains(ps []int32, p int32) bool {
 // nothing is in flight here.
 func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, ps map[string][]int32) {
 	c.commit(ctx, cl, ps)
+	c.forgetPositions(ps)
 	c.dropLag(ps)
 }
 
@@ -297,9 +347,11 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, ps map[string][]int32)
 	for t, parts := range ps {
 		for _, p := range parts {
 			delete(c.done[t], p)
+			delete(c.follow[t], p)
 		}
 	}
 	c.mu.Unlock()
+	c.forgetPositions(ps)
 	c.dropLag(ps)
 }
 
@@ -320,38 +372,52 @@ func header(r *kgo.Record, key string) string {
 	return ""
 }
 
+// processed is how process left a record.
+type processed int
+
+const (
+	done    processed = iota // committed, duplicate or dead-lettered: the partition moves on
+	stopped                  // ctx ended first
+	moved                    // the database's position of the partition is not this member's: rewind
+)
+
 // process handles r until it is done (committed, duplicate or
-// dead-lettered): it returns false only when ctx ended first.
-func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) bool {
+// dead-lettered), ctx ends, or its transaction finds the partition's
+// position in the database elsewhere than this member left it.
+func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) processed {
 	id := header(r, "id")
 	if id == "" {
 		return c.deadLetter(ctx, cl, r, "", "no-id", "the record has no id header, so its copies cannot be recognised", 0)
 	}
 	pause := c.cfg.RetryBackoff
-	wait := func() bool {
+	wait := func() processed {
 		select {
 		case <-ctx.Done():
-			return false
+			return stopped
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, c.cfg.MaxRetryBackoff)
-		return true
+		return done
 	}
 	for {
 		out, err := c.try(ctx, r, id)
 		// A record whose transaction committed is done even when the
 		// stop came meanwhile: its offset must be committed with the
 		// others, or the next consumer meets it again.
+		if out.duplicate {
+			c.m.duplicates.WithLabelValues(c.cfg.Name).Inc()
+		}
 		switch out.kind {
 		case handled:
 			c.m.processed.WithLabelValues(c.cfg.Name).Inc()
-			return true
+			return done
 		case duplicate:
-			c.m.duplicates.WithLabelValues(c.cfg.Name).Inc()
-			return true
+			return done
+		case positionMoved:
+			return moved
 		}
 		if ctx.Err() != nil {
-			return false
+			return stopped
 		}
 		switch out.kind {
 		case exhausted:
@@ -359,8 +425,8 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) b
 		case dbError:
 			c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
 			c.log.Warn("inbox transaction failed; retrying without counting an attempt", zap.String("id", id), zap.Error(err))
-			if !wait() {
-				return false
+			if wait() == stopped {
+				return stopped
 			}
 		case failed:
 			c.m.failures.WithLabelValues(c.cfg.Name).Inc()
@@ -374,8 +440,8 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) b
 					return c.deadLetter(ctx, cl, r, id, "handler-failed", err.Error(), n)
 				}
 			}
-			if !wait() {
-				return false
+			if wait() == stopped {
+				return stopped
 			}
 		}
 	}
@@ -386,19 +452,21 @@ type outcomeKind int
 const (
 	handled outcomeKind = iota
 	duplicate
-	exhausted // earlier runs used up the attempts (and died before dead-lettering)
-	failed    // the handler returned an error
-	dbError
+	exhausted     // earlier runs used up the attempts (and died before dead-lettering)
+	failed        // the handler returned an error
+	dbError       // the database failed: try again
+	positionMoved // the partition's position in the database is not where this member left it
 )
 
 type outcome struct {
 	kind      outcomeKind
+	duplicate bool // the id was in the inbox already
 	attempts  int
 	lastError string
 }
 
-// try runs one attempt: the inbox INSERT and the handler in one
-// transaction.
+// try runs one attempt: the inbox INSERT, the move of the partition's
+// position and the handler in one transaction.
 func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, error) {
 	tx, err := c.cfg.DB.Begin(ctx)
 	if err != nil {
@@ -406,8 +474,11 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 	}
 	defer tx.Rollback(context.Background())
 	b := &pgx.Batch{}
+	// The inbox INSERT first: a concurrent copy of the message waits on
+	// the first one's row and then finds it.
 	b.Queue("INSERT INTO "+c.inbox+" (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING", c.cfg.Name, id)
 	b.Queue("SELECT attempts, last_error FROM "+c.attempt+" WHERE consumer = $1 AND message_id = $2", c.cfg.Name, id)
+	c.queueAdvance(b, r)
 	br := tx.SendBatch(ctx, b)
 	tag, err := br.Exec()
 	if err != nil {
@@ -420,11 +491,25 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 		br.Close()
 		return outcome{kind: dbError}, err
 	}
+	adv, err := br.Exec()
+	if err != nil {
+		br.Close()
+		return outcome{kind: dbError}, err
+	}
 	if err := br.Close(); err != nil {
 		return outcome{kind: dbError}, err
 	}
-	if tag.RowsAffected() == 0 {
-		return outcome{kind: duplicate}, nil
+	dup := tag.RowsAffected() == 0
+	if adv.RowsAffected() == 0 {
+		return outcome{kind: positionMoved, duplicate: dup}, nil
+	}
+	if dup {
+		// Only the position moves; it must commit, or the next record's
+		// transaction would find the database's position behind.
+		if err := c.commitTx(ctx, tx, r); err != nil {
+			return outcome{kind: dbError}, err
+		}
+		return outcome{kind: duplicate, duplicate: true}, nil
 	}
 	if prior >= c.cfg.MaxAttempts {
 		return outcome{kind: exhausted, attempts: prior, lastError: lastError}, nil
@@ -441,17 +526,26 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 			return outcome{kind: dbError}, err
 		}
 	}
-	// The handler returned nil: its transaction commits whole even when
-	// a stop lands now (a commit cancelled half-way would leave whether
-	// it committed unknown to this consumer).
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
-	defer cancel()
-	if err := tx.Commit(cctx); err != nil {
-		// Committed or not, the next try finds out: the row is there or
-		// it is not.
+	if err := c.commitTx(ctx, tx, r); err != nil {
 		return outcome{kind: dbError}, err
 	}
 	return outcome{kind: handled}, nil
+}
+
+// commitTx commits a transaction that moved r's partition's position past
+// r, and then moves this member's position with it. The handler returned
+// nil: the transaction commits whole even when a stop lands now (a commit
+// cancelled half-way would leave whether it committed unknown to this
+// consumer). Committed or not after an error, the next try finds out: the
+// position moved in the database (a rewind past r) or it did not.
+func (c *Consumer) commitTx(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
+		return err
+	}
+	c.setPosition(r.Topic, r.Partition, r.Offset+1, true)
+	return nil
 }
 
 // commitTimeout bounds the commit of a handled record's transaction, which
@@ -497,10 +591,11 @@ func (c *Consumer) countFailure(ctx context.Context, id string, herr error) (int
 }
 
 // deadLetter produces r to the dead-letter topic and then records id as
-// dead-lettered, retrying both until they succeed or ctx ends (false). A
-// crash between the two sends the record to the dead-letter topic again
-// on redelivery, with the same id header.
-func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record, id, reason, why string, attempts int) bool {
+// dead-lettered and moves the partition's position past r, retrying until
+// they succeed, ctx ends, or the position is found moved. A crash between
+// the two sends the record to the dead-letter topic again on redelivery,
+// with the same id header.
+func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record, id, reason, why string, attempts int) processed {
 	dl := &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
 	dl.Headers = append(append(dl.Headers, r.Headers...),
 		kgo.RecordHeader{Key: "inbox.reason", Value: []byte(reason)},
@@ -514,25 +609,57 @@ func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record
 	pause := c.cfg.RetryBackoff
 	for {
 		err := cl.ProduceSync(ctx, dl).FirstErr()
-		if err == nil && id != "" {
-			_, err = c.cfg.DB.Exec(ctx, "WITH d AS (DELETE FROM "+c.attempt+" WHERE consumer = $1 AND message_id = $2) INSERT INTO "+c.inbox+
-				" (consumer, message_id, outcome) VALUES ($1, $2, 'dead-lettered') ON CONFLICT DO NOTHING", c.cfg.Name, id)
+		if err == nil {
+			var ok bool
+			ok, err = c.recordDeadLetter(ctx, r, id)
+			if err == nil && !ok {
+				return moved
+			}
 		}
 		if err == nil {
 			c.m.deadLettered.WithLabelValues(c.cfg.Name, reason).Inc()
 			c.log.Error("record dead-lettered; the partition moves on", zap.String("id", id), zap.String("reason", reason),
 				zap.String("error", why), zap.Int("attempts", attempts), zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
 				zap.Int64("offset", r.Offset), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic))
-			return true
+			return done
 		}
 		c.log.Warn("dead-lettering failed; retrying (if the topic is missing, create it or let the brokers create topics)", zap.String("id", id), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic), zap.Error(err))
 		select {
 		case <-ctx.Done():
-			return false
+			return stopped
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, c.cfg.MaxRetryBackoff)
 	}
+}
+
+// recordDeadLetter records id (when r has one) as dead-lettered and moves
+// the partition's position past r, in one transaction; ok is false when
+// the position was found moved.
+func (c *Consumer) recordDeadLetter(ctx context.Context, r *kgo.Record, id string) (ok bool, err error) {
+	tx, err := c.cfg.DB.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(context.Background())
+	b := &pgx.Batch{}
+	c.queueAdvance(b, r)
+	if id != "" {
+		b.Queue("WITH d AS (DELETE FROM "+c.attempt+" WHERE consumer = $1 AND message_id = $2) INSERT INTO "+c.inbox+
+			" (consumer, message_id, outcome) VALUES ($1, $2, 'dead-lettered') ON CONFLICT DO NOTHING", c.cfg.Name, id)
+	}
+	br := tx.SendBatch(ctx, b)
+	adv, err := br.Exec()
+	if err == nil && id != "" {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || adv.RowsAffected() == 0 {
+		return false, err
+	}
+	return true, c.commitTx(ctx, tx, r)
 }
 
 // Prune deletes this consumer's inbox rows (and stale attempt counts)

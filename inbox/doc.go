@@ -1,17 +1,36 @@
 // Package inbox consumes Kafka records with one effect per message id: for
-// each record it runs the caller's Handler and records (consumer,
-// message id) in an inbox table in one PostgreSQL transaction, and commits
-// the Kafka offset only after that transaction committed.
+// each record it runs the caller's Handler, records (consumer, message id)
+// in an inbox table and moves the group's position in an offsets table, in
+// one PostgreSQL transaction, and commits the Kafka offset only after that
+// transaction committed.
 //
 // walrelay, like any at-least-once producer, may deliver a record more
 // than once (after a relay crash, a broker outage, two relays); each copy
-// carries the same id header. A consumer may also see a record again after
-// it crashed before committing its offset, or while a rebalance hands its
-// partition to another member of the group. In every case the second
+// carries the same id header. A consumer may also see a record again while
+// a rebalance hands its partition to another member of the group, or after
+// a rewind (see Positions). In every case the second
 // transaction's INSERT into the inbox conflicts with the first one's row
 // (a primary key, INSERT ... ON CONFLICT DO NOTHING, never a
 // check-then-insert: a concurrent copy waits for the first transaction and
 // then finds the row), so the handler's database effects happen once.
+//
+// # Positions and database failovers
+//
+// The group's position in each partition (the next offset to handle) is a
+// row of the offsets table, moved in the same transaction as the inbox row
+// and the handler's effects, and each partition starts from it when
+// assigned; the Kafka offset commit follows for the tools that read it. A
+// database that fails over to a standby short of its newest transactions
+// (asynchronous replication) loses effects, inbox rows and position
+// together, while Kafka's committed offsets are past them: started from
+// Kafka's, those records would never be handled again. Each transaction
+// moves the position only from where this member left it (an UPDATE ...
+// WHERE next_offset = the known one); finding it elsewhere, the consumer
+// rolls back and re-reads the partition from the database's position (from
+// the partition's start when the row itself was lost), counting
+// inbox_rewinds_total. The same check catches another member that handled
+// the partition meanwhile. The loss is found at the partition's next
+// record, or when it is next assigned.
 //
 // # Order and failures
 //

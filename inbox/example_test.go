@@ -73,4 +73,12 @@ func ExampleDDL() {
 	//     updated_at timestamptz NOT NULL DEFAULT now(),
 	//     PRIMARY KEY (consumer, message_id)
 	// );
+	// CREATE TABLE IF NOT EXISTS "inbox_offsets" (
+	//     consumer_group text        NOT NULL,
+	//     topic          text        NOT NULL,
+	//     partition      int         NOT NULL,
+	//     next_offset    bigint      NOT NULL,
+	//     updated_at     timestamptz NOT NULL DEFAULT now(),
+	//     PRIMARY KEY (consumer_group, topic, partition)
+	// );
 }

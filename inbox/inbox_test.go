@@ -34,9 +34,9 @@ func TestNewNamesTheMissingField(t *testing.T) {
 }
 
 func TestTableNamesWithSchema(t *testing.T) {
-	in, at := tableNames("shipping.inbox")
-	if in != `"shipping"."inbox"` || at != `"shipping"."inbox_attempts"` {
-		t.Errorf("got %s and %s", in, at)
+	in, at, off := tableNames("shipping.inbox")
+	if in != `"shipping"."inbox"` || at != `"shipping"."inbox_attempts"` || off != `"shipping"."inbox_offsets"` {
+		t.Errorf("got %s, %s and %s", in, at, off)
 	}
 	if ddl := DDL("shipping.inbox"); !strings.Contains(ddl, `INDEX IF NOT EXISTS "inbox_processed_at" ON "shipping"."inbox"`) {
 		t.Errorf("the index must be named without the schema (it lives in the table's):\n%s", ddl)

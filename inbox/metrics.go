@@ -7,9 +7,9 @@ import (
 )
 
 type metrics struct {
-	processed, duplicates, failures, dbErrors, pruned *prometheus.CounterVec
-	deadLettered                                      *prometheus.CounterVec
-	lag                                               *prometheus.GaugeVec
+	processed, duplicates, failures, dbErrors, pruned, rewinds *prometheus.CounterVec
+	deadLettered                                               *prometheus.CounterVec
+	lag                                                        *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -24,6 +24,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Inbox transactions that failed for a database reason (retried without counting an attempt): check PostgreSQL if it keeps rising."}, []string{"consumer"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inbox_dead_lettered_total",
 			Help: "Records sent to the dead-letter topic, by reason (handler-failed, no-id); inspect and replay them from that topic."}, []string{"consumer", "reason"}),
+		rewinds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inbox_rewinds_total",
+			Help: "Times a partition's position in the database was not where this consumer left it, so it re-read the partition from the database's position: after a database failover that lost committed transactions, or another member that handled the partition meanwhile."}, []string{"consumer"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "inbox_pruned_rows_total",
 			Help: "Inbox rows deleted by retention."}, []string{"consumer"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inbox_lag_records",
@@ -38,6 +40,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.dbErrors = register(reg, m.dbErrors)
 	m.deadLettered = register(reg, m.deadLettered)
 	m.pruned = register(reg, m.pruned)
+	m.rewinds = register(reg, m.rewinds)
 	m.lag = register(reg, m.lag)
 	return m
 }
