@@ -98,6 +98,12 @@ type Config struct {
 	// commits (default 500). A rebalance waits for them, so their handling
 	// time must stay under the group's rebalance timeout.
 	MaxPollRecords int
+	// PositionCheckInterval is how often the consumer compares the
+	// positions in the database with its own (default 10s; negative
+	// disables), so that a database failover that lost the newest
+	// transactions is noticed on a partition no new record comes to: a
+	// partition's next record finds it anyway (see Positions).
+	PositionCheckInterval time.Duration
 	// Logger (default none).
 	Logger *zap.Logger
 	// Registerer receives the inbox_* metrics (default none); several
@@ -126,6 +132,16 @@ type Consumer struct {
 	// offset must be moved to though no record was handled since (a
 	// partition started or rewound there), for the tools that read it.
 	follow map[string]map[int32]int64
+	// suspects are partitions whose database position the check found
+	// elsewhere than pos; wake ends the poll in progress so that the
+	// polling goroutine rewinds them.
+	suspects []topicPartition
+	wake     context.CancelFunc
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
 }
 
 // New checks cfg and returns a Consumer; errors name the missing field.
@@ -166,6 +182,9 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	}
 	if cfg.MaxPollRecords <= 0 {
 		cfg.MaxPollRecords = 500
+	}
+	if cfg.PositionCheckInterval == 0 {
+		cfg.PositionCheckInterval = 10 * time.Second
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -208,15 +227,28 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.Retention > 0 {
 		wg.Go(func() { c.pruneLoop(pctx) })
 	}
+	if c.cfg.PositionCheckInterval > 0 {
+		wg.Go(func() { c.checkLoop(pctx) })
+	}
+	defer func() {
+		c.mu.Lock()
+		c.wake() // the last poll's
+		c.mu.Unlock()
+	}()
 	for {
-		fs := cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+		poll := c.pollContext(ctx)
+		fs := cl.PollRecords(poll, c.cfg.MaxPollRecords)
 		if ctx.Err() != nil || fs.IsClientClosed() {
 			break
 		}
+		woken := poll.Err() != nil // by the position check
+		rewound := c.rewindSuspects(ctx, cl)
 		fs.EachError(func(t string, p int32, err error) {
-			c.log.Warn("fetch error (the client retries)", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
+			if !woken || !errors.Is(err, context.Canceled) {
+				c.log.Warn("fetch error (the client retries)", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
+			}
 		})
-		if fs.NumRecords() == 0 && len(fs.Errors()) > 0 {
+		if fs.NumRecords() == 0 && len(fs.Errors()) > 0 && !woken {
 			// Errors that come back at once (authorization, an unknown
 			// group) must not spin the loop.
 			cl.AllowRebalance()
@@ -227,6 +259,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue
 		}
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			if rewound[topicPartition{p.Topic, p.Partition}] {
+				return // fetched from the position left behind
+			}
 			for _, r := range p.Records {
 				if ctx.Err() != nil {
 					return
@@ -237,7 +272,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				case moved:
 					// The rest of this poll's records of the partition
 					// come after a position that is not the database's.
-					c.rewind(ctx, cl, r.Topic, r.Partition)
+					c.rewind(ctx, cl, r.Topic, r.Partition, true)
 					return
 				}
 				c.mark(r)

@@ -30,7 +30,9 @@
 // the partition's start when the row itself was lost), counting
 // inbox_rewinds_total. The same check catches another member that handled
 // the partition meanwhile. The loss is found at the partition's next
-// record, or when it is next assigned.
+// record, when it is next assigned, or at the next periodic comparison of
+// the database's positions with this member's
+// (Config.PositionCheckInterval), whichever comes first.
 //
 // # Order and failures
 //

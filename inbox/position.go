@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -180,19 +181,25 @@ func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.
 }
 
 // rewind moves the consumer to the database's position of the partition
-// after a transaction found it elsewhere than this member left it: behind
-// (the database lost committed transactions, as a failover to a standby
-// short of them does), or ahead (another member handled the partition
-// meanwhile). With no row at all, the partition is read again from its
-// start: the inbox skips what survived. It runs on the polling goroutine,
-// before AllowRebalance, as SetOffsets needs.
-func (c *Consumer) rewind(ctx context.Context, cl *kgo.Client, topic string, partition int32) {
+// after a transaction or the check found it elsewhere than this member
+// left it: behind (the database lost committed transactions, as a failover
+// to a standby short of them does), or ahead (another member handled the
+// partition meanwhile). With no row at all, the partition is read again
+// from its start: the inbox skips what survived. It runs on the polling
+// goroutine, before AllowRebalance, as SetOffsets needs. always seeks
+// even when the position is found where this member left it (a
+// transaction's caller has dropped the poll's later records); otherwise
+// it reports whether it moved the consumer.
+func (c *Consumer) rewind(ctx context.Context, cl *kgo.Client, topic string, partition int32, always bool) bool {
 	was, wasKnown := c.position(topic, partition)
 	kept, err := c.readPositions(ctx, []string{topic})
 	if err != nil {
-		return // stopping: the next owner starts from the database's position
+		return false // stopping: the next owner starts from the database's position
 	}
 	next, ok := kept[topic][partition]
+	if !always && ok && wasKnown && next == was {
+		return false // the check read the database before a commit, this member after it
+	}
 	if !ok {
 		starts, err := kadm.NewClient(cl).ListStartOffsets(ctx, topic)
 		if err == nil {
@@ -208,7 +215,7 @@ func (c *Consumer) rewind(ctx context.Context, cl *kgo.Client, topic string, par
 				cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{topic: {partition: {Epoch: -1, Offset: 0}}})
 			}
 			c.setPosition(topic, partition, 0, false)
-			return
+			return true
 		}
 		next = o.Offset
 	}
@@ -224,4 +231,91 @@ func (c *Consumer) rewind(ctx context.Context, cl *kgo.Client, topic string, par
 	c.followPosition(topic, partition, next)
 	c.setPosition(topic, partition, next, ok)
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{topic: {partition: {Epoch: -1, Offset: next}}})
+	return true
+}
+
+// pollContext is the context of the next poll, which the position check
+// ends to wake the polling goroutine.
+func (c *Consumer) pollContext(ctx context.Context) context.Context {
+	poll, cancel := context.WithCancel(ctx)
+	c.mu.Lock()
+	if c.wake != nil {
+		c.wake() // the previous poll's, done with
+	}
+	c.wake = cancel
+	if len(c.suspects) > 0 {
+		cancel() // found while the last poll's records were handled
+	}
+	c.mu.Unlock()
+	return poll
+}
+
+// checkLoop compares, every Config.PositionCheckInterval, the database's
+// position of each partition this member knows one of with its own, and
+// hands the partitions found elsewhere to the polling goroutine.
+func (c *Consumer) checkLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.PositionCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		known := make(map[string]map[int32]int64, len(c.pos))
+		topics := make([]string, 0, len(c.pos))
+		for tp, ps := range c.pos {
+			if len(ps) > 0 {
+				known[tp] = maps.Clone(ps)
+				topics = append(topics, tp)
+			}
+		}
+		c.mu.Unlock()
+		if len(topics) == 0 {
+			continue
+		}
+		kept, err := c.queryPositions(ctx, topics)
+		if err != nil {
+			continue // the handler's transactions meet the same database and retry
+		}
+		var moved []topicPartition
+		for tp, ps := range known {
+			for p, n := range ps {
+				if m, ok := kept[tp][p]; !ok || m != n {
+					moved = append(moved, topicPartition{tp, p})
+				}
+			}
+		}
+		if len(moved) > 0 {
+			c.mu.Lock()
+			c.suspects = append(c.suspects, moved...)
+			if c.wake != nil {
+				c.wake()
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// rewindSuspects rewinds the partitions the check found moved that this
+// member still knows a position of, and returns those it moved.
+func (c *Consumer) rewindSuspects(ctx context.Context, cl *kgo.Client) map[topicPartition]bool {
+	c.mu.Lock()
+	suspects := c.suspects
+	c.suspects = nil
+	c.mu.Unlock()
+	var rewound map[topicPartition]bool
+	for _, tp := range suspects {
+		if _, known := c.position(tp.topic, tp.partition); !known || rewound[tp] {
+			continue // revoked meanwhile, or found twice
+		}
+		if c.rewind(ctx, cl, tp.topic, tp.partition, false) {
+			if rewound == nil {
+				rewound = map[topicPartition]bool{}
+			}
+			rewound[tp] = true
+		}
+	}
+	return rewound
 }
