@@ -424,16 +424,7 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) p
 	if id == "" {
 		return c.deadLetter(ctx, cl, r, "", "no-id", "the record has no id header, so its copies cannot be recognised", 0)
 	}
-	pause := c.cfg.RetryBackoff
-	wait := func() processed {
-		select {
-		case <-ctx.Done():
-			return stopped
-		case <-time.After(pause):
-		}
-		pause = min(2*pause, c.cfg.MaxRetryBackoff)
-		return done
-	}
+	pause := c.backoff()
 	for {
 		out, err := c.try(ctx, r, id)
 		// A record whose transaction committed is done even when the
@@ -460,7 +451,7 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) p
 		case dbError:
 			c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
 			c.log.Warn("inbox transaction failed; retrying without counting an attempt", zap.String("id", id), zap.Error(err))
-			if wait() == stopped {
+			if !pause.wait(ctx) {
 				return stopped
 			}
 		case failed:
@@ -475,7 +466,7 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) p
 					return c.deadLetter(ctx, cl, r, id, "handler-failed", err.Error(), n)
 				}
 			}
-			if wait() == stopped {
+			if !pause.wait(ctx) {
 				return stopped
 			}
 		}
@@ -641,7 +632,7 @@ func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record
 		kgo.RecordHeader{Key: "inbox.partition", Value: []byte(strconv.Itoa(int(r.Partition)))},
 		kgo.RecordHeader{Key: "inbox.offset", Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	)
-	pause := c.cfg.RetryBackoff
+	pause := c.backoff()
 	for {
 		err := cl.ProduceSync(ctx, dl).FirstErr()
 		if err == nil {
@@ -659,13 +650,29 @@ func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record
 			return done
 		}
 		c.log.Warn("dead-lettering failed; retrying (if the topic is missing, create it or let the brokers create topics)", zap.String("id", id), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic), zap.Error(err))
-		select {
-		case <-ctx.Done():
+		if !pause.wait(ctx) {
 			return stopped
-		case <-time.After(pause):
 		}
-		pause = min(2*pause, c.cfg.MaxRetryBackoff)
 	}
+}
+
+// backoff is the pause between retries of what the database or the broker
+// failed: Config.RetryBackoff, doubling up to Config.MaxRetryBackoff.
+type backoff struct{ next, max time.Duration }
+
+func (c *Consumer) backoff() *backoff {
+	return &backoff{next: c.cfg.RetryBackoff, max: c.cfg.MaxRetryBackoff}
+}
+
+// wait pauses; false when ctx ended first.
+func (b *backoff) wait(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(b.next):
+	}
+	b.next = min(2*b.next, b.max)
+	return true
 }
 
 // recordDeadLetter records id (when r has one) as dead-lettered and moves

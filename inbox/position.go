@@ -25,7 +25,7 @@ import (
 // checkTables refuses to run without the offsets table (an inbox table
 // made by an older DDL), retrying while the database cannot be asked.
 func (c *Consumer) checkTables(ctx context.Context) error {
-	pause := c.cfg.RetryBackoff
+	pause := c.backoff()
 	for {
 		var found bool
 		err := c.cfg.DB.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", c.offsets).Scan(&found)
@@ -39,12 +39,9 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 		}
 		c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
 		c.log.Warn("checking the inbox tables failed; retrying", zap.Error(err))
-		select {
-		case <-ctx.Done():
+		if !pause.wait(ctx) {
 			return ctx.Err()
-		case <-time.After(pause):
 		}
-		pause = min(2*pause, c.cfg.MaxRetryBackoff)
 	}
 }
 
@@ -110,7 +107,7 @@ func (c *Consumer) forgetPositions(ps map[string][]int32) {
 // readPositions reads the database's positions of the topics' partitions,
 // retrying while the database fails, until ctx ends.
 func (c *Consumer) readPositions(ctx context.Context, topics []string) (map[string]map[int32]int64, error) {
-	pause := c.cfg.RetryBackoff
+	pause := c.backoff()
 	for {
 		kept, err := c.queryPositions(ctx, topics)
 		if err == nil {
@@ -121,12 +118,9 @@ func (c *Consumer) readPositions(ctx context.Context, topics []string) (map[stri
 		}
 		c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
 		c.log.Warn("reading the consumed positions from the database failed; retrying", zap.Error(err))
-		select {
-		case <-ctx.Done():
+		if !pause.wait(ctx) {
 			return nil, ctx.Err()
-		case <-time.After(pause):
 		}
-		pause = min(2*pause, c.cfg.MaxRetryBackoff)
 	}
 }
 
