@@ -1033,3 +1033,22 @@ func failoverLosingTheLedger(t *testing.T, check time.Duration, copies bool) {
 	t.Logf("the failover lost the ledger's 30 rows; after %d copies the consumer rewound %.0f times; ledger %d rows",
 		sent, lc.metric("inbox_rewinds_total"), rows)
 }
+
+// TestChainInboxTablesOfAnOlderDDL: an inbox made by a DDL from before the
+// offsets table (an upgrade that did not run inbox.DDL again) is refused
+// at once, with the fix, before the consumer joins its group.
+func TestChainInboxTablesOfAnOlderDDL(t *testing.T) {
+	ch := newChain(t)
+	ch.e.exec("DROP TABLE " + shop.InboxTable + "_offsets")
+	c, err := inbox.New(ch.consumerConfig(prometheus.NewRegistry()), shop.ApplyToLedger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(ch.e.ctx, 30*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), `run inbox.DDL("inbox") again`) || ctx.Err() != nil {
+		t.Fatalf("Run = %v (context: %v), want at once an error naming inbox.DDL", err, ctx.Err())
+	}
+	t.Logf("refused: %v", err)
+}
