@@ -124,11 +124,11 @@ func TestReadCheckpointThroughKafka(t *testing.T) {
 	// The delivery of an exactly-once session: the checkpoint is read
 	// once the stream is open and before it is read, and the delivery made
 	// after.
-	open, _, err := r.prepareDelivery(ctx, rt, newFakeStream(), start)
+	open, _, err := r.prepareDelivery(ctx, rt, newFakeStream(), start, r.cfg.StatusInterval)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := r.newSession(ctx, newFakeStream(), nil, start)
+	s := r.newSession(ctx, newFakeStream(), nil, start, r.cfg.StatusInterval)
 	d, err := open(slotSystem("1", 1<<40), s)
 	if err != nil {
 		t.Fatal(err)
@@ -143,11 +143,11 @@ func TestPrepareDeliveryAtLeastOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open, _, err := r.prepareDelivery(context.Background(), nil, newFakeStream(), start)
+	open, _, err := r.prepareDelivery(context.Background(), nil, newFakeStream(), start, r.cfg.StatusInterval)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := open(slotSystem("1", 1), r.newSession(context.Background(), newFakeStream(), nil, start))
+	d, err := open(slotSystem("1", 1), r.newSession(context.Background(), newFakeStream(), nil, start, r.cfg.StatusInterval))
 	if _, ok := d.(*atLeastOnce); !ok || err != nil {
 		t.Fatalf("at-least-once session got a %T (%v)", d, err)
 	}

@@ -133,8 +133,11 @@ type Config struct {
 	KafkaOptions []kgo.Opt
 
 	// StatusInterval is the longest time between standby status updates
-	// (default 10s). It must stay well under the server's
-	// wal_sender_timeout (default 60s), which disconnects a silent client.
+	// (default 10s). A stream whose wal_sender_timeout (default 60s; it
+	// disconnects a silent client) is under three times it gets updates
+	// every third of that timeout instead: while the relay waits for
+	// Kafka it does not read the stream, and answers no request for a
+	// reply.
 	StatusInterval time.Duration
 	// ConfirmDelay is the shortest time between two status updates that
 	// only move the confirmed position forward (default 100ms; 0 confirms

@@ -72,6 +72,8 @@ type session struct {
 	lastRecv time.Time // when the server was last known to have sent anything
 	pinged   bool      // a reply was requested since lastRecv
 	heard    bool      // a message arrived since lastRecv was set
+	lost     bool      // a status update failed: the connection is gone
+	ended    bool      // the loop returned: finish is draining
 
 	// Per-message figures, published by housekeep rather than per message.
 	msgs      uint64
@@ -119,9 +121,10 @@ func (s *session) kafkaCtx() (context.Context, context.CancelFunc) {
 	}
 }
 
-// newSession is a session on stream, starting at start; its delivery (d)
+// newSession is a session on stream, starting at start, sending status
+// updates at least every statusEvery (Relay.statusEvery); its delivery (d)
 // is set before run.
-func (r *Relay) newSession(ctx context.Context, st stream, dec *decoder.Decoder, start decoder.LSN) *session {
+func (r *Relay) newSession(ctx context.Context, st stream, dec *decoder.Decoder, start decoder.LSN, statusEvery time.Duration) *session {
 	s := &session{
 		r:      r,
 		ctx:    ctx,
@@ -130,7 +133,7 @@ func (r *Relay) newSession(ctx context.Context, st stream, dec *decoder.Decoder,
 		dec:    dec,
 		failed: make(chan error, 1),
 		timer:  time.NewTimer(time.Hour),
-		status: heartbeat.NewSchedule(r.cfg.StatusInterval, r.cfg.ConfirmDelay),
+		status: heartbeat.NewSchedule(statusEvery, r.cfg.ConfirmDelay),
 		// The stream just started: count the silence from now.
 		lastRecv: time.Now(),
 	}
@@ -154,11 +157,16 @@ func (s *session) run() error {
 		zap.Stringer("server_wal_end", s.system.XLogPos))
 	defer func() {
 		r.current.Store(nil)
-		r.streaming.Store(false)
-		r.metrics.Streaming.Set(0)
 		s.timer.Stop()
 	}()
-	return s.finish(s.loop())
+	err := s.loop()
+	s.ended = true
+	// The stream is over, whatever finish still waits for: a relay whose
+	// connection broke while Kafka was out must not look streaming until
+	// Kafka is back.
+	r.streaming.Store(false)
+	r.metrics.Streaming.Set(0)
+	return s.finish(err)
 }
 
 // loop reads the stream until something ends it.
@@ -271,6 +279,28 @@ func (s *session) checkAlive() error {
 		}
 	}
 	return nil
+}
+
+// connectionLost ends the session on a status update that could not be
+// sent. While the relay waits for Kafka nothing reads the stream, so a
+// connection the server ended (its wal_sender_timeout, a terminated
+// walsender) shows here first, not at a Receive that may be long in
+// coming: the session ends now, and the next one starts from the
+// confirmed position once Kafka has answered what is in flight.
+func (s *session) connectionLost(err error) {
+	if s.lost || s.ended {
+		// Said already, or the loop is over and its end says why.
+		s.r.log.Debug("standby status update failed", zap.Error(err))
+		return
+	}
+	s.lost = true
+	s.r.log.Warn("the replication connection broke: ending the stream; the next starts from the confirmed position once Kafka has answered what is in flight",
+		zap.Stringer("confirmed_lsn", s.status.Confirmed()), zap.Error(err))
+	select {
+	case s.failed <- fmt.Errorf("replication connection: %w", err):
+	default: // another error ends the session already
+	}
+	s.stream.Interrupt()
 }
 
 // handle processes one pgoutput message.
@@ -402,9 +432,7 @@ func (s *session) housekeep(force bool) {
 		return
 	}
 	if err := s.stream.SendStatus(pos.LSN, false); err != nil {
-		// The next Receive fails on the same broken connection and ends
-		// the session; nothing more to do here.
-		s.r.log.Debug("standby status update failed", zap.Error(err))
+		s.connectionLost(err)
 		return
 	}
 	m.StandbyStatusSent.Inc()

@@ -322,7 +322,7 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	st := newFakeStream()
-	s := r.newSession(ctx, st, dec, start)
+	s := r.newSession(ctx, st, dec, start, cfg.StatusInterval)
 	s.system.SystemID, s.system.XLogPos = "7000000000000000001", 1<<40
 	if resume != nil {
 		if err := r.verifyCheckpoint(*resume, s.system); err != nil {
@@ -831,7 +831,7 @@ func TestAnsweringServerReadsAheadWhileKafkaIsSlow(t *testing.T) {
 	big := data(1990, insertMsg(outboxOID, strings.Repeat("b", prefetchChunkBytes))) // packed apart from the small ones
 	sent := append(txnMsgs(2000, "e1"), big, keepalive(2100, true))
 	st.send(sent...)
-	rs, err := r.answeringServer(st, start, func() error {
+	rs, err := r.answeringServer(st, start, r.cfg.StatusInterval, func() error {
 		// Slow Kafka: returns once the stream was read and the server
 		// heard from us twice.
 		waitFor(t, "the stream read and status updates sent", func() bool { return len(st.msgs) == 0 && len(st.updates()) >= 2 })
@@ -875,7 +875,7 @@ func TestAnsweringServerBoundsWhatItHolds(t *testing.T) {
 		sent = append(sent, data(uint64(1000+i), insertMsg(outboxOID, fmt.Sprintf("id-%d", i))))
 	}
 	st.send(sent...)
-	rs, err := r.answeringServer(st, start, func() error {
+	rs, err := r.answeringServer(st, start, r.cfg.StatusInterval, func() error {
 		waitFor(t, "the read-ahead to take its share", func() bool { return len(st.msgs) <= len(sent)-want })
 		n := len(st.updates())
 		waitFor(t, "two status updates after it", func() bool { return len(st.updates()) >= n+2 })

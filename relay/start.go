@@ -62,7 +62,8 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	}
 	r.timeline = stream.System.Timeline
 	walsender := stream.PID()
-	open, st, err := r.prepareDelivery(ctx, rt, stream, start)
+	every := r.statusEvery(stream.SenderTimeout)
+	open, st, err := r.prepareDelivery(ctx, rt, stream, start, every)
 	if err != nil {
 		err = r.afterFence(err, walsender)
 		stream.Close(context.Background())
@@ -76,7 +77,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		stream.Close(context.Background())
 		return &fatalError{err}
 	}
-	s := r.newSession(ctx, st, dec, start)
+	s := r.newSession(ctx, st, dec, start, every)
 	s.walsender = walsender
 	if s.d, err = open(stream.System, s); err != nil {
 		stream.Close(context.Background())
@@ -87,6 +88,22 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	err = s.run()
 	r.sessionEnded(began, start)
 	return r.sessionGap(ctx, err)
+}
+
+// statusEvery is the longest time between two status updates on a stream
+// whose walsender ends a client silent for senderTimeout (0: never):
+// StatusInterval, or a third of the timeout when that is shorter. While
+// the relay waits for Kafka it does not read the stream, so the
+// walsender's requests for a reply go unseen; only updates sent on this
+// schedule keep the connection, whatever StatusInterval says.
+func (r *Relay) statusEvery(senderTimeout time.Duration) time.Duration {
+	every := r.cfg.StatusInterval
+	if senderTimeout > 0 && senderTimeout/3 < every {
+		every = max(senderTimeout/3, time.Millisecond)
+		r.log.Info("status updates more often than relay.Config.StatusInterval: the server ends a replication connection silent for its wal_sender_timeout, and the relay does not read the stream while it waits for Kafka",
+			zap.Duration("status_interval", r.cfg.StatusInterval), zap.Duration("wal_sender_timeout", senderTimeout), zap.Duration("status_every", every))
+	}
+	return every
 }
 
 // sessionEnded resets the backoff after a session that lasted BackoffMax
@@ -108,7 +125,7 @@ type openDelivery func(sys pglogrepl.IdentifySystemResult, s *session) (delivery
 // transactional id, fencing any older relay, and read the checkpoint), and
 // returns how to make the session's delivery after, and the stream the
 // session reads. It is the one place that tells the modes apart.
-func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st stream, start decoder.LSN) (openDelivery, stream, error) {
+func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st stream, start decoder.LSN, statusEvery time.Duration) (openDelivery, stream, error) {
 	if !r.cfg.ExactlyOnce {
 		return func(_ pglogrepl.IdentifySystemResult, s *session) (delivery, error) {
 			return newAtLeastOnce(rt, s.wait), nil
@@ -116,7 +133,7 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 	}
 	var resume resumePoint
 	var tookID, readCheckpoint time.Duration
-	ahead, err := r.answeringServer(st, start, func() error {
+	ahead, err := r.answeringServer(st, start, statusEvery, func() error {
 		began := time.Now()
 		if err := r.initTransactions(ctx, rt); err != nil {
 			return err
@@ -224,7 +241,7 @@ var prefetchMaxBytes = 32 << 20
 // walsender left to fill an unread socket streams slowly afterwards; taking
 // the transactional id and reading the checkpoint wait on Kafka. It
 // returns the stream the session reads: what was read ahead, then st.
-func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (*prefetched, error) {
+func (r *Relay) answeringServer(st stream, start decoder.LSN, statusEvery time.Duration, f func() error) (*prefetched, error) {
 	p := &prefetched{stream: st}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -240,14 +257,14 @@ func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (*
 				select {
 				case <-done:
 					return
-				case <-time.After(time.Until(lastSent.Add(r.cfg.StatusInterval))):
+				case <-time.After(time.Until(lastSent.Add(statusEvery))):
 					if !status() {
 						return
 					}
 				}
 				continue
 			}
-			m, err := st.Receive(lastSent.Add(r.cfg.StatusInterval))
+			m, err := st.Receive(lastSent.Add(statusEvery))
 			switch {
 			case errors.Is(err, slot.ErrTimeout):
 				if !status() {
@@ -263,7 +280,7 @@ func (r *Relay) answeringServer(st stream, start decoder.LSN, f func() error) (*
 			if m.Kind == slot.Keepalive && m.ReplyRequested && !status() {
 				return
 			}
-			if !time.Now().Before(lastSent.Add(r.cfg.StatusInterval)) && !status() {
+			if !time.Now().Before(lastSent.Add(statusEvery)) && !status() {
 				return
 			}
 			p.push(m)

@@ -76,6 +76,10 @@ type Stream struct {
 	publication string
 	// System is what IDENTIFY_SYSTEM reported when the stream opened.
 	System pglogrepl.IdentifySystemResult
+	// SenderTimeout is the walsender's wal_sender_timeout for this
+	// connection (a role or database may set its own): it ends a stream
+	// whose client sends nothing for that long. 0 when off or unknown.
+	SenderTimeout time.Duration
 }
 
 // Start opens a replication connection to url and starts streaming slot
@@ -97,6 +101,7 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
 	}
+	s.SenderTimeout = senderTimeout(ctx, conn)
 	args := []string{
 		"proto_version '1'",
 		"publication_names " + quoteLiteral(quoteIdent(opts.Publication)),
@@ -116,6 +121,21 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 		return nil, fmt.Errorf("START_REPLICATION SLOT %s at %s: %w", opts.Slot, start, err)
 	}
 	return s, nil
+}
+
+// senderTimeout reads the connection's wal_sender_timeout (in ms; a
+// replication connection of the database kind runs SQL before streaming).
+// A failure reads as 0: the relay then keeps its own status interval.
+func senderTimeout(ctx context.Context, conn *pgconn.PgConn) time.Duration {
+	res, err := conn.Exec(ctx, "SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'").ReadAll()
+	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 {
+		return 0
+	}
+	ms, err := strconv.ParseInt(string(res[0].Rows[0][0]), 10, 64)
+	if err != nil || ms <= 0 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // PID is the backend process ID of the replication connection: the

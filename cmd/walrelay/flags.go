@@ -178,7 +178,7 @@ type RecordFlags struct {
 
 // TuningFlags trade latency, memory and load.
 type TuningFlags struct {
-	StatusInterval    time.Duration `default:"${status_interval}" help:"Longest time between standby status updates; keep it well under the server's wal_sender_timeout (60s by default)."`
+	StatusInterval    time.Duration `default:"${status_interval}" help:"Longest time between standby status updates; shortened to a third of the replication connection's wal_sender_timeout when that is less, since the relay does not read the stream while it waits for Kafka."`
 	ConfirmDelay      time.Duration `default:"${confirm_delay}" help:"Shortest time between status updates that only advance the confirmed position."`
 	ShutdownTimeout   time.Duration `default:"${shutdown_timeout}" help:"On SIGINT/SIGTERM, how long to wait for outstanding acks before exiting (with exactly-once delivery, for the final Kafka commit too: the whole stop)."`
 	MaxInflightEvents int64         `default:"${max_inflight_events}" help:"Events produced and not yet acknowledged, at most; bounds memory."`
