@@ -201,7 +201,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		UnmappedInserts: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_unmapped_inserts_total",
-			Help: "Inserts the publication streamed for a table that is not a configured outbox table (--table), by table; they are not published. Add the table with --table if it is an outbox, or remove it from the publication.",
+			Help: "Inserts the publication streamed for a table that is not a configured outbox table (--table), by table. One the publication lists by name stops the relay before the slot moves past it; those of a table only FOR ALL TABLES or TABLES IN SCHEMA covers, or no longer in the publication, are not published.",
 		}, []string{"table"}),
 		SnapshotRows: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_snapshot_rows_total",

@@ -368,6 +368,9 @@ type Relay struct {
 	// slotHolder tells a fenced relay whether it still holds the slot
 	// (fence.go): holdsSlot, or a fake in unit tests.
 	slotHolder slotHolder
+	// coverage says how the publication covers a table the relay does not
+	// map (session.go, unmapped): readCoverage, or a fake in unit tests.
+	coverage func(ctx context.Context, oid uint32) (slot.Coverage, error)
 
 	// unmapped holds the counter of each table whose inserts the
 	// publication sends but no outbox maps; a table is logged when it is
@@ -430,6 +433,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		verifyWanted: make(chan struct{}, 1),
 	}
 	r.slotHolder = r.holdsSlot
+	r.coverage = r.readCoverage
 	m.SetReadiness(r.Ready)
 	return r, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -66,6 +67,10 @@ type session struct {
 	walsender uint32
 	timer     *time.Timer
 	lastLSN   decoder.LSN // WAL position of the current message, for errors
+
+	// coverage is how the publication covers each table it streamed
+	// unmapped inserts of, by pg_class OID (see unmapped).
+	coverage map[uint32]slot.Coverage
 
 	status   *heartbeat.Schedule
 	nextTick time.Time
@@ -333,19 +338,60 @@ func (s *session) handle(data []byte) error {
 		// before it was received, so it is a marker like a keepalive.
 		s.tr.Marker(s.dec.MessageLSN())
 	case decoder.KindUnmapped:
-		s.r.unmappedInsert(s.dec.Unmapped())
+		return s.unmapped(s.dec.Unmapped())
 	}
 	return nil
 }
 
-// unmappedInsert counts an insert the publication sent for a table no
-// outbox maps, and says so once per table for the life of the process: the
-// row is not published, and without a word a misconfigured --table or a
-// partition published under its own name would look like a quiet outbox.
-func (r *Relay) unmappedInsert(t decoder.Table, oid uint32) {
+// unmapped deals with an insert the publication sent for a table no outbox
+// maps. The publication decides what the slot streams: a table it lists by
+// name (a migration's ALTER PUBLICATION ... ADD TABLE) was put there to be
+// published, so the relay stops before the slot is confirmed past the
+// insert, naming both ways on; nothing is lost, the slot still holds it. A
+// table only FOR ALL TABLES or TABLES IN SCHEMA covers, or one the
+// publication no longer covers, holds no events: counted, logged once.
+func (s *session) unmapped(t decoder.Table, oid uint32) error {
+	r := s.r
 	if t.Schema == r.cfg.RecordSchema && t.Name == slot.RecordTableName {
-		return // walrelay's own record, in a FOR ALL TABLES publication
+		return nil // walrelay's own record, in a FOR ALL TABLES publication
 	}
+	cov, ok := s.coverage[oid]
+	if !ok {
+		var err error
+		if cov, err = r.coverage(s.ctx, oid); err != nil {
+			return fmt.Errorf("look up how publication %q covers table %s: %w", r.cfg.Publication, t, err)
+		}
+		if s.coverage == nil {
+			s.coverage = make(map[uint32]slot.Coverage)
+		}
+		s.coverage[oid] = cov
+	}
+	r.unmappedInsert(t, oid, cov)
+	if cov != slot.Listed {
+		return nil
+	}
+	ident := pgx.Identifier{r.cfg.Publication}.Sanitize()
+	table := pgx.Identifier{t.Schema, t.Name}.Sanitize()
+	return &fatalError{fmt.Errorf("publication %q lists table %s, which is not an outbox table of this relay, and streamed an insert of it at %s: walrelay stopped before confirming past it, so the slot still holds it. If it is an outbox, add it to relay.Config.Tables and restart: its rows are published from the slot; if not, remove it from the publication (ALTER PUBLICATION %s DROP TABLE %s) and restart: its inserts are then skipped and counted",
+		r.cfg.Publication, t, s.lastLSN, ident, table)}
+}
+
+// coverage is how the publication covers the table of pg_class OID oid,
+// read on a connection of its own (the replication connection streams).
+func (r *Relay) readCoverage(ctx context.Context, oid uint32) (slot.Coverage, error) {
+	conn, err := slot.Connect(ctx, r.cfg.PGURL)
+	if err != nil {
+		return slot.NotCovered, err
+	}
+	defer conn.Close(context.Background())
+	return slot.ReadCoverage(ctx, conn, r.cfg.Publication, oid)
+}
+
+// unmappedInsert counts an insert the publication sent for a table no
+// outbox maps (cov: how the publication covers it), and says so once per
+// table for the life of the process, so that such rows never look like a
+// quiet outbox.
+func (r *Relay) unmappedInsert(t decoder.Table, oid uint32, cov slot.Coverage) {
 	c, ok := r.unmapped[t]
 	if !ok {
 		if r.unmapped == nil {
@@ -353,8 +399,13 @@ func (r *Relay) unmappedInsert(t decoder.Table, oid uint32) {
 		}
 		c = r.metrics.UnmappedInserts.WithLabelValues(t.String())
 		r.unmapped[t] = c
-		r.log.Warn("the publication streams inserts of a table that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); add it to relay.Config.Tables if it is an outbox, else remove it from the publication",
-			zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", r.cfg.Publication))
+		fields := []zap.Field{zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", r.cfg.Publication)}
+		switch cov {
+		case slot.Broad:
+			r.log.Warn("the publication covers every table (FOR ALL TABLES or TABLES IN SCHEMA) and streams inserts of one that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); if it is an outbox, add it to relay.Config.Tables", fields...)
+		case slot.NotCovered:
+			r.log.Warn("the slot streams inserts of a table the publication no longer covers (it was removed from the publication, or dropped, after they were written): they are not published (counted in walrelay_unmapped_inserts_total)", fields...)
+		}
 	}
 	c.Inc()
 }

@@ -575,20 +575,51 @@ func TestSessionMalformedStream(t *testing.T) {
 	}
 }
 
-func TestSessionCountsUnmappedInserts(t *testing.T) {
-	p := &fakeProducer{autoAck: true}
-	h := startSession(t, func(c *Config) {
-		c.Tables = append(c.Tables, decoder.Table{Schema: "public", Name: "outbox2"})
-	}, p, nil)
-	msgs := []slot.Message{data(1100, relationMsg(outboxOID+1, "other")), data(1900, beginMsg(2000)),
-		data(1910, insertMsg(outboxOID+1, "x")), data(1920, insertMsg(outboxOID+1, "y")), data(2000, commitMsg(2000, 2008))}
-	h.st.send(msgs...)
-	waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
-	if len(p.sent()) != 0 {
-		t.Fatalf("inserts of an unmapped table were sent: %v", p.sent())
-	}
-	if n := len(h.r.unmapped); n != 1 {
-		t.Fatalf("%d unmapped tables counted, want 1", n)
+// TestSessionUnmappedInserts: inserts of a table the publication streams
+// but no outbox maps are counted and passed over when only FOR ALL TABLES
+// (or TABLES IN SCHEMA) covers it, or the publication no longer does; when
+// the publication lists it by name, the session stops with a fatal error
+// naming it before anything past the transaction holding the insert is
+// confirmed, after confirming the transactions before it.
+func TestSessionUnmappedInserts(t *testing.T) {
+	for _, tc := range []struct {
+		cov  slot.Coverage
+		stop bool
+	}{{slot.Broad, false}, {slot.NotCovered, false}, {slot.Listed, true}} {
+		t.Run(fmt.Sprint(tc.cov), func(t *testing.T) {
+			p := &fakeProducer{autoAck: true}
+			var looked []uint32
+			h := startSessionWith(t, nil, p, nil, func(r *Relay, _ *session) {
+				r.coverage = func(_ context.Context, oid uint32) (slot.Coverage, error) {
+					looked = append(looked, oid)
+					return tc.cov, nil
+				}
+			})
+			h.st.send(data(1000, beginMsg(1100)), data(1010, insertMsg(outboxOID, "a")), data(1100, commitMsg(1100, 1108)),
+				data(1500, relationMsg(outboxOID+1, "other")), data(1900, beginMsg(2000)),
+				data(1910, insertMsg(outboxOID+1, "x")), data(1920, insertMsg(outboxOID+1, "y")), data(2000, commitMsg(2000, 2008)))
+			if !tc.stop {
+				waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
+				if len(p.sent()) != 1 {
+					t.Fatalf("sent %v, want the outbox event alone", p.sent())
+				}
+				if n := len(h.r.unmapped); n != 1 {
+					t.Fatalf("%d unmapped tables counted, want 1", n)
+				}
+				if len(looked) != 1 || looked[0] != outboxOID+1 {
+					t.Fatalf("coverage looked up for %v, want once for %d", looked, outboxOID+1)
+				}
+				return
+			}
+			err := h.end(t)
+			if !isFatal(err) || !strings.Contains(err.Error(), "public.other") || !strings.Contains(err.Error(), "relay.Config.Tables") ||
+				!strings.Contains(err.Error(), "DROP TABLE") {
+				t.Fatalf("session ended with %v, want a fatal error naming the table and both fixes", err)
+			}
+			if c := h.st.confirmed(); c != 1108 {
+				t.Fatalf("confirmed %s, want 0/454 (the transaction before the unmapped insert's)", c)
+			}
+		})
 	}
 }
 

@@ -49,6 +49,10 @@ type Publication struct {
 	ViaRoot bool
 	// Tables are the outbox tables, in the order configured.
 	Tables []PublishedTable
+	// Others are the tables the publication lists by name (FOR TABLE)
+	// that are neither an outbox table nor a partition of one: their
+	// inserts stream to the relay, which maps none of them (see Coverage).
+	Others []decoder.Table
 
 	version int    // server_version_num
 	xmin    string // of its pg_publication row: changes with every ALTER PUBLICATION ... SET
@@ -114,7 +118,82 @@ func ReadPublication(ctx context.Context, conn *pgx.Conn, name string, tables []
 		}
 		pub.Tables = append(pub.Tables, pt)
 	}
+	if pub.Exists {
+		others, err := listedOthers(ctx, conn, pubOID, pub.Tables)
+		if err != nil {
+			return pub, fmt.Errorf("read the tables of publication %q: %w", name, err)
+		}
+		pub.Others = others
+	}
 	return pub, nil
+}
+
+// listedOthers are the tables publication pubOID lists that are not one of
+// outbox nor a partition of one (whose rows arrive under the outbox's
+// name).
+func listedOthers(ctx context.Context, conn *pgx.Conn, pubOID uint32, outbox []PublishedTable) ([]decoder.Table, error) {
+	oids := make([]uint32, 0, len(outbox))
+	for _, t := range outbox {
+		oids = append(oids, t.OID)
+	}
+	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text
+		FROM pg_publication_rel r JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE r.prpubid = $1 AND r.prrelid <> ALL($2::oid[])
+		  AND NOT EXISTS (SELECT 1 FROM pg_partition_ancestors(r.prrelid) a WHERE a.relid = ANY($2::oid[]))
+		ORDER BY 1, 2`, pubOID, oids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (decoder.Table, error) {
+		var t decoder.Table
+		return t, r.Scan(&t.Schema, &t.Name)
+	})
+}
+
+// Coverage is how a publication covers a table walrelay does not map.
+type Coverage uint8
+
+const (
+	// NotCovered: the publication does not publish the table (any more):
+	// an operator took it out, or dropped it.
+	NotCovered Coverage = iota
+	// Listed: the publication names the table, or a partitioned table it
+	// is a partition of (FOR TABLE): someone made its rows part of what
+	// the slot streams, as an outbox's.
+	Listed
+	// Broad: only FOR ALL TABLES or TABLES IN SCHEMA cover it: every
+	// table's rows stream, and those walrelay does not map are not events.
+	Broad
+)
+
+// ReadCoverage says how publication covers the table of pg_class OID
+// relOID, as the catalog is now.
+func ReadCoverage(ctx context.Context, conn *pgx.Conn, publication string, relOID uint32) (Coverage, error) {
+	schemas := "false"
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return NotCovered, fmt.Errorf("read server version: %w", err)
+	}
+	if version >= 150000 { // TABLES IN SCHEMA came with PostgreSQL 15
+		schemas = "EXISTS (SELECT 1 FROM pg_publication_namespace pn JOIN pg_class c ON c.relnamespace = pn.pnnspid WHERE pn.pnpubid = p.oid AND c.oid = $2)"
+	}
+	var listed, broad bool
+	err := conn.QueryRow(ctx, `SELECT
+			EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid
+				AND (r.prrelid = $2 OR r.prrelid IN (SELECT relid FROM pg_partition_ancestors($2)))),
+			p.puballtables OR `+schemas+`
+		FROM pg_publication p WHERE p.pubname = $1`, publication, relOID).Scan(&listed, &broad)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return NotCovered, nil
+	case err != nil:
+		return NotCovered, fmt.Errorf("read how publication %q covers table %d: %w", publication, relOID, err)
+	case listed:
+		return Listed, nil
+	case broad:
+		return Broad, nil
+	}
+	return NotCovered, nil
 }
 
 func readPublishedTable(ctx context.Context, conn *pgx.Conn, pub *Publication, pubOID uint32, t decoder.Table) (PublishedTable, error) {
@@ -221,6 +300,14 @@ func publicationRefusal(cfg SetupConfig, pub Publication, log *zap.Logger) error
 	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	if !pub.Insert {
 		return setupErrorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, ident)
+	}
+	if len(pub.Others) > 0 {
+		names := make([]string, len(pub.Others))
+		for i, t := range pub.Others {
+			names[i] = t.String()
+		}
+		return setupErrorf("publication %q lists tables that are not outbox tables of this relay: %s; walrelay would stream their inserts and could publish none of them. If they are outbox tables, add them to slot.SetupConfig.Tables; if not, remove them from the publication (ALTER PUBLICATION %s DROP TABLE %s)",
+			cfg.Publication, strings.Join(names, ", "), ident, tableList(pub.Others))
 	}
 	if pub.AllTables {
 		log.Warn("publication is FOR ALL TABLES: the inserts of every table of the database stream to walrelay, which publishes only the outbox tables' and counts the others in walrelay_unmapped_inserts_total; prefer a publication FOR TABLE the outbox tables",

@@ -6,8 +6,10 @@ package integration
 // not create.
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,13 +159,20 @@ func TestPartitionedWithoutViaRootRefused(t *testing.T) {
 		fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pgx.Identifier{e.name}.Sanitize()))
 }
 
-// TestUnmappedInsertsLoggedAndCounted: inserts into a published table that
-// is not an outbox table are counted per table and logged once at WARN
-// naming it; the outbox rows still arrive.
+// TestUnmappedInsertsLoggedAndCounted: a publication FOR ALL TABLES
+// streams every table's inserts; those of tables that are not outbox
+// tables are counted per table and logged once at WARN naming it; the
+// outbox rows still arrive. A publication that lists such a table by name
+// is refused at startup, naming it and both fixes.
 func TestUnmappedInsertsLoggedAndCounted(t *testing.T) {
 	e := newEnv(t)
 	e.exec(`CREATE TABLE other_table (id int PRIMARY KEY, v text)`)
 	e.exec(fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE outbox, other_table WITH (publish = 'insert')`, pgx.Identifier{e.name}.Sanitize()))
+	refusedWith(t, e.args(), "public.other_table", "not outbox tables", "--table",
+		fmt.Sprintf(`ALTER PUBLICATION %s DROP TABLE "public"."other_table"`, pgx.Identifier{e.name}.Sanitize()))
+
+	e.exec(fmt.Sprintf(`DROP PUBLICATION %s`, pgx.Identifier{e.name}.Sanitize()))
+	e.exec(fmt.Sprintf(`CREATE PUBLICATION %s FOR ALL TABLES WITH (publish = 'insert')`, pgx.Identifier{e.name}.Sanitize()))
 	logs := e.observeLogs()
 	_, reg := e.startRelayGathered(e.config())
 	c := e.consume()
@@ -178,6 +187,115 @@ func TestUnmappedInsertsLoggedAndCounted(t *testing.T) {
 	})
 	if n := len(warnings(logs, "not an outbox table", zap.String("table", "public.other_table"))); n != 1 {
 		t.Errorf("%d WARN lines about public.other_table, want exactly 1; all logs: %v", n, logs.All())
+	}
+}
+
+// TestTableAddedToPublicationWhileStreaming is a migration that adds a
+// table to the publication while the relay streams under load, then
+// writes rows to it, half deleted in the transaction that inserts them
+// (the outbox pattern's own habit): the relay stops before the slot is
+// confirmed past the first of them, naming the table and both fixes. A
+// restart with the table among the outbox tables publishes every one of
+// them from the slot; one after the table was taken out of the publication
+// publishes none of them, counting them. No outbox row is lost either way.
+func TestTableAddedToPublicationWhileStreaming(t *testing.T) {
+	for _, fix := range []string{"add to tables", "drop from publication"} {
+		t.Run(fix, func(t *testing.T) {
+			e := newEnv(t)
+			e.exec(`CREATE TABLE outbox2 (LIKE outbox INCLUDING DEFAULTS)`)
+			cfg := e.config()
+			rr := e.startRelay(cfg)
+			c := e.consume()
+
+			// The outbox under load throughout.
+			ctx, stopWriting := context.WithCancel(e.ctx)
+			var wg sync.WaitGroup
+			stop := func() { stopWriting(); wg.Wait() }
+			defer stop()
+			wg.Go(func() {
+				conn, err := pgx.Connect(ctx, e.url)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer conn.Close(context.Background())
+				for i := 0; ctx.Err() == nil; i++ {
+					if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+						SELECT 'o', 'k' || g, 'T', '{}', $1 * 10 + g FROM generate_series(0, 9) g`, i); err != nil {
+						if ctx.Err() == nil {
+							t.Error(err)
+						}
+						return
+					}
+				}
+			})
+			c.waitIDs(50, 30*time.Second)
+
+			conn := e.conn()
+			before := e.currentLSN(conn)
+			e.exec(fmt.Sprintf(`ALTER PUBLICATION %s ADD TABLE outbox2`, pgx.Identifier{e.name}.Sanitize()))
+			e.exec(`INSERT INTO outbox2 (aggregate_type, aggregate_id, type, payload, seq) SELECT 'n', 'kept' || g, 'T', '{}', g FROM generate_series(1, 100) g`)
+			tx, err := conn.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(e.ctx, `INSERT INTO outbox2 (aggregate_type, aggregate_id, type, payload, seq) SELECT 'n', 'gone' || g, 'T', '{}', g FROM generate_series(1, 100) g`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(e.ctx, `DELETE FROM outbox2 WHERE aggregate_id LIKE 'gone%'`); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+			e.waitFor("the relay to stop on the table", 60*time.Second, func() (bool, error) {
+				done, err := rr.returned()
+				return done, err
+			})
+			_, err = rr.returned()
+			for _, w := range []string{"public.outbox2", "relay.Config.Tables", "DROP TABLE"} {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Fatalf("the relay stopped with %v, want an error naming %q", err, w)
+				}
+			}
+			if got := e.slotInfo().ConfirmedLSN; got > before {
+				t.Fatalf("the slot was confirmed to %s, past %s, before the table was added", got, before)
+			}
+			stop()
+
+			var outboxRows int
+			if err := conn.QueryRow(e.ctx, `SELECT count(*) FROM outbox`).Scan(&outboxRows); err != nil {
+				t.Fatal(err)
+			}
+			switch fix {
+			case "add to tables":
+				cfg.Tables = append(cfg.Tables, decoder.Table{Schema: "public", Name: "outbox2"})
+				e.startRelay(cfg)
+				recs := c.waitIDs(outboxRows+200, 60*time.Second)
+				var n int
+				for _, r := range recs {
+					if r.Topic == e.topic("n") {
+						n++
+					}
+				}
+				if n < 200 {
+					t.Fatalf("%d records of outbox2, want its 200 rows", n)
+				}
+			case "drop from publication":
+				e.exec(fmt.Sprintf(`ALTER PUBLICATION %s DROP TABLE outbox2`, pgx.Identifier{e.name}.Sanitize()))
+				_, reg := e.startRelayGathered(cfg)
+				c.waitIDs(outboxRows, 60*time.Second)
+				e.waitFor("outbox2's 200 inserts counted", 30*time.Second, func() (bool, error) {
+					got := gathered(reg, "walrelay_unmapped_inserts_total")
+					return got["public.outbox2"] == 200, fmt.Errorf("walrelay_unmapped_inserts_total %v", got)
+				})
+				for _, r := range c.records() {
+					if r.Topic == e.topic("n") {
+						t.Fatalf("a row of outbox2 was published after it left the publication: %s", r.Value)
+					}
+				}
+			}
+		})
 	}
 }
 
