@@ -20,10 +20,10 @@ import (
 // initialSnapshot is slot.SetupConfig.Snapshot for the relay: it publishes
 // the rows present at the new slot's consistent point through rt, the
 // relay's router, and returns once Kafka acknowledged all of them (with
-// exactly-once delivery: once their Kafka transactions committed). Only
-// then does slot.Prepare make the slot permanent, so a relay that dies
-// during the snapshot finds no slot on its next start and snapshots again:
-// duplicates, never loss.
+// exactly-once delivery: once their Kafka transactions committed). Until
+// then walrelay's record marks the slot as waiting for its snapshot, so a
+// relay that dies during the snapshot drops that slot at its next start
+// and snapshots again: duplicates, never loss.
 func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, name string, at decoder.LSN) error {
 	return func(ctx context.Context, name string, at decoder.LSN) error {
 		s := newSnapshotSender(ctx, rt, at, r.metrics)
@@ -48,7 +48,7 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 		res, err := runSnapshot(ctx, r.cfg, name, s, r.log, r.metrics)
 		if err != nil {
 			s.d.Close(false) // aborts an open Kafka transaction; a failure marks the router for replacement
-			r.log.Warn("initial snapshot failed; the slot is not created, the next attempt snapshots again",
+			r.log.Warn("initial snapshot failed; the next attempt drops the slot created for it and snapshots again",
 				zap.Int64("rows_sent", res.Rows), zap.Error(err))
 			if res.Rows > 0 {
 				// PostgreSQL and Kafka both answered: the startup timeout

@@ -287,6 +287,13 @@ func redactErr(err error, conn string) error {
 // refuses TLS while sslmode requires it is a *SetupError naming the fix
 // (retrying will not change it); anything else is redacted.
 func connectError(err error, conn string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "22023") {
+		// A parameter of the connection string (options=-c …) the server
+		// does not know or takes no such value of: every attempt fails
+		// alike.
+		return setupErrorf("PostgreSQL at %s refused a setting of the connection string (slot.SetupConfig.URL): %s: correct or remove it", Redact(conn), pgErr.Message)
+	}
 	if mode, _ := SSLMode(conn); strings.Contains(err.Error(), "server refused TLS connection") && mode != "prefer" && mode != "allow" && mode != "disable" {
 		return setupErrorf("PostgreSQL at %s does not accept TLS, and sslmode=%s requires it (verify-full is walrelay's default when slot.SetupConfig.URL sets no sslmode): turn ssl on in the server, or, on a trusted network only, set sslmode=disable in slot.SetupConfig.URL", Redact(conn), mode)
 	}

@@ -63,6 +63,11 @@ type Record struct {
 	// Accepted is the gap Prepare accepted (SetupConfig.AcceptGap), if
 	// it did: events committed after Accepted.Since were not published.
 	Accepted *GapError
+	// SnapshotPending is the consistent point of the slot's initial
+	// snapshot while it is being published (0 otherwise): a slot found
+	// with it set was created by a start that died during its snapshot,
+	// was never streamed from, and is created again with a new snapshot.
+	SnapshotPending decoder.LSN
 }
 
 // RecordedTable is one outbox table as the record knows it.
@@ -104,6 +109,7 @@ func recordDDL(schema string) []string {
 			stopped text,
 			stopped_at_lsn pg_lsn,
 			accepted_gaps jsonb NOT NULL DEFAULT '[]',
+			initial_snapshot_lsn pg_lsn,
 			created_at timestamptz NOT NULL DEFAULT now(),
 			updated_at timestamptz NOT NULL DEFAULT now()
 		)`,
@@ -139,6 +145,36 @@ func recordTableReady(ctx context.Context, conn *pgx.Conn, schema string) (bool,
 			role, recordTable(schema), pgx.Identifier{schema}.Sanitize(), r, recordTable(schema), r)
 	}
 	return true, nil
+}
+
+// snapshotColumn marks an initial snapshot being published; a record table
+// created by an older walrelay lacks it (readers use to_jsonb, which works
+// either way).
+const snapshotColumn = "initial_snapshot_lsn"
+
+// ensureRecordColumns adds to an existing record table the columns later
+// versions use. A role that may not alter it gets the statement to have
+// its owner run.
+func ensureRecordColumns(ctx context.Context, conn *pgx.Conn, schema string) error {
+	var have bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)`,
+		recordTable(schema), snapshotColumn).Scan(&have); err != nil {
+		return fmt.Errorf("read the columns of walrelay's record table: %w", err)
+	}
+	if have {
+		return nil
+	}
+	sql := "ALTER TABLE " + recordTable(schema) + " ADD COLUMN IF NOT EXISTS " + snapshotColumn + " pg_lsn"
+	_, err := conn.Exec(ctx, sql)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return setupErrorf("walrelay's record table %s lacks column %s, which this version writes while the initial snapshot is published, and this role may not add it (%s): as the table's owner run %s",
+			recordTable(schema), snapshotColumn, pgErr.Message, sql)
+	}
+	if err != nil {
+		return fmt.Errorf("add column %s to walrelay's record table: %w", snapshotColumn, err)
+	}
+	return nil
 }
 
 // ensureRecordTable creates the record table. A role that may not create
@@ -188,11 +224,11 @@ func ReadRecord(ctx context.Context, conn *pgx.Conn, schema, slot string) (rec R
 	}
 	var tables []byte
 	var confirmed string
-	var stopped, stoppedAt *string
+	var stopped, stoppedAt, pending *string
 	err = conn.QueryRow(ctx, `SELECT slot_name, publication, publication_oid, publication_xmin, tables, system_identifier, confirmed_lsn::text,
-			stopped, stopped_at_lsn::text, updated_at
-		FROM `+recordTable(schema)+` WHERE slot_name = $1`, slot).Scan(
-		&rec.Slot, &rec.Publication, &rec.PublicationOID, &rec.PublicationXmin, &tables, &rec.SystemID, &confirmed, &stopped, &stoppedAt, &rec.UpdatedAt)
+			stopped, stopped_at_lsn::text, updated_at, to_jsonb(r) ->> '`+snapshotColumn+`'
+		FROM `+recordTable(schema)+` r WHERE slot_name = $1`, slot).Scan(
+		&rec.Slot, &rec.Publication, &rec.PublicationOID, &rec.PublicationXmin, &tables, &rec.SystemID, &confirmed, &stopped, &stoppedAt, &rec.UpdatedAt, &pending)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, false, nil
 	}
@@ -210,6 +246,11 @@ func ReadRecord(ctx context.Context, conn *pgx.Conn, schema, slot string) (rec R
 	}
 	if stoppedAt != nil {
 		if rec.StoppedAt, err = ParseLSN(*stoppedAt); err != nil {
+			return rec, false, err
+		}
+	}
+	if pending != nil {
+		if rec.SnapshotPending, err = ParseLSN(*pending); err != nil {
 			return rec, false, err
 		}
 	}
@@ -244,13 +285,19 @@ func writeRecord(ctx context.Context, conn *pgx.Conn, schema string, rec Record)
 	if err != nil {
 		return err
 	}
+	var pending *string
+	if rec.SnapshotPending != 0 {
+		p := rec.SnapshotPending.String()
+		pending = &p
+	}
 	err = recordExec(ctx, conn, `INSERT INTO `+recordTable(schema)+` AS r
-			(slot_name, publication, publication_oid, publication_xmin, tables, system_identifier, confirmed_lsn)
-		VALUES ($1, $2, $3, $4, $5, $6, $7::text::pg_lsn)
+			(slot_name, publication, publication_oid, publication_xmin, tables, system_identifier, confirmed_lsn, `+snapshotColumn+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7::text::pg_lsn, $8::text::pg_lsn)
 		ON CONFLICT (slot_name) DO UPDATE SET publication = excluded.publication, publication_oid = excluded.publication_oid,
 			publication_xmin = excluded.publication_xmin, tables = excluded.tables, system_identifier = excluded.system_identifier,
-			confirmed_lsn = greatest(r.confirmed_lsn, excluded.confirmed_lsn), stopped = NULL, stopped_at_lsn = NULL, updated_at = now()`,
-		rec.Slot, rec.Publication, rec.PublicationOID, rec.PublicationXmin, tables, rec.SystemID, rec.ConfirmedLSN.String())
+			confirmed_lsn = greatest(r.confirmed_lsn, excluded.confirmed_lsn), stopped = NULL, stopped_at_lsn = NULL,
+			`+snapshotColumn+` = excluded.`+snapshotColumn+`, updated_at = now()`,
+		rec.Slot, rec.Publication, rec.PublicationOID, rec.PublicationXmin, tables, rec.SystemID, rec.ConfirmedLSN.String(), pending)
 	if err != nil {
 		return fmt.Errorf("write walrelay's record of slot %q: %w", rec.Slot, err)
 	}
@@ -278,6 +325,16 @@ func RecordConfirmed(ctx context.Context, conn *pgx.Conn, schema, slot string, l
 		return 0, err
 	}
 	return max(lsn, end), nil
+}
+
+// snapshotDone clears the record's mark of an initial snapshot being
+// published: the slot is an ordinary one from now on.
+func snapshotDone(ctx context.Context, conn *pgx.Conn, schema, slot string) error {
+	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET `+snapshotColumn+` = NULL, updated_at = now() WHERE slot_name = $1`, slot)
+	if err != nil {
+		return fmt.Errorf("write the end of the initial snapshot into walrelay's record of slot %q: %w", slot, err)
+	}
+	return nil
 }
 
 // RecordStop writes down why a running relay stopped, and the last

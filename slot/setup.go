@@ -61,11 +61,10 @@ type SetupConfig struct {
 	// created. It is called only when Prepare creates the slot, with the
 	// name of a snapshot exported at the slot's consistent point (import
 	// it with SET TRANSACTION SNAPSHOT) and that point; it must return
-	// only once every row it published is safely in Kafka. The slot is
-	// made permanent only after it returned nil: until then it exists as
-	// a temporary slot that vanishes with the connection, so a crash
-	// during the snapshot leaves no slot behind and the next start
-	// snapshots again.
+	// only once every row it published is safely in Kafka. Until it
+	// returned nil the record marks the slot as waiting for its snapshot,
+	// so a crash during the snapshot makes the next start drop the slot
+	// and snapshot again (see createSlotWithSnapshot).
 	Snapshot func(ctx context.Context, snapshotName string, consistentPoint decoder.LSN) error
 }
 
@@ -85,6 +84,7 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 		cfg.RuntimeParams["application_name"] = "walrelay"
 	}
 	cfg.RuntimeParams["client_encoding"] = clientEncoding
+	cfg.AfterConnect = applySettings
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		if err := connectError(err, url); IsSetupError(err) {
@@ -129,6 +129,11 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 	if err != nil {
 		return Record{}, err
 	}
+	if haveRecords {
+		if err := ensureRecordColumns(ctx, conn, cfg.RecordSchema); err != nil {
+			return Record{}, err
+		}
+	}
 	var rec Record
 	var recorded bool
 	if haveRecords {
@@ -168,7 +173,7 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 			return Record{}, err
 		}
 	}
-	replaced, err := ensureSlot(ctx, conn, cfg, version, log)
+	replaced, err := ensureSlot(ctx, conn, cfg, version, recorded && rec.SnapshotPending != 0, log)
 	if err != nil {
 		return Record{}, err
 	}
@@ -248,6 +253,12 @@ func currentRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) (Record
 func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Record, log *zap.Logger) (*GapError, error) {
 	if rec.Stopped != "" {
 		return &GapError{What: rec.Stopped, Since: rec.StoppedAt}, nil
+	}
+	if rec.SnapshotPending != 0 {
+		// Written by a start that died during its initial snapshot: the
+		// slot was never streamed from, so nothing can be missing; it is
+		// created again (ensureSlot).
+		return nil, nil
 	}
 	since := rec.ConfirmedLSN
 	info, err := ReadInfo(ctx, conn, cfg.Slot)
@@ -397,7 +408,9 @@ const failoverSlots = 170000
 
 // ensureSlot checks the slot, creating it when allowed; replaced is the
 // gap accepted when it dropped an invalidated slot to create a new one.
-func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version int, log *zap.Logger) (replaced *GapError, err error) {
+// snapshotPending says the record marks the slot's initial snapshot as
+// unfinished (Record.SnapshotPending).
+func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version int, snapshotPending bool, log *zap.Logger) (replaced *GapError, err error) {
 	failover := cfg.Failover && version >= failoverSlots
 	info, err := ReadInfo(ctx, conn, cfg.Slot)
 	create := func() (*GapError, error) {
@@ -421,6 +434,16 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 	}
 	if err := checkSlotInfo(cfg, info, db); err != nil {
 		return nil, err
+	}
+	if snapshotPending && cfg.CreateSlot {
+		if cfg.Snapshot != nil {
+			return create() // under its lock: drops the slot, snapshots again
+		}
+		log.Warn("the initial snapshot of an earlier start did not finish, and this start takes none: the slot streams from its consistent point; rows present then that the snapshot did not publish are not published (walrelay snapshot publishes the current rows)",
+			zap.String("slot", cfg.Slot))
+		if err := snapshotDone(ctx, conn, cfg.RecordSchema, cfg.Slot); err != nil {
+			return nil, err
+		}
 	}
 	if info.Invalidated() {
 		// Only a slot walrelay could have streamed from is replaced.
@@ -503,12 +526,21 @@ func createSlot(ctx context.Context, cfg SetupConfig, failover bool, log *zap.Lo
 }
 
 // createSlotWithSnapshot creates the slot at a consistent point whose rows
-// cfg.Snapshot publishes first: a temporary slot exporting its snapshot on
-// a replication connection, the snapshot read at it, then a permanent copy
-// of the temporary slot (pg_copy_logical_replication_slot keeps the
-// consistent point), then the temporary slot goes with the connection.
-// Rows committed before the consistent point are in the snapshot, later
-// ones come through the slot: none both ways, none lost.
+// cfg.Snapshot publishes: a temporary slot exporting its snapshot on a
+// replication connection, at once a permanent copy of it
+// (pg_copy_logical_replication_slot keeps the consistent point) marked in
+// the record as waiting for its snapshot, then the snapshot read at the
+// exported point and published, then the mark cleared. Rows committed
+// before the consistent point are in the snapshot, later ones come through
+// the slot: none both ways, none lost.
+//
+// The copy comes before the publishing so that nothing which can fail
+// comes after it but clearing the mark: the temporary slot and its
+// snapshot live only as long as their connection, which a server, a
+// network or a DBA may end while a snapshot is published (a snapshot
+// already read keeps its rows once imported). A start that dies while
+// publishing leaves the marked slot, never streamed from: the next start
+// drops it and snapshots again (rows already published arrive twice).
 //
 // Relays started together on a fresh database (a standby and the active
 // one) would each snapshot, and publish the rows twice; with exactly-once
@@ -524,10 +556,7 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 	}
 	// A failed unlock is released with the session, when conn closes.
 	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", lockKey) }()
-	if _, err := ReadInfo(ctx, conn, cfg.Slot); err == nil {
-		log.Info("replication slot was created meanwhile by another walrelay (with its initial snapshot); using it", zap.String("slot", cfg.Slot))
-		return nil
-	} else if !errors.Is(err, ErrNoSlot) {
+	if done, err := unfinishedSnapshot(ctx, conn, cfg, log); done || err != nil {
 		return err
 	}
 	rcfg, err := ReplicationConfig(cfg.URL)
@@ -562,24 +591,38 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 	log.Info("created a temporary replication slot for the initial snapshot", zap.String("temporary_slot", tmp),
 		zap.Stringer("consistent_point", at), zap.String("snapshot", res.SnapshotName))
 	// The exported snapshot lives until the replication connection runs
-	// another command: it stays idle until the copy is made.
-	if err := cfg.Snapshot(ctx, res.SnapshotName, at); err != nil {
-		return err
-	}
+	// another command: it stays idle until the snapshot is published.
 	_, err = conn.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2, false)", tmp, cfg.Slot)
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
-			// Another walrelay created it meanwhile: it streams from its
-			// own consistent point, and the rows this one published are
-			// duplicates at worst.
-			log.Info("replication slot was created meanwhile by another walrelay; using it", zap.String("slot", cfg.Slot))
-			return nil
-		}
 		if errors.As(err, &pgErr) && pgErr.Code == "53400" {
 			return setupErrorf("cannot create replication slot %q: %s; raise max_replication_slots or drop unused slots", cfg.Slot, pgErr.Message)
 		}
 		return fmt.Errorf("create replication slot %q from the snapshot's temporary slot: %w", cfg.Slot, err)
+	}
+	rec, err := currentRecord(ctx, conn, cfg)
+	if err != nil {
+		return err
+	}
+	rec.SnapshotPending = at
+	if err := writeRecord(ctx, conn, cfg.RecordSchema, rec); err != nil {
+		return err
+	}
+	log.Info("created replication slot at the snapshot's consistent point; publishing the initial snapshot", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at))
+	if err := cfg.Snapshot(ctx, res.SnapshotName, at); err != nil {
+		// Nothing streamed from the slot: dropped, a relay that does not
+		// try again (a refused snapshot query, a stop) leaves nothing
+		// holding WAL; the record's mark makes the next start do it if
+		// this does not.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		if _, derr := conn.Exec(dctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); derr != nil {
+			log.Warn("cannot drop the slot of the unfinished initial snapshot; the next start drops it", zap.String("slot", cfg.Slot), zap.Error(derr))
+		}
+		cancel()
+		return err
+	}
+	if err := snapshotDone(ctx, conn, cfg.RecordSchema, cfg.Slot); err != nil {
+		return err
 	}
 	if failover {
 		// A copy is never a failover slot (PostgreSQL 17 does not copy
@@ -589,6 +632,33 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 			return fmt.Errorf("make replication slot %q a failover slot: %w", cfg.Slot, err)
 		}
 	}
-	log.Info("created replication slot at the snapshot's consistent point", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at), zap.Bool("failover", failover))
+	log.Info("initial snapshot done: the slot streams from its consistent point", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at), zap.Bool("failover", failover))
 	return nil
+}
+
+// unfinishedSnapshot looks, with the lock on creating the slot held, at
+// what a start before this one left: done when another walrelay created
+// the slot with its snapshot meanwhile (use it); when an earlier start
+// died publishing its snapshot, it drops the slot that start created,
+// never streamed from, so that this one snapshots again.
+func unfinishedSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) (done bool, err error) {
+	if _, err := ReadInfo(ctx, conn, cfg.Slot); errors.Is(err, ErrNoSlot) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	rec, ok, err := ReadRecord(ctx, conn, cfg.RecordSchema, cfg.Slot)
+	if err != nil {
+		return false, err
+	}
+	if !ok || rec.SnapshotPending == 0 {
+		log.Info("replication slot was created meanwhile by another walrelay (with its initial snapshot); using it", zap.String("slot", cfg.Slot))
+		return true, nil
+	}
+	log.Warn("the initial snapshot of an earlier start did not finish: dropping the slot it created, never streamed from, and snapshotting again (rows it published arrive again)",
+		zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", rec.SnapshotPending))
+	if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); err != nil {
+		return false, fmt.Errorf("drop replication slot %q, left by an unfinished initial snapshot: %w", cfg.Slot, err)
+	}
+	return false, nil
 }

@@ -176,6 +176,7 @@ func ReplicationConfig(url string) (*pgconn.Config, error) {
 	// UTF-8 whatever the database's encoding is.
 	cfg.RuntimeParams["bytea_output"] = "hex"
 	cfg.RuntimeParams["client_encoding"] = clientEncoding
+	cfg.AfterConnect = applySettings
 	return cfg, nil
 }
 
