@@ -76,7 +76,7 @@ func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFu
 				c, err := slot.Connect(ctx, r.cfg.PGURL)
 				if err != nil {
 					if ctx.Err() == nil {
-						r.watchFailed(err, "cannot connect")
+						r.watchFailed(ctx, err, "cannot connect")
 					}
 					sleepCtx(ctx, time.Second)
 					continue
@@ -92,7 +92,7 @@ func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFu
 				return
 			case err != nil:
 				if ctx.Err() == nil {
-					r.watchFailed(err, "the check failed")
+					r.watchFailed(ctx, err, "the check failed")
 				}
 				conn.Close(context.Background())
 				conn = nil
@@ -155,10 +155,13 @@ func (r *Relay) vouchFinal(ctx context.Context, pos decoder.LSN) {
 // the server is shutting down: its walsender waits, before it exits, for
 // the relay to confirm the server's last WAL, which cannot be vouched for
 // while connections are refused; ending the stream lets the shutdown go on,
-// and the next session resumes from the confirmed position.
-func (r *Relay) watchFailed(err error, what string) {
+// and the next session resumes from the confirmed position. A backend
+// ended alone (pg_terminate_backend, an idle timeout) answers the same
+// class of error as a shutdown: a new connection that the server accepts
+// tells it apart.
+func (r *Relay) watchFailed(ctx context.Context, err error, what string) {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "57") {
+	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "57") && r.shuttingDown(ctx, pgErr) {
 		r.log.Info("publication watch: the server is shutting down; ending the stream so that its walsender can exit", zap.Error(err))
 		if s := r.current.Load(); s != nil {
 			select {
@@ -169,7 +172,27 @@ func (r *Relay) watchFailed(err error, what string) {
 		}
 		return
 	}
+	if pgErr != nil && strings.HasPrefix(pgErr.Code, "57") {
+		what = "its connection was ended by the server (pg_terminate_backend, or a timeout); reconnecting"
+	}
 	r.log.Warn("publication watch: "+what+"; nothing is confirmed until it can check the publication", zap.Error(err))
+}
+
+// shuttingDown reports whether the server refuses new connections because
+// it is shutting down, err being the operator-intervention error (class
+// 57) a connection met.
+func (r *Relay) shuttingDown(ctx context.Context, err *pgconn.PgError) bool {
+	if err.Code == "57P03" { // cannot_connect_now: refused at connection
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, cerr := slot.Connect(ctx, r.cfg.PGURL)
+	if cerr != nil {
+		return true // "shutting down" (57P03), or the listener already closed
+	}
+	conn.Close(context.Background())
+	return false
 }
 
 // refuse writes down in the record why the relay stops, so that a restart

@@ -146,3 +146,42 @@ func TestInitialSnapshotOutlivesItsExportingConnection(t *testing.T) {
 		t.Errorf("walrelay_snapshot_rows_total = %v, want %d (one snapshot)", n, rows)
 	}
 }
+
+// TestWatchConnectionTerminated ends the relay's ordinary connections (the
+// publication watch's, the slot watch's) with pg_terminate_backend, as a
+// DBA or an idle-connection reaper does: the relay reconnects them without
+// taking it for a server shutting down, keeps its stream, and confirms
+// what is written after.
+func TestWatchConnectionTerminated(t *testing.T) {
+	e := newEnv(t)
+	logs := e.observeLogs()
+	rr, reg := e.startRelayGathered(e.config())
+	c := e.consume()
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('o', 'k', 'T', '{}')`)
+	c.waitIDs(1, 30*time.Second)
+	conn := e.conn()
+	walsender := e.slotInfo().ActivePID
+	var n int
+	if err := conn.QueryRow(e.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = $1 AND backend_type = 'client backend' AND application_name LIKE 'walrelay%' AND pid <> pg_backend_pid()`, e.name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("no connection of the relay to terminate")
+	}
+	for i := range 5 {
+		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('o', 'k', 'T', '{}', $1)`, i)
+	}
+	target := e.currentLSN(conn)
+	c.waitIDs(6, 30*time.Second)
+	e.waitFor("the rows confirmed", 30*time.Second, func() (bool, error) { return e.slotInfo().ConfirmedLSN >= target, nil })
+	if got := e.slotInfo().ActivePID; walsender == nil || got == nil || *got != *walsender {
+		t.Errorf("the walsender changed (%v, now %v): the stream was ended", walsender, got)
+	}
+	if n := sumValues(gathered(reg, "walrelay_stream_restarts_total")); n != 0 || !rr.relay.Streaming() {
+		t.Errorf("%v restarts, streaming %v: the relay took terminated connections for a shutdown", n, rr.relay.Streaming())
+	}
+	if l := logs.FilterMessageSnippet("shutting down").All(); len(l) != 0 {
+		t.Errorf("logged a shutdown: %v", l)
+	}
+}
