@@ -210,7 +210,7 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 }
 
 // warnResend warns when the slot's confirmed position is behind a position
-// walrelay knows Kafka acknowledged (what is what that is): the stream
+// walrelay knows Kafka acknowledged (what says which): the stream
 // resumes from the slot, and the events between are published again. After
 // a failover that is the distance slot synchronization lagged; a slot that
 // is not a synchronized copy at all (synced = false on a server that was a
@@ -224,7 +224,7 @@ func (r *Relay) warnResend(info slot.Info, known decoder.LSN, what string, promo
 	if r.cfg.ExactlyOnce {
 		msg += " (exactly-once skips those its checkpoint in Kafka covers)"
 	} else {
-		msg += " (duplicates in Kafka, each with the id header of its first copy)"
+		msg += " (duplicates in Kafka, each with the same id header as its first copy)"
 	}
 	if info.Synced != nil && !*info.Synced && info.Failover != nil && *info.Failover {
 		own := "; if this server was a standby until now, its slot (synced = false) was"

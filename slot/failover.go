@@ -243,8 +243,8 @@ func ReadFailover(ctx context.Context, conn *pgx.Conn, info Info, standbyURLs []
 			}
 		}
 	}
-	if len(standbyURLs) == 0 || !f.Supported {
-		return f, nil
+	if len(standbyURLs) == 0 || !f.Supported || !f.Slot {
+		return f, nil // no copies to read: a slot that is not a failover slot has none
 	}
 	f.Checked = true
 	for _, u := range standbyURLs {
