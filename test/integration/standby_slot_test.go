@@ -203,7 +203,7 @@ func TestStaleStandbySlot(t *testing.T) {
 		t.Errorf("the relay did not warn of the old primary's slot, with the fix:\n%s", finalLines(p.out.String()))
 	}
 	out := status(nodes...)
-	for _, w := range []string{stale, drop, "standby_slot", "sending every event since again"} {
+	for _, w := range []string{stale, drop, ". standby_slot (holds nothing here", "sending every event since again"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("status --explain with both nodes' URLs lacks %q:\n%s", w, out)
 		}
