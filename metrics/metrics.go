@@ -213,7 +213,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		SlotFailoverProtected: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_failover_protected",
-			Help: "1 when the slot is a failover slot and synchronized_standby_slots names only standbys that stream: a promoted standby then keeps the slot, no later than the WAL it has. 0 with standbys means a failover can lose events or the slot.",
+			Help: "1 when a promoted standby keeps the slot, verified: a failover slot, synchronized_standby_slots naming only standbys that stream, and on every standby (read through --standby-url) a copy that slot synchronization keeps current (synced = true). 0 otherwise: a failover can lose the slot or events, or resume from a stale copy and send events again; also 0 when walrelay was not given the standbys' URLs, since the primary cannot see their copies.",
 		}),
 		UnconfirmedCommits: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_kafka_unconfirmed_commits_total",

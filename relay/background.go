@@ -68,7 +68,7 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 				}
 				r.nameWatch(ctx, conn, w, info)
 				r.recordFacts(ctx, conn, w, info)
-				if f, err := slot.ReadFailover(ctx, conn, info); err == nil {
+				if f, err := slot.ReadFailover(ctx, conn, info, r.cfg.StandbyURLs); err == nil {
 					r.recordFailover(f)
 				}
 				if c := r.Confirmed(); c > recorded {

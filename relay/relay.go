@@ -91,6 +91,13 @@ type Config struct {
 	// slot is made one, so that a standby with sync_replication_slots
 	// keeps it).
 	NoFailoverSlot bool
+	// StandbyURLs are connection URLs of the primary's standbys (default
+	// none), on which the relay reads the slot's copy: the primary cannot
+	// see whether a standby's copy is synchronized, so without them the
+	// failover log line and walrelay_slot_failover_protected claim no
+	// protection. A URL of a server that accepts writes is skipped, so the
+	// list may name every node, the primary included.
+	StandbyURLs []string
 	// RecordSchema is the schema of walrelay's record, in the source
 	// database, of what the slot streams from (default
 	// slot.DefaultRecordSchema, "walrelay"): with it walrelay refuses to
@@ -311,6 +318,11 @@ func (c *Config) validate() error {
 	if c.RecordSchema == "" {
 		return fmt.Errorf("relay.Config.RecordSchema is empty: name the schema of walrelay's record (the default is %s)", def.RecordSchema)
 	}
+	for i, u := range c.StandbyURLs {
+		if err := slot.CheckURL(u); err != nil {
+			return fmt.Errorf("relay.Config.StandbyURLs[%d]: %w", i, err)
+		}
+	}
 	return nil
 }
 
@@ -360,7 +372,14 @@ type Relay struct {
 	// failover, after which positions this process kept belong to the old
 	// primary's history.
 	timeline int32
-	begin    time.Time // when Run started, for StartupTimeout
+	// failoverSaid is the failover line last logged, without its
+	// figures (recordFailover).
+	failoverMu   sync.Mutex
+	failoverSaid string
+	// resendWarned: the warning that the slot is behind walrelay's record
+	// was logged (once a process).
+	resendWarned bool
+	begin        time.Time // when Run started, for StartupTimeout
 	// now and sleep are retry's clock and wait (sleep returns false when
 	// ctx ended first); unit tests replace them to check the waits.
 	now   func() time.Time

@@ -213,11 +213,46 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	// timeline (a failover) past the slot at all.
 	acked := min(decoder.LSN(r.acked.Load()), decoder.LSN(r.verified.Load()))
 	if tl, err := currentTimeline(ctx, conn); err == nil && r.timeline != 0 && tl != r.timeline {
+		r.warnResend(info, decoder.LSN(r.acked.Load()), "what this process had acknowledged on the old timeline", true, zap.Int32("old_timeline", r.timeline), zap.Int32("timeline", tl))
 		acked = 0
 		r.acked.Store(0)
 		r.verified.Store(0)
+	} else if r.timeline == 0 && !r.resendWarned {
+		// A new process knows nothing it acknowledged; the record, copied
+		// to the standbys with the rest of the database, holds what the
+		// relay last confirmed, on whichever server was primary then.
+		r.resendWarned = r.warnResend(info, r.record.ConfirmedLSN, "what walrelay recorded as confirmed (its record, "+r.cfg.RecordSchema+".slots, which physical replication copies from the old primary)", false)
 	}
 	return max(info.ConfirmedLSN, acked), version, nil
+}
+
+// warnResend warns when the slot's confirmed position is behind a position
+// walrelay knows Kafka acknowledged (what says which): the stream
+// resumes from the slot, and the events between are published again. After
+// a failover that is the distance slot synchronization lagged; a slot that
+// is not a synchronized copy at all (synced = false on a server that was a
+// standby: an old primary that rejoined with its own slot) is named.
+func (r *Relay) warnResend(info slot.Info, known decoder.LSN, what string, promoted bool, fields ...zap.Field) bool {
+	if known <= info.ConfirmedLSN || info.ConfirmedLSN == 0 {
+		return false
+	}
+	msg := fmt.Sprintf("the slot's confirmed position %s is %s behind %s, %s: the stream resumes from the slot, so the events of that WAL are sent again",
+		info.ConfirmedLSN, slot.BytesText(int64(known-info.ConfirmedLSN)), what, known)
+	if r.cfg.ExactlyOnce {
+		msg += " (exactly-once skips those its checkpoint in Kafka covers)"
+	} else {
+		msg += " (duplicates in Kafka, each with the same id header as its first copy)"
+	}
+	if info.Synced != nil && !*info.Synced && info.Failover != nil && *info.Failover {
+		own := "; if this server was a standby until now, its slot (synced = false) was"
+		if promoted {
+			own = "; this server was a standby until its promotion, and its slot (synced = false) was"
+		}
+		msg += own + " not the copy slot synchronization keeps but a slot of its own, left from when it was a primary itself: remove the old primary's slot before it rejoins as a standby (docs/operating.md, a switchover step by step)"
+	}
+	r.log.Warn(msg, append([]zap.Field{zap.String("slot", r.cfg.Slot), zap.Stringer("slot_confirmed_lsn", info.ConfirmedLSN),
+		zap.Stringer("acknowledged_lsn", known), zap.Int64("resent_wal_bytes", int64(known-info.ConfirmedLSN))}, fields...)...)
+	return true
 }
 
 // currentTimeline is the server's timeline (pg_control_checkpoint lags a

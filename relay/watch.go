@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -253,13 +254,30 @@ func (r *Relay) logFailover(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	f, err := slot.ReadFailover(ctx, conn, info)
+	f, err := slot.ReadFailover(ctx, conn, info, r.cfg.StandbyURLs)
 	if err != nil {
 		r.log.Warn("cannot read the failover settings", zap.Error(err))
 		return
 	}
 	r.recordFailover(f)
+}
+
+// recordFailover sets the failover metrics and logs what a failover would
+// do whenever that changes (the startup line, and then a standby whose
+// copy went stale, a switchover that left the old primary's slot behind):
+// a line per change, not per poll.
+func (r *Relay) recordFailover(f slot.Failover) {
+	r.metrics.SlotFailover.Set(b2f(f.Slot))
+	r.metrics.SlotFailoverProtected.Set(b2f(f.Protected()))
 	text, warn := f.Describe()
+	key := figures.ReplaceAllString(text, "#")
+	r.failoverMu.Lock()
+	said := r.failoverSaid == key
+	r.failoverSaid = key
+	r.failoverMu.Unlock()
+	if said {
+		return
+	}
 	if warn {
 		r.log.Warn("failover: "+text, zap.String("slot", r.cfg.Slot))
 	} else {
@@ -267,10 +285,9 @@ func (r *Relay) logFailover(ctx context.Context) {
 	}
 }
 
-func (r *Relay) recordFailover(f slot.Failover) {
-	r.metrics.SlotFailover.Set(b2f(f.Slot))
-	r.metrics.SlotFailoverProtected.Set(b2f(f.Protected()))
-}
+// figures are the positions and byte counts of a failover line, which
+// move at every poll without changing what it says.
+var figures = regexp.MustCompile(`[0-9A-F]+/[0-9A-F]+|[0-9.]+ (B|KiB|MiB|GiB|TiB)( \([0-9]+ bytes\))?`)
 
 func b2f(b bool) float64 {
 	if b {

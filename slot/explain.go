@@ -410,7 +410,8 @@ func (f *Facts) readStandbys(ctx context.Context, conn *pgx.Conn) error {
 type Cause struct {
 	// Kind is invalidated, relay_stopped, relay_not_streaming,
 	// relay_waiting_for_kafka, relay_behind, open_transaction,
-	// prepared_transaction, replication_slot, standby or quiet_outbox.
+	// prepared_transaction, replication_slot, standby, quiet_outbox or
+	// standby_slot (Failover.Causes).
 	Kind string `json:"cause"`
 	// Holds is what it holds back.
 	Holds string `json:"holds"`

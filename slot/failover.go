@@ -10,18 +10,32 @@ package slot
 // until the standbys named there have the WAL: without it a standby may be
 // behind what walrelay already published, and after its promotion Kafka
 // holds events of transactions the new primary never had.
+//
+// The primary cannot see a standby's copy. A standby that has a slot of
+// the same name of its own (synced = false: an old primary that rejoined
+// as a standby with its data directory keeps its slot) is never
+// synchronized: PostgreSQL's slot sync refuses to touch it, and a promotion
+// of that standby resumes from its stale position, sending every event
+// since again. So protection is claimed only for copies walrelay read on
+// the standbys themselves (their URLs given to it), synchronized and
+// current; from the primary alone it says what it checked and what not.
 
 import (
 	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/walrelay/walrelay/decoder"
 )
 
 // Failover is what a failover of the slot's server would do to the slot.
 type Failover struct {
+	// Name is the slot's name.
+	Name string
 	// Supported: the server has failover slots (PostgreSQL 17+).
 	Supported bool
 	// Slot: the slot is a failover slot.
@@ -31,72 +45,342 @@ type Failover struct {
 	// streams from.
 	StandbySlots, Missing []string
 	// Standbys is the number of physical standbys streaming from the
-	// server now.
-	Standbys int
+	// server now; Archivers the WAL streams of clients that replay
+	// nothing (pg_receivewal, pg_basebackup's): no failover can go to
+	// them.
+	Standbys, Archivers int
+	// Checked: walrelay was given standbys' URLs and read their copies;
+	// Copies are the copies of those that are standbys now (a URL of a
+	// server that accepts writes is no standby's and is left out).
+	Checked bool
+	Copies  []Copy
+	// Local is the server's own copy when the server itself is a standby
+	// (status run against one); nil on a primary.
+	Local *Copy
+}
+
+// Copy is a standby's copy of the slot, as read on the standby.
+type Copy struct {
+	// Standby names the server (user@host:port/database, no secrets).
+	Standby string
+	// Err: the standby could not be read; nothing below is known.
+	Err error
+	// PrimarySlot is the standby's primary_slot_name, its physical slot
+	// on the primary; SyncSlots its sync_replication_slots.
+	PrimarySlot string
+	SyncSlots   bool
+	// Exists: the standby has a slot of the name; Synced that slot sync
+	// made it (synced = true), Temporary that sync has not persisted it
+	// yet (it would not survive a promotion); Invalidation why PostgreSQL
+	// invalidated it, if it did.
+	Exists, Synced, Temporary bool
+	Invalidation              string
+	ConfirmedLSN              decoder.LSN
+	// PrimaryConfirmed is the primary's confirmed position of the slot,
+	// read after the copy (0 when unknown: status on the standby).
+	PrimaryConfirmed decoder.LSN
+}
+
+// Current reports whether the copy is one slot sync keeps up to date: a
+// promotion of the standby resumes no earlier than sync left it, and never
+// past what the primary confirmed.
+func (c Copy) Current() bool {
+	return c.Err == nil && c.Exists && c.Synced && !c.Temporary && c.Invalidation == "" && c.SyncSlots &&
+		(c.PrimaryConfirmed == 0 || c.ConfirmedLSN <= c.PrimaryConfirmed)
+}
+
+// Problem says, with the fix, why the copy does not protect the slot; ""
+// when it does.
+func (c Copy) Problem(slot string) string {
+	text, fix := c.problem(slot)
+	if text == "" {
+		return ""
+	}
+	return text + "; " + fix
+}
+
+// problem is Problem's what and fix apart.
+func (c Copy) problem(slot string) (text, fix string) {
+	// Standby is empty for the server status reads (status on a standby).
+	who, there := "standby "+c.Standby, "that standby"
+	if c.Standby == "" {
+		who, there = "this standby", "this standby"
+	}
+	// A standby may drop a slot of its own, not one slot synchronization
+	// made: that one goes with the server stopped.
+	drop := fmt.Sprintf("drop it: SELECT pg_drop_replication_slot('%s') on %s, and slot synchronization makes a synchronized copy", slot, there)
+	remove := fmt.Sprintf("a standby cannot drop a synchronized slot: stop %s, remove the directory pg_replslot/%s from its data directory, and start it again; slot synchronization makes a new copy", there, slot)
+	switch {
+	case c.Err != nil:
+		return fmt.Sprintf("%s could not be read, so its copy of the slot is not verified: %v", who, c.Err),
+			"make it reachable with that URL, or take it off the list of standby URLs (relay.Config.StandbyURLs)"
+	case !c.Exists && !c.SyncSlots:
+		return fmt.Sprintf("%s has no copy of the slot and sync_replication_slots is off there: a failover to it loses the slot", who),
+			fmt.Sprintf("set sync_replication_slots = on (with hot_standby_feedback = on, primary_slot_name and dbname= in primary_conninfo) on %s", there)
+	case !c.Exists:
+		return fmt.Sprintf("%s has no copy of the slot yet: a failover to it now loses the slot", who),
+			fmt.Sprintf("the log of %s says why slot synchronization has not made one (it needs hot_standby_feedback = on, primary_slot_name and dbname= in primary_conninfo)", there)
+	case !c.Synced:
+		return fmt.Sprintf("%s has a slot %q of its own (synced = false, confirmed at %s%s), not a synchronized copy: slot synchronization refuses to update it (the log of %s: \"same name slot already exists on the standby\"), and a failover to it resumes from that stale position, sending every event since again (an old primary that rejoined as a standby keeps its slot so)",
+			who, slot, c.ConfirmedLSN, c.distance(), there), drop
+	case c.Invalidation != "":
+		return fmt.Sprintf("the copy of the slot on %s was invalidated (%s): a failover to it cannot stream from it", who, c.Invalidation),
+			fmt.Sprintf("see the log of %s; hot_standby_feedback = on and primary_slot_name keep a copy valid", there)
+	case c.Temporary:
+		return fmt.Sprintf("the copy of the slot on %s is not persisted yet (temporary = true): a failover to it now loses the slot", who),
+			"wait: slot synchronization persists it once the standby has replayed up to the slot's position"
+	case !c.SyncSlots:
+		return fmt.Sprintf("%s has a synchronized copy of the slot but sync_replication_slots is off there: nothing keeps it current, and a failover to it resumes from where it stopped, sending the events since again", who),
+			fmt.Sprintf("set sync_replication_slots = on on %s", there)
+	case c.PrimaryConfirmed != 0 && c.ConfirmedLSN > c.PrimaryConfirmed:
+		return fmt.Sprintf("the copy of the slot on %s is confirmed at %s, %s past the primary's %s (a copy kept from before its own promotion, now behind the primary it follows: slot synchronization refuses to move it back, its log says \"cannot synchronize local slot\"): a failover to it skips the events between, which are lost",
+			who, c.ConfirmedLSN, BytesText(int64(c.ConfirmedLSN-c.PrimaryConfirmed)), c.PrimaryConfirmed), remove
+	}
+	return "", ""
+}
+
+// Causes are the standbys' copies that do not protect the slot, for
+// status --explain: they hold nothing, but decide what a failover resumes
+// from.
+func (f Failover) Causes() []Cause {
+	copies := f.Copies
+	if f.Local != nil {
+		copies = []Copy{*f.Local}
+	}
+	var causes []Cause
+	for _, c := range copies {
+		if text, fix := c.problem(f.Name); text != "" {
+			causes = append(causes, Cause{Kind: "standby_slot", Holds: "nothing here: what a failover to that standby resumes from", Text: text, Fix: fix})
+		}
+	}
+	return causes
+}
+
+// distance is how far the copy is behind the primary, when known.
+func (c Copy) distance() string {
+	if c.PrimaryConfirmed == 0 || c.PrimaryConfirmed <= c.ConfirmedLSN {
+		return ""
+	}
+	return fmt.Sprintf(", %s behind the primary's %s", BytesText(int64(c.PrimaryConfirmed-c.ConfirmedLSN)), c.PrimaryConfirmed)
 }
 
 // Protected reports whether a promoted standby has the slot at a position
-// no later than the WAL it received: a failover slot, held back by
-// synchronized_standby_slots whose standbys all stream.
+// no later than the WAL it received and no earlier than slot
+// synchronization left it: a failover slot, held back by
+// synchronized_standby_slots whose standbys all stream, and a
+// synchronized, current copy on every standby, read on the standbys.
 func (f Failover) Protected() bool {
-	return f.Slot && len(f.StandbySlots) > 0 && len(f.Missing) == 0
+	if !f.Slot || len(f.StandbySlots) == 0 || len(f.Missing) > 0 || f.Local != nil || !f.Checked {
+		return false
+	}
+	current := 0
+	for _, c := range f.Copies {
+		if !c.Current() {
+			return false
+		}
+		current++
+	}
+	return current > 0 && current >= f.Standbys
 }
 
-// ReadFailover reads the failover state of a slot whose row is info.
-func ReadFailover(ctx context.Context, conn *pgx.Conn, info Info) (Failover, error) {
-	var f Failover
+// failoverSlotsSQL reads, on one server, its version, its
+// synchronized_standby_slots, whether it is in recovery, and the physical
+// WAL streams it sends: those of standbys, and those of clients that
+// replay nothing. pg_receivewal and pg_basebackup report no replay
+// position (replay_lsn stays NULL once they have replied); a standby's
+// walreceiver always does. pg_stat_replication shows a role without
+// pg_read_all_stats (the relay's least-privileged one) the pid and
+// application_name of another role's walsender and nothing else: such a
+// row counts as a standby, unless its name is one of those programs'
+// defaults, and a row without a state as streaming.
+const failoverSlotsSQL = `
+	SELECT current_setting('server_version_num')::int, coalesce(current_setting('synchronized_standby_slots', true), ''), pg_is_in_recovery(),
+	       count(*) FILTER (WHERE NOT archiver), count(*) FILTER (WHERE archiver)
+	FROM (SELECT r.application_name IN ('pg_receivewal', 'pg_basebackup') OR (r.write_lsn IS NOT NULL AND r.replay_lsn IS NULL) AS archiver
+	        FROM pg_stat_replication r
+	       WHERE coalesce(r.state, 'streaming') = 'streaming'
+	         AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical')) w`
+
+// standbyTimeout bounds the connection to, and the read of, one standby:
+// one that does not answer must not hold the relay's slot watch.
+const standbyTimeout = 10 * time.Second
+
+// ReadFailover reads the failover state of a slot whose row is info, on
+// conn, and the slot's copies on the standbys of standbyURLs (none: the
+// copies are not checked).
+func ReadFailover(ctx context.Context, conn *pgx.Conn, info Info, standbyURLs []string) (Failover, error) {
+	f := Failover{Name: info.Name}
 	var version int
 	var standbySlots string
-	// pg_stat_replication shows a role without pg_read_all_stats (the
-	// relay's least-privileged one) the pid of another role's walsender
-	// and nothing else: a row without a state is counted as streaming.
-	err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, coalesce(current_setting('synchronized_standby_slots', true), ''),
-			(SELECT count(*) FROM pg_stat_replication WHERE coalesce(state, 'streaming') = 'streaming' AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = pg_stat_replication.pid AND s.slot_type = 'logical'))`).
-		Scan(&version, &standbySlots, &f.Standbys)
-	if err != nil {
+	var inRecovery bool
+	if err := conn.QueryRow(ctx, failoverSlotsSQL).Scan(&version, &standbySlots, &inRecovery, &f.Standbys, &f.Archivers); err != nil {
 		return f, fmt.Errorf("read the failover settings: %w", err)
 	}
 	f.Supported = version >= failoverSlots
 	f.Slot = info.Failover != nil && *info.Failover
+	if inRecovery {
+		c := readCopy(ctx, conn, info.Name)
+		f.Local = &c
+		return f, nil
+	}
 	for _, s := range strings.Split(standbySlots, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			f.StandbySlots = append(f.StandbySlots, s)
 		}
 	}
-	if len(f.StandbySlots) == 0 {
-		return f, nil
+	if len(f.StandbySlots) > 0 {
+		rows, err := conn.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'physical' AND active AND slot_name = ANY($1)`, f.StandbySlots)
+		if err != nil {
+			return f, fmt.Errorf("read the standbys' slots: %w", err)
+		}
+		active, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return f, fmt.Errorf("read the standbys' slots: %w", err)
+		}
+		for _, s := range f.StandbySlots {
+			if !slices.Contains(active, s) {
+				f.Missing = append(f.Missing, s)
+			}
+		}
 	}
-	rows, err := conn.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'physical' AND active AND slot_name = ANY($1)`, f.StandbySlots)
-	if err != nil {
-		return f, fmt.Errorf("read the standbys' slots: %w", err)
+	if len(standbyURLs) == 0 || !f.Supported || !f.Slot {
+		return f, nil // no copies to read: a slot that is not a failover slot has none
 	}
-	active, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return f, fmt.Errorf("read the standbys' slots: %w", err)
+	f.Checked = true
+	for _, u := range standbyURLs {
+		if c, standby := readStandby(ctx, u, info.Name); standby {
+			f.Copies = append(f.Copies, c)
+		}
 	}
-	for _, s := range f.StandbySlots {
-		if !slices.Contains(active, s) {
-			f.Missing = append(f.Missing, s)
+	// The primary's position is read after the copies: slot sync copies
+	// a position the primary had, so a copy past this one is truly ahead.
+	var confirmed *string
+	if err := conn.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, info.Name).Scan(&confirmed); err != nil {
+		return f, fmt.Errorf("read the slot's confirmed position: %w", err)
+	}
+	if confirmed != nil {
+		lsn, err := ParseLSN(*confirmed)
+		if err != nil {
+			return f, err
+		}
+		for i := range f.Copies {
+			f.Copies[i].PrimaryConfirmed = lsn
 		}
 	}
 	return f, nil
+}
+
+// readStandby reads the slot's copy on the server of url; standby is
+// false when that server is not in recovery (a primary: the one walrelay
+// streams from, when the operator listed every node).
+func readStandby(ctx context.Context, url, slot string) (c Copy, standby bool) {
+	ctx, cancel := context.WithTimeout(ctx, standbyTimeout)
+	defer cancel()
+	c.Standby = Redact(url)
+	conn, err := Connect(ctx, url)
+	if err != nil {
+		c.Err = err
+		return c, true
+	}
+	defer conn.Close(context.Background())
+	var inRecovery bool
+	if err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery); err != nil {
+		c.Err = redactErr(err, url)
+		return c, true
+	}
+	if !inRecovery {
+		return c, false
+	}
+	c = readCopy(ctx, conn, slot)
+	c.Standby = Redact(url)
+	if c.Err != nil {
+		c.Err = redactErr(c.Err, url)
+	}
+	return c, true
+}
+
+// readCopy reads the slot's row and the slot sync settings on a standby.
+// synced and invalidation_reason exist from PostgreSQL 17 on; read
+// through to_jsonb they are NULL before.
+func readCopy(ctx context.Context, conn *pgx.Conn, slot string) Copy {
+	var c Copy
+	var confirmed string
+	err := conn.QueryRow(ctx, `
+		SELECT coalesce((SELECT setting FROM pg_settings WHERE name = 'primary_slot_name'), ''),
+		       coalesce((SELECT setting FROM pg_settings WHERE name = 'sync_replication_slots'), 'off') = 'on',
+		       s.slot_name IS NOT NULL, coalesce((to_jsonb(s)->>'synced')::bool, false), coalesce(s.temporary, false),
+		       coalesce(to_jsonb(s)->>'invalidation_reason', CASE WHEN s.wal_status = 'lost' THEN 'wal_removed' END, ''),
+		       coalesce(s.confirmed_flush_lsn::text, '0/0')
+		FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, slot).Scan(
+		&c.PrimarySlot, &c.SyncSlots, &c.Exists, &c.Synced, &c.Temporary, &c.Invalidation, &confirmed)
+	if err != nil {
+		c.Err = fmt.Errorf("read pg_replication_slots: %w", err)
+		return c
+	}
+	if c.ConfirmedLSN, err = ParseLSN(confirmed); err != nil {
+		c.Err = err
+	}
+	return c
 }
 
 // Describe says in one sentence what a failover would do to the slot, and
 // whether that needs the operator's attention.
 func (f Failover) Describe() (text string, warn bool) {
 	switch {
+	case f.Local != nil:
+		return f.describeLocal()
 	case !f.Supported && f.Standbys > 0:
-		return fmt.Sprintf("PostgreSQL before 17 keeps logical slots on the primary only: a failover to one of its %d standbys loses the slot, and walrelay then refuses to go on until the gap is accepted (PostgreSQL 17's failover slots carry the slot over)", f.Standbys), true
+		return fmt.Sprintf("PostgreSQL before 17 keeps logical slots on the primary only: a failover to one of its %d standbys loses the slot, and walrelay then refuses to go on until the gap is accepted (PostgreSQL 17's failover slots carry the slot over)%s", f.Standbys, f.archivers()), true
 	case !f.Supported:
-		return "no standby streams from this server; PostgreSQL before 17 has no failover slots", false
+		return "no standby streams from this server; PostgreSQL before 17 has no failover slots" + f.archivers(), false
 	case !f.Slot:
-		return "the slot is not a failover slot: a failover loses it (turn on slot.SetupConfig.Failover, or ALTER_REPLICATION_SLOT ... (FAILOVER true))", f.Standbys > 0
+		return "the slot is not a failover slot: a failover loses it (turn on slot.SetupConfig.Failover, or ALTER_REPLICATION_SLOT ... (FAILOVER true))" + f.archivers(), f.Standbys > 0
 	case len(f.StandbySlots) == 0:
 		return "failover slot, but synchronized_standby_slots is empty: a standby may be behind what walrelay published, and after a failover to it Kafka would hold events of transactions the new primary never had; set synchronized_standby_slots on the primary to the standbys' physical slots (and sync_replication_slots = on, hot_standby_feedback = on on the standbys)", true
 	case len(f.Missing) > 0:
 		return fmt.Sprintf("failover slot, but no standby streams from %s, named in synchronized_standby_slots: PostgreSQL holds walrelay's stream back until it does", strings.Join(f.Missing, ", ")), true
-	default:
-		return fmt.Sprintf("failover slot, held back by synchronized_standby_slots = %s until those standbys have the WAL: a promoted standby keeps the slot", strings.Join(f.StandbySlots, ", ")), false
 	}
+	held := fmt.Sprintf("failover slot, held back by synchronized_standby_slots = %s until those standbys have the WAL", strings.Join(f.StandbySlots, ", "))
+	if !f.Checked {
+		return held + "; walrelay checked this from the primary, not the standbys' copies of the slot, which the primary cannot see: a standby with a slot of the same name of its own (an old primary that rejoined as a standby keeps its slot so) is never synchronized, and a failover to it resumes from that stale position, sending every event since again; give walrelay the standbys' URLs (relay.Config.StandbyURLs) to check their copies, or run SELECT slot_name, synced, temporary FROM pg_replication_slots on each standby (synced must be true)", true
+	}
+	var problems []string
+	current := 0
+	for _, c := range f.Copies {
+		if p := c.Problem(f.Name); p != "" {
+			problems = append(problems, p)
+		} else {
+			current++
+		}
+	}
+	if len(problems) > 0 {
+		return held + ", but " + strings.Join(problems, "; "), true
+	}
+	if current == 0 || current < f.Standbys {
+		return fmt.Sprintf("%s, but of the %d standbys streaming walrelay read the copies of %d (relay.Config.StandbyURLs): a failover to another may resume from a stale copy, or lose the slot; give walrelay every standby's URL", held, f.Standbys, current), true
+	}
+	names := make([]string, len(f.Copies))
+	for i, c := range f.Copies {
+		names[i] = c.Standby
+	}
+	return fmt.Sprintf("%s, and the copies on %s are synchronized and current: a promoted standby keeps the slot", held, strings.Join(names, ", ")), false
+}
+
+// describeLocal is Describe for status run on a standby: its own copy.
+func (f Failover) describeLocal() (string, bool) {
+	if !f.Supported {
+		return "this server is a standby; PostgreSQL before 17 keeps no copy of a logical slot on a standby that survives its promotion", true
+	}
+	if p := f.Local.Problem(f.Name); p != "" {
+		return p, true
+	}
+	return "this server is a standby with a synchronized copy of the slot (synced = true), kept current by sync_replication_slots: its promotion keeps the slot", false
+}
+
+// archivers notes WAL streams that are no standby's.
+func (f Failover) archivers() string {
+	if f.Archivers == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d WAL stream(s) of clients that replay nothing, such as pg_receivewal, are not counted as standbys: no failover can go to them)", f.Archivers)
 }

@@ -28,6 +28,7 @@ var fieldFlags = map[string]string{
 	"relay.Config.ShutdownTimeout":           "--shutdown-timeout",
 	"relay.Config.BackoffMax":                "--backoff-max",
 	"relay.Config.SlotPollInterval":          "--slot-poll-interval",
+	"relay.Config.StandbyURLs":               "--standby-url",
 	"relay.Config.ReceiveTimeout":            "--receive-timeout",
 	"relay.Config.Linger":                    "--linger",
 	"relay.Config.RecordSchema":              "--record-schema",

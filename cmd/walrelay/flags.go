@@ -202,6 +202,7 @@ type HealthFlags struct {
 	SlotPollInterval  time.Duration `default:"${slot_poll_interval}" help:"How often pg_replication_slots is read for the slot metrics and to detect an invalidated slot."`
 	ReadyMaxLag       time.Duration `default:"${ready_max_lag}" help:"Replication lag above which /readyz reports not ready; 0 disables the lag check."`
 	PlannedOutage     time.Duration `default:"${planned_outage}" help:"The relay outage to plan for: walrelay warns at startup when idle_replication_slot_timeout, or max_slot_wal_keep_size at the server's WAL rate, would invalidate the slot during one this long; 0 disables the warning."`
+	StandbyURL        []string      `name:"standby-url" placeholder:"URL" help:"URL of a standby of the primary (repeat the flag, or separate with commas; every node may be listed, a server that accepts writes is skipped): walrelay reads the slot's copy there, which the primary cannot see, and counts the failover as protected only when every standby's copy is synchronized and current. Give it as WALRELAY_STANDBY_URL, passwords in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
 }
 
 // DeliveryFlags choose at-least-once or exactly-once delivery.
@@ -303,6 +304,7 @@ func (f HealthFlags) apply(cfg *relay.Config) error {
 	cfg.SlotPollInterval = f.SlotPollInterval
 	cfg.ReadyMaxLag = f.ReadyMaxLag
 	cfg.PlannedOutage = f.PlannedOutage
+	cfg.StandbyURLs = f.StandbyURL
 	return nil
 }
 

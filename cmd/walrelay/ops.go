@@ -20,20 +20,28 @@ import (
 // statusCmd is `walrelay status`: the slot at a glance, for people, cron
 // and probes.
 type statusCmd struct {
-	PGURL         string `name:"pg-url" required:"" help:"Source database URL."`
-	Slot          string `default:"${slot}" help:"Logical replication slot."`
-	JSON          bool   `name:"json" help:"Print JSON instead of text."`
-	MaxLagBytes   int64  `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
-	RequireActive bool   `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
-	RecordSchema  string `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from."`
-	Explain       bool   `help:"Name what holds the slot's restart_lsn and catalog_xmin back, most to blame first (the relay stopped, not streaming, waiting for Kafka or behind; open and prepared transactions; a quiet outbox without heartbeats), then what holds the cluster's WAL or xmin (other slots, standbys), each with its fix."`
+	PGURL         string   `name:"pg-url" required:"" help:"Source database URL."`
+	Slot          string   `default:"${slot}" help:"Logical replication slot."`
+	JSON          bool     `name:"json" help:"Print JSON instead of text."`
+	MaxLagBytes   int64    `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
+	RequireActive bool     `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
+	RecordSchema  string   `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from."`
+	StandbyURL    []string `name:"standby-url" placeholder:"URL" help:"URL of a standby of the primary (repeat the flag, or separate with commas; every node may be listed, a server that accepts writes is skipped): walrelay reads the slot's copy there, which the primary cannot see, and says the failover is protected only when every standby's copy is synchronized and current. Give it as WALRELAY_STANDBY_URL, passwords in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
+	Explain       bool     `help:"Name what holds the slot's restart_lsn and catalog_xmin back, most to blame first (the relay stopped, not streaming, waiting for Kafka or behind; open and prepared transactions; a quiet outbox without heartbeats), then what holds the cluster's WAL or xmin (other slots, standbys), each with its fix."`
 	// The time the slot has left.
 	RateWindow    time.Duration `default:"1s" help:"When max_slot_wal_keep_size limits the slot, watch the server's WAL position this long to measure its WAL rate and the time left before invalidation; 0 skips it."`
 	PlannedOutage time.Duration `default:"${planned_outage}" help:"Warn when, at the measured WAL rate, max_slot_wal_keep_size would invalidate the slot sooner than this without a relay confirming, or idle_replication_slot_timeout is shorter; 0 disables."`
 }
 
 // Validate refuses malformed flags before anything is connected.
-func (c *statusCmd) Validate() error { return validateSource(c.PGURL, c.Slot, nil) }
+func (c *statusCmd) Validate() error {
+	for _, u := range c.StandbyURL {
+		if err := slot.CheckURL(u); err != nil {
+			return fmt.Errorf("--standby-url: %w", err)
+		}
+	}
+	return validateSource(c.PGURL, c.Slot, nil)
+}
 
 // notStreamed is status's warning (or, with --require-active, problem) for
 // a slot no client reads: it holds WAL and nothing is published.
@@ -103,7 +111,7 @@ func (c *statusCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
-	failover, err := slot.ReadFailover(ctx, conn, info)
+	failover, err := slot.ReadFailover(ctx, conn, info, c.StandbyURL)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
@@ -158,7 +166,7 @@ func (c *statusCmd) Run(ctx context.Context) error {
 		if recorded {
 			opts.Record = &rec
 		}
-		st.Explain = facts.Explain(opts)
+		st.Explain = append(facts.Explain(opts), failover.Causes()...)
 		if st.Explain == nil {
 			st.Explain = []slot.Cause{}
 		}

@@ -96,33 +96,7 @@ func (p *Postgres) StartStandby(ctx context.Context, opts StandbyOptions) (*Post
 	if err := s.baseBackup(ctx, conn, p, version); err != nil {
 		return fail(fmt.Errorf("standby: base backup of %s: %w", p.dataDir(), err))
 	}
-	conf := map[string]string{
-		"port":                    strconv.Itoa(s.Port),
-		"unix_socket_directories": "'" + s.Dir + "'",
-		"primary_conninfo":        fmt.Sprintf("'host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=%s'", p.Port, s.Slot),
-		"primary_slot_name":       "'" + s.Slot + "'",
-		"hot_standby":             "on",
-		"hot_standby_feedback":    "on",
-		// Answers sooner to the primary, which waits for it with
-		// synchronized_standby_slots.
-		"wal_receiver_status_interval": "'1s'",
-	}
-	if version >= 170000 {
-		// The primary's own setting names its standbys' slots, which do
-		// not exist here: once promoted, this node would wait for them.
-		conf["synchronized_standby_slots"] = "''"
-		conf["sync_replication_slots"] = "off"
-		if opts.SyncSlots {
-			conf["sync_replication_slots"] = "on"
-		}
-	}
-	for k, v := range opts.Settings {
-		conf[k] = v
-	}
-	if err := s.appendConf("walrelay devcluster standby of port "+strconv.Itoa(p.Port), conf); err != nil {
-		return fail(err)
-	}
-	if err := os.WriteFile(filepath.Join(s.dataDir(), "standby.signal"), nil, 0o600); err != nil {
+	if err := s.configureStandby(p, version, opts); err != nil {
 		return fail(err)
 	}
 	if os.Geteuid() == 0 {
@@ -148,6 +122,109 @@ func (p *Postgres) StartStandby(ctx context.Context, opts StandbyOptions) (*Post
 		}
 	}
 	return s, nil
+}
+
+// configureStandby appends to s's postgresql.conf what makes it a standby
+// of p (a server of version) and writes standby.signal.
+func (s *Postgres) configureStandby(p *Postgres, version int, opts StandbyOptions) error {
+	conf := map[string]string{
+		"port":                    strconv.Itoa(s.Port),
+		"unix_socket_directories": "'" + s.Dir + "'",
+		"primary_conninfo":        fmt.Sprintf("'host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=%s'", p.Port, s.Slot),
+		"primary_slot_name":       "'" + s.Slot + "'",
+		"hot_standby":             "on",
+		"hot_standby_feedback":    "on",
+		// Answers sooner to the primary, which waits for it with
+		// synchronized_standby_slots.
+		"wal_receiver_status_interval": "'1s'",
+	}
+	if version >= 170000 {
+		// The primary's own setting names its standbys' slots, which do
+		// not exist here: once promoted, this node would wait for them.
+		conf["synchronized_standby_slots"] = "''"
+		conf["sync_replication_slots"] = "off"
+		if opts.SyncSlots {
+			conf["sync_replication_slots"] = "on"
+		}
+	}
+	for k, v := range opts.Settings {
+		conf[k] = v
+	}
+	if err := s.appendConf("walrelay devcluster standby of port "+strconv.Itoa(p.Port), conf); err != nil {
+		return err
+	}
+	signal := filepath.Join(s.dataDir(), "standby.signal")
+	if err := os.WriteFile(signal, nil, 0o600); err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 {
+		uid, gid, err := serverAccount()
+		if err != nil {
+			return err
+		}
+		return os.Chown(signal, uid, gid)
+	}
+	return nil
+}
+
+// Rejoin makes p, a primary stopped with Stop (a fast shutdown, as in a
+// switchover, after which every standby has all of p's WAL), a standby of
+// upstream, promoted from one of p's standbys, with p's own data directory:
+// no new base backup and no pg_rewind, as an operator rejoins an old
+// primary after a switchover. It makes p's physical slot on upstream,
+// writes standby.signal and primary_conninfo, starts p and returns once it
+// streams (with SynchronizedStandbySlots, once upstream's
+// synchronized_standby_slots names it). p's replication slots stay as they
+// were: a logical slot of p's is a slot of its own there (synced = false),
+// which slot synchronization refuses to update; remove it first
+// (RemoveSlot) to have a synchronized copy instead.
+func (p *Postgres) Rejoin(ctx context.Context, upstream *Postgres, opts StandbyOptions) error {
+	version, err := upstream.ServerVersionNum(ctx)
+	if err != nil {
+		return fmt.Errorf("rejoin: read the upstream's version: %w", err)
+	}
+	if (opts.SyncSlots || opts.SynchronizedStandbySlots) && version < 170000 {
+		return fmt.Errorf("rejoin: failover slots (sync_replication_slots, synchronized_standby_slots) need PostgreSQL 17 or later; the upstream runs %d", version)
+	}
+	slot := opts.Slot
+	if slot == "" {
+		slot = "standby_" + strconv.Itoa(p.Port)
+	}
+	if err := upstream.withConn(ctx, func(c *pgx.Conn) error {
+		// The upstream, a standby of p until its promotion, may have p's
+		// slot from an earlier round: p takes it up again.
+		_, err := c.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true) WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot)
+		return err
+	}); err != nil {
+		return fmt.Errorf("rejoin: create physical slot %q on the upstream: %w", slot, err)
+	}
+	p.Slot = slot
+	if err := p.configureStandby(upstream, version, opts); err != nil {
+		return fmt.Errorf("rejoin: %w", err)
+	}
+	if err := p.Start(ctx); err != nil {
+		return fmt.Errorf("rejoin: %w", err)
+	}
+	p.Upstream = upstream
+	if err := p.WaitStreaming(ctx); err != nil {
+		return fmt.Errorf("rejoin: %w", err)
+	}
+	if opts.SynchronizedStandbySlots {
+		return upstream.SetSynchronizedStandbySlots(ctx, slot)
+	}
+	return nil
+}
+
+// RemoveSlot removes the replication slot name from p, a stopped server,
+// as an operator does before an old primary rejoins as a standby: its
+// directory under pg_replslot. A standby cannot drop a slot slot
+// synchronization made (synced = true, kept from an earlier promotion),
+// and one of its own would be a stale copy until dropped.
+func (p *Postgres) RemoveSlot(name string) error {
+	if _, err := os.Stat(filepath.Join(p.dataDir(), "postmaster.pid")); err == nil {
+		return fmt.Errorf("remove slot %q: the server on port %d runs; stop it first", name, p.Port)
+	}
+	return os.RemoveAll(filepath.Join(p.dataDir(), "pg_replslot", name))
 }
 
 // baseBackup copies src's data directory into s's between the start and
