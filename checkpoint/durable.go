@@ -1,3 +1,10 @@
+// Package checkpoint is exactly-once delivery's record in Kafka of how far
+// the events in Kafka reach in the PostgreSQL stream: Durable, written in
+// each Kafka transaction beside the events it covers, and read back at
+// start to skip what a crashed relay already committed (Skip). Counter
+// counts the acknowledgements of records outside any PostgreSQL
+// transaction (a snapshot's). Which WAL position may be confirmed to
+// PostgreSQL is package confirm's.
 package checkpoint
 
 import (

@@ -2,38 +2,9 @@ package checkpoint_test
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/walrelay/walrelay/checkpoint"
 )
-
-// The position confirmed to PostgreSQL moves past a transaction only once
-// Kafka acknowledged all of its events, and past the transactions before
-// it: acks arrive in any order, confirmation in commit order.
-func ExampleTracker() {
-	tr := checkpoint.New(0x1000)
-
-	first := tr.Begin(time.Now())
-	first.Add() // one event handed to the producer
-	tr.Commit(first, 0x1100)
-
-	second := tr.Begin(time.Now())
-	second.Add()
-	tr.Commit(second, 0x1200)
-
-	second.Ack() // Kafka acknowledged the later transaction first
-	fmt.Println(tr.Advance().LSN)
-	first.Ack()
-	fmt.Println(tr.Advance().LSN)
-
-	// A keepalive's WAL end is confirmable once nothing is in flight.
-	tr.Marker(0x1300)
-	fmt.Println(tr.Advance().LSN)
-	// Output:
-	// 0/1000
-	// 0/1200
-	// 0/1300
-}
 
 // With exactly-once delivery a checkpoint record travels in each Kafka
 // transaction; after a restart, Skip says which resent events it covers.

@@ -1,3 +1,12 @@
+// Package heartbeat keeps a replication slot moving and shows the relay is
+// alive, however quiet the outbox is: a Beater, every Interval, nudges WAL
+// in the source database (pg_logical_emit_message, or a configured query,
+// like Debezium's heartbeat.action.query), so that a slot on an idle
+// database advances while only other databases of the cluster write, and
+// optionally produces a heartbeat record to Kafka so that consumers can see
+// the relay is alive. The nudge reaches the relay's stream as a logical
+// decoding message, a marker of package confirm; when status updates go out
+// is package confirm's too (Schedule).
 package heartbeat
 
 import (

@@ -54,6 +54,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/metrics"
@@ -333,8 +334,11 @@ type Relay struct {
 	metrics *metrics.Metrics
 	backoff *backoff.ExponentialBackOff
 
-	confirmed atomic.Uint64 // last position sent to PostgreSQL
-	acked     atomic.Uint64 // newest confirmable position, sent or not
+	// progress is what this process confirmed, for the status updates of
+	// every session (package confirm owns the rule); clearance how far the
+	// publication watch vouched for what the slot streams from.
+	progress  confirm.Progress
+	clearance *confirm.Clearance
 	received  atomic.Uint64 // newest WAL position received
 	lag       atomic.Int64  // replication lag in nanoseconds
 	streaming atomic.Bool
@@ -354,12 +358,6 @@ type Relay struct {
 	// refused is set once the relay stopped on a change under it
 	// (refuse): nothing more is confirmed or refused again.
 	refused atomic.Bool
-	// verified is the position up to which the publication watch found
-	// the publication intact: the session confirms nothing past it.
-	// verifyWanted wakes the watch when the session has more to confirm.
-	verified     atomic.Uint64
-	wantVerified atomic.Uint64
-	verifyWanted chan struct{}
 	// lastSure is the newest exactly-once checkpoint this process knows
 	// Kafka committed, and commitUnsure says a commit's outcome was not
 	// confirmed since (distrust); doubt is what that commit wrote, when
@@ -447,9 +445,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 			Multiplier:          2,
 			MaxInterval:         cfg.BackoffMax,
 		},
-		now:          time.Now,
-		sleep:        sleepCtx,
-		verifyWanted: make(chan struct{}, 1),
+		now:       time.Now,
+		sleep:     sleepCtx,
+		clearance: confirm.NewClearance(),
 	}
 	r.slotHolder = r.holdsSlot
 	r.coverage = r.readCoverage
@@ -471,7 +469,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // Confirmed returns the position last confirmed to PostgreSQL by this
 // process (0 before the first status update).
-func (r *Relay) Confirmed() decoder.LSN { return decoder.LSN(r.confirmed.Load()) }
+func (r *Relay) Confirmed() decoder.LSN { return r.progress.Confirmed() }
 
 // Streaming reports whether a replication stream is open.
 func (r *Relay) Streaming() bool { return r.streaming.Load() }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
@@ -238,7 +239,7 @@ func TestBackoffGrowsWhenSessionsFailAtOnce(t *testing.T) {
 		t.Fatalf("after %d sessions failing at once the wait is %s (waits %v), want it grown towards --backoff-max %s", len(waits), last, waits, cfg.BackoffMax)
 	}
 	// Progress resets it.
-	r.confirmed.Store(uint64(start) + 100)
+	confirm.New(confirm.Config{Start: start, Every: time.Second, Clearance: r.clearance, Progress: &r.progress}).Sent(clock, start+100)
 	r.sessionEnded(clock, start)
 	waits = nil
 	if err := r.retry(context.Background(), "postgres", errors.New("reset")); err != nil {

@@ -12,9 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
-	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -50,18 +49,19 @@ type stream interface {
 
 // session is one replication stream. All its fields belong to the goroutine
 // running it, except what the producer's promises touch through the
-// checkpoint.Txn and the failed channel.
+// confirm.Txn and the failed channel.
 type session struct {
 	r      *Relay
 	ctx    context.Context
 	stream stream
 	dec    *decoder.Decoder
 	d      delivery
-	tr     *checkpoint.Tracker
-	pgTxn  *checkpoint.Txn
-	failed chan error
-	start  decoder.LSN                    // where the stream started
-	system pglogrepl.IdentifySystemResult // what the stream's IDENTIFY_SYSTEM reported
+	// confirm decides what this stream confirms (package confirm).
+	confirm *confirm.Confirmer
+	pgTxn   *confirm.Txn
+	failed  chan error
+	start   decoder.LSN                    // where the stream started
+	system  pglogrepl.IdentifySystemResult // what the stream's IDENTIFY_SYSTEM reported
 	// walsender is the backend PID of the replication connection (0 when
 	// unknown): a fenced relay compares it with the slot's active_pid.
 	walsender uint32
@@ -72,7 +72,6 @@ type session struct {
 	// unmapped inserts of, by pg_class OID (see unmapped).
 	coverage map[uint32]slot.Coverage
 
-	status   *heartbeat.Schedule
 	nextTick time.Time
 	lastRecv time.Time // when the server was last known to have sent anything
 	pinged   bool      // a reply was requested since lastRecv
@@ -138,13 +137,14 @@ func (r *Relay) newSession(ctx context.Context, st stream, dec *decoder.Decoder,
 		dec:    dec,
 		failed: make(chan error, 1),
 		timer:  time.NewTimer(time.Hour),
-		status: heartbeat.NewSchedule(statusEvery, r.cfg.ConfirmDelay),
 		// The stream just started: count the silence from now.
 		lastRecv: time.Now(),
 	}
-	s.tr = checkpoint.New(start, checkpoint.OnComplete(func(commit time.Time) {
-		r.metrics.CommitToAck.Observe(time.Since(commit).Seconds())
-	}))
+	s.confirm = confirm.New(confirm.Config{
+		Start: start, Every: statusEvery, MinGap: r.cfg.ConfirmDelay,
+		Clearance: r.clearance, Progress: &r.progress,
+		OnComplete: func(commit time.Time) { r.metrics.CommitToAck.Observe(time.Since(commit).Seconds()) },
+	})
 	return s
 }
 
@@ -207,7 +207,7 @@ func (s *session) loop() error {
 		switch m.Kind {
 		case slot.Keepalive:
 			if !s.r.cfg.NoIdleAdvance {
-				s.tr.Marker(m.ServerWALEnd)
+				s.confirm.Marker(m.ServerWALEnd)
 			}
 			s.housekeep(m.ReplyRequested)
 		case slot.XLogData:
@@ -240,8 +240,8 @@ func (s *session) deadline() time.Time {
 	if wants == wakeDry {
 		return time.Now().Add(idleWait)
 	}
-	d := s.status.Next()
-	if s.tr.InFlight() > 0 || s.status.Pending(s.tr.Confirmed().LSN) || wants == wakeSoon {
+	d := s.confirm.Next()
+	if s.confirm.InFlight() > 0 || s.confirm.Pending() || wants == wakeSoon {
 		d = s.nextTick
 	}
 	return minTime(d, s.aliveCheck())
@@ -279,7 +279,7 @@ func (s *session) checkAlive() error {
 		return fmt.Errorf("%w: nothing received for %s", errServerSilent, silent.Round(time.Millisecond))
 	case silent >= s.r.cfg.ReceiveTimeout/2 && !s.pinged:
 		s.pinged = true
-		if err := s.stream.SendStatus(s.status.Confirmed(), true); err != nil {
+		if err := s.stream.SendStatus(s.confirm.Confirmed(), true); err != nil {
 			return err
 		}
 	}
@@ -300,7 +300,7 @@ func (s *session) connectionLost(err error) {
 	}
 	s.lost = true
 	s.r.log.Warn("the replication connection broke: ending the stream; the next starts from the confirmed position once Kafka has answered what is in flight",
-		zap.Stringer("confirmed_lsn", s.status.Confirmed()), zap.Error(err))
+		zap.Stringer("confirmed_lsn", s.confirm.Confirmed()), zap.Error(err))
 	select {
 	case s.failed <- fmt.Errorf("replication connection: %w", err):
 	default: // another error ends the session already
@@ -317,7 +317,7 @@ func (s *session) handle(data []byte) error {
 	switch kind {
 	case decoder.KindBegin:
 		b := s.dec.Begin()
-		s.pgTxn = s.tr.Begin(b.CommitTime)
+		s.pgTxn = s.confirm.Begin(b.CommitTime)
 		s.r.metrics.Transactions.Inc()
 		s.d.Begin(b, s.pgTxn)
 	case decoder.KindInsert:
@@ -330,13 +330,13 @@ func (s *session) handle(data []byte) error {
 			return fmt.Errorf("decode pgoutput message at %s: %w: commit without begin", s.lastLSN, decoder.ErrMalformed)
 		}
 		c := s.dec.Commit()
-		s.tr.Commit(s.pgTxn, c.EndLSN)
+		s.confirm.Commit(s.pgTxn, c.EndLSN)
 		s.pgTxn = nil
 		return s.d.Commit(c.EndLSN)
 	case decoder.KindMessage:
 		// A heartbeat (or any non-transactional message): everything
 		// before it was received, so it is a marker like a keepalive.
-		s.tr.Marker(s.dec.MessageLSN())
+		s.confirm.Marker(s.dec.MessageLSN())
 	case decoder.KindUnmapped:
 		return s.unmapped(s.dec.Unmapped())
 	}
@@ -440,20 +440,14 @@ func (s *session) wait(done <-chan struct{}, interruptible bool) error {
 	}
 }
 
-// housekeep advances the watermark and sends a status update when one is
-// due: at once when forced (the server asked for a reply), every
-// StatusInterval, and ConfirmDelay after the watermark moved.
+// housekeep publishes the stream's figures and sends a status update
+// when the confirmer says one is due, with the position it allows.
 func (s *session) housekeep(force bool) {
 	now := time.Now()
 	if !now.Before(s.nextTick) {
 		s.nextTick = now.Add(tick)
 	}
-	pos := s.tr.Advance()
-	s.r.acked.Store(uint64(pos.LSN))
-	// Only what the publication watch vouched for is confirmed: past a
-	// change to the publication PostgreSQL skips outbox inserts, and the
-	// slot must still hold their WAL when the relay stops on it.
-	pos.LSN = s.r.confirmable(pos.LSN, s.start)
+	lsn, due := s.confirm.Due(now, force)
 	m := s.r.metrics
 	if s.lastLSN != 0 {
 		s.r.received.Store(uint64(s.lastLSN))
@@ -466,12 +460,12 @@ func (s *session) housekeep(force bool) {
 		m.ReceivedBytes.Add(float64(s.recvBytes))
 		s.recvBytes = 0
 	}
-	// Replication lag: now minus the commit time of the newest confirmed
+	// Replication lag: now minus the commit time of the newest confirmable
 	// transaction while anything is in flight (the oldest in flight when
-	// nothing was confirmed yet), 0 when caught up.
+	// nothing was confirmable yet), 0 when caught up.
 	var lag time.Duration
-	if oldest := s.tr.OldestCommit(); !oldest.IsZero() {
-		ref := pos.CommitTime
+	if oldest := s.confirm.OldestCommit(); !oldest.IsZero() {
+		ref := s.confirm.Position().CommitTime
 		if ref.IsZero() {
 			ref = oldest
 		}
@@ -479,20 +473,19 @@ func (s *session) housekeep(force bool) {
 	}
 	s.r.lag.Store(int64(lag))
 	m.ReplicationLag.Set(lag.Seconds())
-	if !s.status.Due(now, pos.LSN, force) {
+	if !due {
 		return
 	}
-	if err := s.stream.SendStatus(pos.LSN, false); err != nil {
+	if err := s.stream.SendStatus(lsn, false); err != nil {
 		s.connectionLost(err)
 		return
 	}
 	m.StandbyStatusSent.Inc()
-	m.ConfirmedLSN.Set(float64(pos.LSN))
-	if pos.LSN > s.status.Confirmed() {
-		s.r.log.Debug("confirmed", zap.Stringer("lsn", pos.LSN))
+	m.ConfirmedLSN.Set(float64(lsn))
+	if lsn > s.confirm.Confirmed() {
+		s.r.log.Debug("confirmed", zap.Stringer("lsn", lsn))
 	}
-	s.status.Sent(now, pos.LSN)
-	s.r.confirmed.Store(uint64(pos.LSN))
+	s.confirm.Sent(now, lsn)
 }
 
 // finish ends a session: it waits for outstanding acks (unbounded but
@@ -539,7 +532,7 @@ func (s *session) finish(cause error) error {
 	_ = s.wait(done, false) // keep confirming while draining
 	if stopping {
 		ctx, cancel := context.WithDeadline(context.Background(), s.stopDeadline())
-		s.r.vouchFinal(ctx, s.tr.Advance().LSN)
+		s.r.vouchFinal(ctx, s.confirm.Acknowledged())
 		cancel()
 	}
 	s.housekeep(true)

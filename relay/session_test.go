@@ -315,7 +315,7 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 	// No publication watch runs here: it vouches for every position
 	// (TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor tests the
 	// gate).
-	r.verified.Store(math.MaxUint64)
+	r.clearance.Vouch(math.MaxUint64)
 	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping})
 	if err != nil {
 		t.Fatal(err)
@@ -376,11 +376,11 @@ func (h *harness) end(t *testing.T) error {
 // to look, and confirms once it vouches.
 func TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor(t *testing.T) {
 	p := &fakeProducer{}
-	h := startSessionWith(t, nil, p, nil, func(r *Relay, _ *session) { r.verified.Store(0) })
+	h := startSessionWith(t, nil, p, nil, func(r *Relay, _ *session) { r.clearance.Forget() })
 	h.st.send(txnMsgs(2000, "e1")...)
 	waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
 	p.ackAll()
-	waitFor(t, "the watch asked to vouch for the commit", func() bool { return h.r.wantVerified.Load() >= 2008 })
+	waitFor(t, "the watch asked to vouch for the commit", func() bool { return h.r.clearance.Wanted() >= 2008 })
 	h.st.send(keepalive(2004, true))
 	waitFor(t, "a reply to the keepalive", func() bool {
 		for _, u := range h.st.updates() {
@@ -393,9 +393,9 @@ func TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor(t *testing.T) {
 	if got := h.st.confirmed(); got != start {
 		t.Fatalf("confirmed %s before the publication watch vouched for it, want %s", got, decoder.LSN(start))
 	}
-	h.r.verified.Store(2004)
+	h.r.clearance.Vouch(2004)
 	waitFor(t, "the vouched-for part confirmed", func() bool { return h.st.confirmed() == 2004 })
-	h.r.verified.Store(3000)
+	h.r.clearance.Vouch(3000)
 	waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
 	h.cancel()
 	if err := h.end(t); err != nil {

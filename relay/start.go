@@ -206,24 +206,17 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 		return 0, 0, gap
 	}
 	r.recordSlot(info)
-	// A session that ended on a broken connection may have had acks the
-	// slot never heard of: start after them (PostgreSQL skips transactions
-	// that end before the requested start) and confirm them at once.
-	// Not past what the publication watch vouched for, nor on a new
-	// timeline (a failover) past the slot at all.
-	acked := min(decoder.LSN(r.acked.Load()), decoder.LSN(r.verified.Load()))
+	failover := false
 	if tl, err := currentTimeline(ctx, conn); err == nil && r.timeline != 0 && tl != r.timeline {
-		r.warnResend(info, decoder.LSN(r.acked.Load()), "what this process had acknowledged on the old timeline", true, zap.Int32("old_timeline", r.timeline), zap.Int32("timeline", tl))
-		acked = 0
-		r.acked.Store(0)
-		r.verified.Store(0)
+		r.warnResend(info, r.progress.Acked(), "what this process had acknowledged on the old timeline", true, zap.Int32("old_timeline", r.timeline), zap.Int32("timeline", tl))
+		failover = true
 	} else if r.timeline == 0 && !r.resendWarned {
 		// A new process knows nothing it acknowledged; the record, copied
 		// to the standbys with the rest of the database, holds what the
 		// relay last confirmed, on whichever server was primary then.
 		r.resendWarned = r.warnResend(info, r.record.ConfirmedLSN, "what walrelay recorded as confirmed (its record, "+r.cfg.RecordSchema+".slots, which physical replication copies from the old primary)", false)
 	}
-	return max(info.ConfirmedLSN, acked), version, nil
+	return r.progress.Resume(info.ConfirmedLSN, r.clearance, failover), version, nil
 }
 
 // warnResend warns when the slot's confirmed position is behind a position

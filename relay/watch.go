@@ -25,32 +25,6 @@ import (
 // the publication in progress before it says that confirming waits on it.
 const stuckCheckWarn = 10 * time.Second
 
-// wantVerify asks the publication watch to vouch for positions up to lsn.
-func (r *Relay) wantVerify(lsn decoder.LSN) {
-	for {
-		w := r.wantVerified.Load()
-		if uint64(lsn) <= w || r.wantVerified.CompareAndSwap(w, uint64(lsn)) {
-			break
-		}
-	}
-	select {
-	case r.verifyWanted <- struct{}{}:
-	default:
-	}
-}
-
-// confirmable is how far the session may confirm of pos: no further than
-// the publication watch vouched for, nor than the slot already is (start).
-// Past it the session asks the watch to look.
-func (r *Relay) confirmable(pos, start decoder.LSN) decoder.LSN {
-	v := decoder.LSN(r.verified.Load())
-	if pos <= v {
-		return pos
-	}
-	r.wantVerify(pos)
-	return max(v, min(pos, start))
-}
-
 // watchPublication checks the publication (slot.Watch) whenever the
 // session has positions to confirm beyond the last one vouched for, at
 // most once per ConfirmDelay, and stops the relay with a *slot.GapError
@@ -69,9 +43,9 @@ func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFu
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.verifyWanted:
+		case <-r.clearance.Wake():
 		}
-		for ctx.Err() == nil && r.wantVerified.Load() > r.verified.Load() {
+		for ctx.Err() == nil && r.clearance.Behind() {
 			began := time.Now()
 			if conn == nil || conn.IsClosed() {
 				c, err := slot.Connect(ctx, r.cfg.PGURL)
@@ -126,8 +100,7 @@ func (r *Relay) vouch(ctx context.Context, conn *pgx.Conn) (ok bool, err error) 
 		return false, gap
 	}
 	if ok {
-		for v := r.verified.Load(); uint64(at) > v && !r.verified.CompareAndSwap(v, uint64(at)); v = r.verified.Load() {
-		}
+		r.clearance.Vouch(at)
 	}
 	return ok, err
 }
@@ -136,7 +109,7 @@ func (r *Relay) vouch(ctx context.Context, conn *pgx.Conn) (ok bool, err error) 
 // a clean stop confirms everything Kafka acknowledged (the watch stops
 // with the relay's context). A change found then is refused as always.
 func (r *Relay) vouchFinal(ctx context.Context, pos decoder.LSN) {
-	if pos <= decoder.LSN(r.verified.Load()) || r.refused.Load() {
+	if pos <= r.clearance.Upto() || r.refused.Load() {
 		return
 	}
 	conn, err := slot.Connect(ctx, r.cfg.PGURL)

@@ -1,4 +1,4 @@
-package checkpoint
+package confirm
 
 import (
 	"math/rand/v2"
@@ -89,7 +89,7 @@ func TestWatermark(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := New(tc.start)
+			tr := NewWatermark(tc.start)
 			var txns []*Txn
 			for i, s := range tc.steps {
 				switch {
@@ -116,7 +116,7 @@ func TestWatermark(t *testing.T) {
 }
 
 func TestCommitTimeFollowsWatermark(t *testing.T) {
-	tr := New(1)
+	tr := NewWatermark(1)
 	a := tr.Begin(time.Unix(100, 0))
 	a.Add()
 	tr.Commit(a, 10)
@@ -138,7 +138,7 @@ func TestCommitTimeFollowsWatermark(t *testing.T) {
 
 func TestOnCompleteOncePerTransactionWithEvents(t *testing.T) {
 	var n atomic.Int32
-	tr := New(1, OnComplete(func(time.Time) { n.Add(1) }))
+	tr := NewWatermark(1, OnComplete(func(time.Time) { n.Add(1) }))
 	a := tr.Begin(time.Unix(1, 0))
 	a.Add()
 	a.Add()
@@ -157,7 +157,7 @@ func TestOnCompleteOncePerTransactionWithEvents(t *testing.T) {
 }
 
 func TestAckMoreThanAddPanics(t *testing.T) {
-	tr := New(1)
+	tr := NewWatermark(1)
 	a := tr.Begin(time.Unix(1, 0))
 	tr.Commit(a, 10)
 	defer func() {
@@ -173,7 +173,7 @@ func TestAckMoreThanAddPanics(t *testing.T) {
 // watermark never passes a transaction with an unacknowledged event.
 func TestManyInFlightConcurrentAcks(t *testing.T) {
 	const txns = 2000
-	tr := New(0)
+	tr := NewWatermark(0)
 	type ev struct {
 		txn *Txn
 		idx int
@@ -242,7 +242,7 @@ func TestManyInFlightConcurrentAcks(t *testing.T) {
 }
 
 func BenchmarkTrackOneEventTxn(b *testing.B) {
-	tr := New(0)
+	tr := NewWatermark(0)
 	b.ReportAllocs()
 	for i := range b.N {
 		x := tr.Begin(time.Unix(1, 0))
@@ -252,19 +252,5 @@ func BenchmarkTrackOneEventTxn(b *testing.B) {
 		if i%64 == 0 {
 			tr.Advance()
 		}
-	}
-}
-
-func TestCounterCountsPending(t *testing.T) {
-	var c Counter
-	c.Add()
-	c.Add()
-	c.Ack()
-	if c.Pending() != 1 || c.Added() != 2 {
-		t.Fatalf("pending %d added %d, want 1 and 2", c.Pending(), c.Added())
-	}
-	c.Ack()
-	if c.Pending() != 0 {
-		t.Fatalf("pending %d after every ack, want 0", c.Pending())
 	}
 }

@@ -1,22 +1,4 @@
-// Package checkpoint decides which WAL position walrelay may confirm to
-// PostgreSQL.
-//
-// PostgreSQL sends committed transactions in commit order. Each one is
-// tracked from its Begin until every outbox event it produced has been
-// acknowledged by Kafka and its Commit has been seen. The confirmable
-// position (the watermark) is the end LSN of the newest transaction that is
-// complete together with every transaction before it: acknowledgements may
-// arrive out of order across partitions, the watermark never jumps a gap.
-//
-// Keepalive positions are markers queued behind the data received before
-// them, never shortcuts past events still in flight: confirming a
-// keepalive's WAL end while an earlier transaction is unacknowledged would
-// let PostgreSQL discard that transaction for good.
-//
-// Concurrency: Begin, Add, Commit, Marker and Advance belong to the one
-// goroutine that reads the replication stream. Ack may be called from any
-// goroutine (the producer's promises); it touches only an atomic counter.
-package checkpoint
+package confirm
 
 import (
 	"sync/atomic"
@@ -34,7 +16,7 @@ type Position struct {
 }
 
 // Txn is one PostgreSQL transaction whose events are in flight, or a
-// keepalive marker.
+// keepalive marker. It is the router.Acker of its events.
 type Txn struct {
 	// pending counts unacknowledged events plus one while the transaction
 	// is open (its Commit not yet seen). It reaches zero exactly once.
@@ -43,7 +25,7 @@ type Txn struct {
 	end        decoder.LSN
 	commitTime time.Time
 	marker     bool
-	tracker    *Tracker
+	tracker    *Watermark
 }
 
 // Add records that one more event of t was handed to the producer. Call it
@@ -66,29 +48,37 @@ func (t *Txn) Ack() {
 	}
 }
 
-// Tracker keeps the in-flight transactions in commit order and computes the
-// watermark.
-type Tracker struct {
+// Watermark keeps the in-flight transactions in commit order and computes
+// the position Kafka's acknowledgements allow: the end LSN of the newest
+// transaction that is complete together with every transaction before it
+// (acks arrive in any order across partitions; the watermark never jumps a
+// gap). Keepalive positions are markers queued behind the data received
+// before them, never shortcuts past events still in flight.
+//
+// Begin, Commit, Marker and Advance belong to the goroutine that reads the
+// replication stream; Txn.Ack may be called from any goroutine (the
+// producer's promises): it touches only an atomic counter.
+type Watermark struct {
 	queue     []*Txn // in commit order; head at queue[0]
 	confirmed Position
 	onDone    func(commitTime time.Time)
 }
 
-// Option configures a Tracker.
-type Option func(*Tracker)
+// Option configures a Watermark.
+type Option func(*Watermark)
 
 // OnComplete registers fn, called once per transaction with events when its
 // last event is acknowledged after its Commit (or its Commit arrives after
 // its last ack). It may run on any goroutine; walrelay uses it for the
 // commit-to-ack latency histogram.
 func OnComplete(fn func(commitTime time.Time)) Option {
-	return func(t *Tracker) { t.onDone = fn }
+	return func(t *Watermark) { t.onDone = fn }
 }
 
-// New returns a Tracker whose watermark starts at start, the position the
+// NewWatermark returns a Watermark that starts at start, the position the
 // stream was started from (everything before it is already confirmed).
-func New(start decoder.LSN, opts ...Option) *Tracker {
-	t := &Tracker{confirmed: Position{LSN: start}}
+func NewWatermark(start decoder.LSN, opts ...Option) *Watermark {
+	t := &Watermark{confirmed: Position{LSN: start}}
 	for _, o := range opts {
 		o(t)
 	}
@@ -98,7 +88,7 @@ func New(start decoder.LSN, opts ...Option) *Tracker {
 // Begin opens a transaction. commitTime comes from the Begin message
 // (pgoutput announces it up front because it sends only committed
 // transactions).
-func (tr *Tracker) Begin(commitTime time.Time) *Txn {
+func (tr *Watermark) Begin(commitTime time.Time) *Txn {
 	t := &Txn{commitTime: commitTime, tracker: tr}
 	t.pending.Store(1)
 	tr.queue = append(tr.queue, t)
@@ -108,7 +98,7 @@ func (tr *Tracker) Begin(commitTime time.Time) *Txn {
 // Commit closes t: its end LSN (CommitMessage.TransactionEndLSN, never the
 // commit record's start) becomes confirmable once all of its events, and all
 // earlier transactions, are acknowledged.
-func (tr *Tracker) Commit(t *Txn, end decoder.LSN) {
+func (tr *Watermark) Commit(t *Txn, end decoder.LSN) {
 	// The store of end happens before the decrement; Advance reads end
 	// only after observing pending == 0, so the atomic orders them.
 	t.end = end
@@ -119,7 +109,7 @@ func (tr *Tracker) Commit(t *Txn, end decoder.LSN) {
 
 // complete runs once per transaction, on whichever goroutine brought its
 // pending count to zero.
-func (tr *Tracker) complete(t *Txn) {
+func (tr *Watermark) complete(t *Txn) {
 	if tr.onDone != nil && t.events > 0 {
 		tr.onDone(t.commitTime)
 	}
@@ -129,7 +119,7 @@ func (tr *Tracker) complete(t *Txn) {
 // It becomes confirmable once every transaction before it is complete; with
 // nothing in flight that is at once. A keepalive may arrive in the middle of
 // a transaction; its marker then waits for that transaction too.
-func (tr *Tracker) Marker(walEnd decoder.LSN) {
+func (tr *Watermark) Marker(walEnd decoder.LSN) {
 	n := len(tr.queue)
 	if n == 0 {
 		if walEnd > tr.confirmed.LSN {
@@ -150,7 +140,7 @@ func (tr *Tracker) Marker(walEnd decoder.LSN) {
 
 // Advance pops every complete transaction at the head of the queue and
 // returns the watermark. The watermark never moves backwards.
-func (tr *Tracker) Advance() Position {
+func (tr *Watermark) Advance() Position {
 	i := 0
 	for ; i < len(tr.queue); i++ {
 		t := tr.queue[i]
@@ -173,11 +163,11 @@ func (tr *Tracker) Advance() Position {
 }
 
 // Confirmed returns the watermark computed by the last Advance.
-func (tr *Tracker) Confirmed() Position { return tr.confirmed }
+func (tr *Watermark) Confirmed() Position { return tr.confirmed }
 
 // OldestCommit returns the commit time of the oldest transaction queued
 // behind the watermark, or zero when only markers (or nothing) are queued.
-func (tr *Tracker) OldestCommit() time.Time {
+func (tr *Watermark) OldestCommit() time.Time {
 	for _, t := range tr.queue {
 		if !t.marker {
 			return t.commitTime
@@ -188,4 +178,4 @@ func (tr *Tracker) OldestCommit() time.Time {
 
 // InFlight returns how many transactions and markers are queued behind the
 // watermark.
-func (tr *Tracker) InFlight() int { return len(tr.queue) }
+func (tr *Watermark) InFlight() int { return len(tr.queue) }

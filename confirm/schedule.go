@@ -1,17 +1,4 @@
-// Package heartbeat keeps a replication slot moving and shows the relay is
-// alive, however quiet the outbox is:
-//
-//   - Schedule decides when the replication loop sends standby status
-//     updates: at once when the server asks, every Interval, and soon after
-//     the confirmable position moves.
-//   - Idle advance lives in checkpoint (keepalive WAL ends are markers
-//     queued behind in-flight data); relay switches it on.
-//   - Beater, every Interval, nudges WAL in the source database
-//     (pg_logical_emit_message, or a configured query, like Debezium's
-//     heartbeat.action.query), so a slot on an idle database advances while
-//     only other databases of the cluster write, and optionally produces a
-//     heartbeat record to Kafka so consumers can see the relay is alive.
-package heartbeat
+package confirm
 
 import (
 	"time"
