@@ -48,6 +48,7 @@ type Metrics struct {
 	SlotFailoverProtected prometheus.Gauge
 	GapRefusals           prometheus.Counter
 	UnconfirmedCommits    prometheus.Counter
+	SlotCreationWait      prometheus.Gauge
 
 	// What holds the slot (slot.Facts), read with the slot every
 	// --slot-poll-interval.
@@ -222,6 +223,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		GapRefusals: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_gap_refusals_total",
 			Help: "Times the relay stopped because something it streamed from changed under it (slot gone, publication dropped or altered, outbox table recreated or removed from the publication): events after the confirmed position may be missing. The log names the change and the command that accepts the gap.",
+		}),
+		SlotCreationWait: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_slot_creation_wait_seconds",
+			Help: "How long creating the slot has waited for transactions to end (PostgreSQL creates a logical slot only once every transaction that held an xid when the creation began has ended, prepared ones included), updated every --slot-poll-interval; 0 when no creation waits. The relay's WARN, and walrelay status --explain, name them.",
 		}),
 		ServerWALRate: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_server_wal_bytes_per_second",

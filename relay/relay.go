@@ -175,7 +175,9 @@ type Config struct {
 	// HeartbeatInterval (default empty: none).
 	HeartbeatTopic string
 	// SlotPollInterval is how often pg_replication_slots is read for the
-	// slot metrics and an invalidated slot (default 10s).
+	// slot metrics and an invalidated slot, and how often the relay warns,
+	// naming them, while creating the slot waits for transactions to end
+	// (default 10s).
 	SlotPollInterval time.Duration
 	// ReadyMaxLag is the replication lag above which the relay reports not
 	// ready (default 60s); 0 (or negative) disables the check.
@@ -203,8 +205,10 @@ type Config struct {
 	// (default 60s, like PostgreSQL's wal_receiver_timeout).
 	ReceiveTimeout time.Duration
 	// StartupTimeout is how long the relay keeps retrying PostgreSQL and
-	// Kafka before it has streamed once (default 2m; 0 or negative:
-	// forever). After the first stream it retries forever.
+	// Kafka, and creating the slot waits for transactions to end, before
+	// it has streamed once (default 2m; 0 or negative: forever); then Run
+	// returns a *StartupTimeoutError. An initial snapshot under way is not
+	// cut short. After the first stream it retries forever.
 	StartupTimeout time.Duration
 }
 
@@ -649,7 +653,21 @@ func (r *Relay) setupConfig() slot.SetupConfig {
 		AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
 		Failover: !r.cfg.NoFailoverSlot, RecordSchema: r.cfg.RecordSchema,
 		Binary: r.cfg.Binary, TopicTemplate: r.cfg.Router.TopicTemplate,
+		CreateWarnInterval: r.cfg.SlotPollInterval, CreateDeadline: r.startupDeadline(),
+		OnCreateWait: func(waited time.Duration) { r.metrics.SlotCreationWait.Set(waited.Seconds()) },
 	}
+}
+
+// startupDeadline is when the relay gives up if it has not streamed by
+// then; zero when it never does. A creation of the slot that still waits
+// for transactions at that time is cancelled (slot.SetupConfig.CreateDeadline):
+// left waiting, it would hold the start past StartupTimeout without a
+// retry ever seeing it.
+func (r *Relay) startupDeadline() time.Time {
+	if r.cfg.StartupTimeout <= 0 || r.everStreamed.Load() {
+		return time.Time{}
+	}
+	return r.begin.Add(r.cfg.StartupTimeout)
 }
 
 // newRouter is the relay's router, started (startRouter) with the
@@ -735,7 +753,7 @@ func certificateError(err error) bool {
 // err is not a standby's wait for a busy slot.
 func (r *Relay) retry(ctx context.Context, cause RestartCause, err error) error {
 	if cause != CauseSlotBusy && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 && r.now().Sub(r.begin) > r.cfg.StartupTimeout {
-		return &fatalError{fmt.Errorf("gave up after relay.Config.StartupTimeout %s without streaming: %w", r.cfg.StartupTimeout, err)}
+		return &StartupTimeoutError{Timeout: r.cfg.StartupTimeout, Err: err}
 	}
 	wait := min(r.backoff.NextBackOff(), r.cfg.BackoffMax)
 	if cause != CauseSlotBusy && !r.everStreamed.Load() && r.cfg.StartupTimeout > 0 {
@@ -768,6 +786,25 @@ func (r *Relay) onProduceError(err error) {
 		s.stream.Interrupt()
 	}
 }
+
+// StartupTimeoutError is Run giving up at StartupTimeout without having
+// streamed: PostgreSQL or Kafka stayed unreachable, or creating the slot
+// kept waiting for transactions to end (Err says which, and what it
+// waited for). Unlike the other errors Run returns, a later start may
+// succeed by itself, once they are reachable or have ended.
+type StartupTimeoutError struct {
+	Timeout time.Duration
+	Err     error
+}
+
+func (e *StartupTimeoutError) Error() string {
+	return fmt.Sprintf("gave up after relay.Config.StartupTimeout %s without streaming: %v", e.Timeout, e.Err)
+}
+
+func (e *StartupTimeoutError) Unwrap() error { return e.Err }
+
+// Fatal is true: this Run is over (a new one may succeed).
+func (e *StartupTimeoutError) Fatal() bool { return true }
 
 // produceError wraps a record Kafka refused for good.
 type produceError struct{ err error }

@@ -197,10 +197,24 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 	if !isFatal(giveUp) || len(waits) != 1 {
 		t.Fatalf("giveUp %v, waits %v: want a give-up without another wait", giveUp, waits)
 	}
+	// Its own type: walrelay run exits 4 on it, a code a restart may fix.
+	var timeout *StartupTimeoutError
+	if !errors.As(giveUp, &timeout) || timeout.Timeout != cfg.StartupTimeout || timeout.Err.Error() != "connection refused" {
+		t.Fatalf("giveUp %#v, want a *StartupTimeoutError of %s wrapping the last error", giveUp, cfg.StartupTimeout)
+	}
+	// Creating the slot, waiting for transactions, gives up at the same
+	// deadline, and warns at the slot poll's pace meanwhile.
+	if s := r.setupConfig(); !s.CreateDeadline.Equal(r.begin.Add(cfg.StartupTimeout)) || s.CreateWarnInterval != cfg.SlotPollInterval {
+		t.Fatalf("setup config: CreateDeadline %s (want %s), CreateWarnInterval %s (want %s)",
+			s.CreateDeadline, r.begin.Add(cfg.StartupTimeout), s.CreateWarnInterval, cfg.SlotPollInterval)
+	}
 
 	// Once streaming, and for a standby waiting on a busy slot, the
 	// startup deadline does not apply: the full backoff is kept.
 	r.everStreamed.Store(true)
+	if d := r.setupConfig().CreateDeadline; !d.IsZero() {
+		t.Fatalf("after streaming: slot creation deadline %s, want none", d)
+	}
 	r.backoff.Reset()
 	waits = nil
 	if r.retry(context.Background(), "connection", errors.New("reset")) != nil || waits[0] < 4*time.Second {

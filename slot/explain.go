@@ -53,6 +53,10 @@ const (
 	RelayRestarting = "restarting"
 	// RelayStarting: the relay has not streamed yet.
 	RelayStarting = "starting"
+	// RelayCreatingSlot names the replication connection creating the
+	// slot (or the initial snapshot's temporary slot): status reads what
+	// the creation waits for from it (slotwait.go).
+	RelayCreatingSlot = "creating slot"
 	// relayHeartbeat names the relay's heartbeat connection.
 	relayHeartbeat = "heartbeat"
 )
@@ -274,6 +278,12 @@ func (f *Facts) readRelays(ctx context.Context, conn *pgx.Conn) error {
 			f.Heartbeat = true
 			continue
 		}
+		if c.State == RelayCreatingSlot {
+			// The snapshot's replication connection, idle until the
+			// slot is copied from its temporary one: not the relay's
+			// state (a creation under way is ReadCreation's).
+			continue
+		}
 		f.Relays = append(f.Relays, c)
 	}
 	return rows.Err()
@@ -281,7 +291,7 @@ func (f *Facts) readRelays(ctx context.Context, conn *pgx.Conn) error {
 
 // relayStates are the words a relay names its connections with.
 var relayStates = []string{RelayStreaming, RelayWaitingForKafka, RelayBackpressure, RelayStandby, RelayConnectingKafka,
-	RelayRestarting, RelayStarting, relayHeartbeat}
+	RelayRestarting, RelayStarting, relayHeartbeat, RelayCreatingSlot}
 
 // uncut is the state a name PostgreSQL cut to maxAppName began: the one
 // state it is a prefix of, else "" (unknown).
@@ -312,6 +322,15 @@ func AppNameAsShown(name string) string {
 // same role or pg_read_all_stats. Prepared transactions hold theirs
 // without a backend (pid NULL); they are read from pg_prepared_xacts.
 func (f *Facts) readXacts(ctx context.Context, conn *pgx.Conn) error {
+	var err error
+	f.Xacts, err = queryXacts(ctx, conn, 0, maxXacts)
+	return err
+}
+
+// queryXacts reads the cluster's oldest open transactions with an xid,
+// oldest first, at most limit, leaving out the backend of pid except (0:
+// none) and conn's own.
+func queryXacts(ctx context.Context, conn *pgx.Conn, except int32, limit int) ([]Xact, error) {
 	rows, err := conn.Query(ctx, `
 		SELECT l.pid, l.xid::text::bigint, age(l.xid), a.datname IS NOT NULL AND a.state IS NOT NULL,
 		       coalesce(a.datname, ''), coalesce(a.usename, ''), coalesce(a.state, ''), coalesce(a.query, ''), coalesce(a.application_name, ''),
@@ -319,43 +338,52 @@ func (f *Facts) readXacts(ctx context.Context, conn *pgx.Conn) error {
 		FROM (SELECT pid, transactionid AS xid, row_number() OVER (PARTITION BY pid ORDER BY age(transactionid) DESC) AS n
 		        FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted AND pid IS NOT NULL) l
 		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.n = 1 AND l.pid <> pg_backend_pid()
-		ORDER BY age(l.xid) DESC LIMIT $1`, maxXacts)
+		WHERE l.n = 1 AND l.pid <> pg_backend_pid() AND l.pid <> $2
+		ORDER BY age(l.xid) DESC LIMIT $1`, limit, except)
 	if err != nil {
-		return fmt.Errorf("read the open transactions (pg_locks, pg_stat_activity): %w", err)
+		return nil, fmt.Errorf("read the open transactions (pg_locks, pg_stat_activity): %w", err)
 	}
 	defer rows.Close()
+	var xacts []Xact
 	for rows.Next() {
 		var x Xact
 		var age float64
 		if err := rows.Scan(&x.PID, &x.Xid, &x.XidAge, &x.Visible, &x.Database, &x.User, &x.State, &x.Query, &x.ApplicationName,
 			&age, &x.BackendType, &x.ClientAddr); err != nil {
-			return err
+			return nil, err
 		}
 		x.Age = time.Duration(age * float64(time.Second))
-		f.Xacts = append(f.Xacts, x)
+		xacts = append(xacts, x)
 	}
-	return rows.Err()
+	return xacts, rows.Err()
 }
 
 func (f *Facts) readPrepared(ctx context.Context, conn *pgx.Conn) error {
+	var err error
+	f.Prepared, err = queryPrepared(ctx, conn)
+	return err
+}
+
+// queryPrepared reads the prepared transactions, oldest first.
+func queryPrepared(ctx context.Context, conn *pgx.Conn) ([]PreparedXact, error) {
 	rows, err := conn.Query(ctx, `SELECT gid, owner::text, database::text, transaction::text::bigint, age(transaction),
 			extract(epoch FROM now() - prepared)::float8
 		FROM pg_prepared_xacts ORDER BY age(transaction) DESC`)
 	if err != nil {
-		return fmt.Errorf("read pg_prepared_xacts: %w", err)
+		return nil, fmt.Errorf("read pg_prepared_xacts: %w", err)
 	}
 	defer rows.Close()
+	var prepared []PreparedXact
 	for rows.Next() {
 		var p PreparedXact
 		var age float64
 		if err := rows.Scan(&p.GID, &p.Owner, &p.Database, &p.Xid, &p.XidAge, &age); err != nil {
-			return err
+			return nil, err
 		}
 		p.Age = time.Duration(age * float64(time.Second))
-		f.Prepared = append(f.Prepared, p)
+		prepared = append(prepared, p)
 	}
-	return rows.Err()
+	return prepared, rows.Err()
 }
 
 func (f *Facts) readSlots(ctx context.Context, conn *pgx.Conn) error {
@@ -643,6 +671,15 @@ func (f Facts) xactCause(x Xact) Cause {
 				x.PID, x.Database, x.User, x.Xid, x.XidAge, BytesText(int64(f.Info.ConfirmedLSN-f.Info.RestartLSN)), what, pin),
 			Fix: fmt.Sprintf("have its session commit or roll back, or end it: SELECT pg_terminate_backend(%d)", x.PID)}
 	}
+	return Cause{Kind: "open_transaction", Holds: holdsSlot,
+		Text: fmt.Sprintf("open transaction: %s, open %s, %s, xid %d: %q; %s%s", x.who(), DurationText(x.Age), x.State, x.Xid, firstLine(x.Query), what, pin),
+		Fix: fmt.Sprintf("end it: COMMIT or ROLLBACK in its session, or SELECT pg_terminate_backend(%d); idle_in_transaction_session_timeout (now %s) ends abandoned ones by itself",
+			x.PID, f.Settings.IdleInTransactionTimeout)}
+}
+
+// who names a visible transaction's session: pid, database, user,
+// application, client and backend type.
+func (x Xact) who() string {
 	who := fmt.Sprintf("pid %d in database %q (user %q", x.PID, x.Database, x.User)
 	if x.ApplicationName != "" {
 		who += fmt.Sprintf(", application %q", x.ApplicationName)
@@ -651,10 +688,7 @@ func (f Facts) xactCause(x Xact) Cause {
 	if x.BackendType != "" && x.BackendType != "client backend" {
 		who += " (" + x.BackendType + ")"
 	}
-	return Cause{Kind: "open_transaction", Holds: holdsSlot,
-		Text: fmt.Sprintf("open transaction: %s, open %s, %s, xid %d: %q; %s%s", who, DurationText(x.Age), x.State, x.Xid, firstLine(x.Query), what, pin),
-		Fix: fmt.Sprintf("end it: COMMIT or ROLLBACK in its session, or SELECT pg_terminate_backend(%d); idle_in_transaction_session_timeout (now %s) ends abandoned ones by itself",
-			x.PID, f.Settings.IdleInTransactionTimeout)}
+	return who
 }
 
 // clusterCauses are other slots and standbys that keep more WAL or an

@@ -66,6 +66,19 @@ type SetupConfig struct {
 	// so a crash during the snapshot makes the next start drop the slot
 	// and snapshot again (see createSlotWithSnapshot).
 	Snapshot func(ctx context.Context, snapshotName string, consistentPoint decoder.LSN) error
+	// CreateWarnInterval is how often creating the slot, while PostgreSQL
+	// waits for transactions to end, warns naming them (slotwait.go); 0
+	// means DefaultCreateWarnInterval.
+	CreateWarnInterval time.Duration
+	// CreateDeadline, when set, is when creating the slot gives up
+	// waiting for transactions (at least CreateWarnInterval after it
+	// began): PostgreSQL's wait is cancelled, which leaves no slot behind,
+	// and Prepare returns a *CreateWaitError naming them.
+	CreateDeadline time.Time
+	// OnCreateWait, when set, is called every CreateWarnInterval while
+	// creating the slot waits, with how long it has, and with 0 when the
+	// creation ends.
+	OnCreateWait func(waited time.Duration)
 }
 
 // Connect opens a normal (non-replication) connection for checks and
@@ -510,7 +523,11 @@ func createSlot(ctx context.Context, cfg SetupConfig, failover bool, log *zap.Lo
 		return err
 	}
 	defer rconn.Close(context.Background())
-	res, err := pglogrepl.ParseCreateReplicationSlot(rconn.Exec(ctx, createSlotCommand(cfg.Slot, failover)))
+	var res pglogrepl.CreateReplicationSlotResult
+	err = createWatched(ctx, cfg, rconn, cfg.Slot, log, func(ctx context.Context) (err error) {
+		res, err = pglogrepl.ParseCreateReplicationSlot(rconn.Exec(ctx, createSlotCommand(cfg.Slot, failover)))
+		return err
+	})
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by another walrelay
@@ -572,10 +589,14 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 	suffix := make([]byte, 6)
 	rand.Read(suffix)
 	tmp := "walrelay_snapshot_" + hex.EncodeToString(suffix)
-	res, err := pglogrepl.CreateReplicationSlot(ctx, rconn, tmp, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
-		Mode:           pglogrepl.LogicalReplication,
-		Temporary:      true,
-		SnapshotAction: "EXPORT_SNAPSHOT",
+	var res pglogrepl.CreateReplicationSlotResult
+	err = createWatched(ctx, cfg, rconn, tmp, log, func(ctx context.Context) (err error) {
+		res, err = pglogrepl.CreateReplicationSlot(ctx, rconn, tmp, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+			Mode:           pglogrepl.LogicalReplication,
+			Temporary:      true,
+			SnapshotAction: "EXPORT_SNAPSHOT",
+		})
+		return err
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError

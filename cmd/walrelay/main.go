@@ -55,12 +55,11 @@ const (
 	// exitFailed: the database or the broker refused or failed: a setup
 	// refusal (one line naming the fix), wrong PostgreSQL or SASL
 	// credentials, an untrusted certificate, a --brokers endpoint that is
-	// not Kafka, PostgreSQL or Kafka unreachable past --startup-timeout, an
-	// invalidated or vanished slot or something else that changed under
-	// the relay (the way on is walrelay setup --accept-gap), status unable
-	// to read the slot, drop refusing to discard pending rows, snapshot
-	// refused (its query) or failed. Restarting does not help until the
-	// cause is fixed.
+	// not Kafka, an invalidated or vanished slot or something else that
+	// changed under the relay (the way on is walrelay setup --accept-gap),
+	// status unable to read the slot, drop refusing to discard pending
+	// rows, snapshot refused (its query) or failed. Restarting does not
+	// help until the cause is fixed.
 	exitFailed = 2
 	// exitFenced: exactly-once: another producer took the transactional id
 	// while this relay still held its slot: a relay of another slot, or a
@@ -69,6 +68,14 @@ const (
 	// losing its slot to another relay of the same slot does not exit: it
 	// becomes the standby.)
 	exitFenced = 3
+	// exitStartupTimeout: run gave up at --startup-timeout without having
+	// streamed: PostgreSQL or Kafka stayed unreachable, or creating the
+	// slot kept waiting for transactions to end (its last line names them,
+	// with the fix; nothing of the slot is left behind). A restart tries
+	// again from the start and helps once they are reachable or have
+	// ended; on a host that may boot before them, a longer
+	// --startup-timeout saves the restarts.
+	exitStartupTimeout = 4
 	// exitUsage: a malformed flag, WALRELAY_* variable or configuration,
 	// found before anything is connected: an unknown flag or a bad value,
 	// an empty or unparsable --pg-url, a slot name outside [a-z0-9_], a bad

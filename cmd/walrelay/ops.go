@@ -76,12 +76,28 @@ type slotStatus struct {
 	InvalidationSource string `json:"invalidation_source"`
 	// Failover says what a failover of the primary does to the slot.
 	Failover string `json:"failover"`
+	// Creating is, while a relay creates the slot, what the creation waits
+	// for (null otherwise): the slot's figures are then empty.
+	Creating *slotCreation `json:"creating"`
 	// Explain is what holds the slot, with --explain (null without).
 	Explain  []slot.Cause `json:"explain"`
 	Healthy  bool         `json:"healthy"`
 	Problems []string     `json:"problems"`
 	// Warnings need a look but do not make the slot unhealthy.
 	Warnings []string `json:"warnings"`
+}
+
+// slotCreation is a creation of the slot under way (slot.Creation).
+type slotCreation struct {
+	WalsenderPID int32 `json:"walsender_pid"`
+	// CreatingSlot is the slot the walsender creates: the slot, or the
+	// initial snapshot's temporary slot.
+	CreatingSlot  string  `json:"creating_slot"`
+	WaitedSeconds float64 `json:"waited_seconds"`
+	// WaitXid is the xid it waits on now (0 between two rounds).
+	WaitXid    int64  `json:"wait_xid"`
+	WaitingFor string `json:"waiting_for"`
+	Fix        string `json:"fix"`
 }
 
 func (c *statusCmd) Run(ctx context.Context) error {
@@ -101,6 +117,17 @@ func (c *statusCmd) Run(ctx context.Context) error {
 		return &exitError{code: exitFailed, err: err}
 	}
 	info, err := slot.ReadInfo(ctx, conn, c.Slot)
+	if errors.Is(err, slot.ErrNoSlot) || err == nil && info.Active && info.ConfirmedLSN == 0 {
+		// Missing, or in pg_replication_slots without a consistent point
+		// yet: a relay may be creating it, waiting for transactions.
+		cr, err := slot.ReadCreation(ctx, conn, c.Slot)
+		if err != nil {
+			return &exitError{code: exitFailed, err: err}
+		}
+		if cr != nil {
+			return c.creating(cr)
+		}
+	}
 	if errors.Is(err, slot.ErrNoSlot) && recorded {
 		return &exitError{code: exitFailed, err: &slot.GapError{
 			What:  fmt.Sprintf("replication slot %q does not exist, though walrelay streamed from it (recorded in %s.slots, confirmed at %s on %s)", c.Slot, c.RecordSchema, rec.ConfirmedLSN, rec.UpdatedAt.UTC().Format(time.RFC3339)),
@@ -174,6 +201,30 @@ func (c *statusCmd) Run(ctx context.Context) error {
 	if c.MaxLagBytes > 0 && info.LagBytes > c.MaxLagBytes {
 		st.Problems = append(st.Problems, fmt.Sprintf("confirmed lag %s exceeds --max-lag-bytes %s", bytesText(info.LagBytes), bytesText(c.MaxLagBytes)))
 	}
+	return c.report(st)
+}
+
+// creating reports a creation of the slot under way: like a slot no relay
+// streams from, a warning, or with --require-active a problem.
+func (c *statusCmd) creating(cr *slot.Creation) error {
+	st := slotStatus{Slot: c.Slot, Problems: []string{}, Warnings: []string{}, Creating: &slotCreation{
+		WalsenderPID: cr.PID, CreatingSlot: cr.Creating, WaitedSeconds: cr.Waited.Seconds(), WaitXid: cr.WaitXid,
+		WaitingFor: cr.WaitingFor(), Fix: cr.Fix(),
+	}}
+	msg := fmt.Sprintf("the slot is not created yet: walrelay is creating it and has waited %s for transactions to end (see waiting_for)", slot.DurationText(cr.Waited))
+	if c.RequireActive {
+		st.Problems = append(st.Problems, msg)
+	} else {
+		st.Warnings = append(st.Warnings, msg)
+	}
+	if c.Explain {
+		st.Explain = cr.Causes()
+	}
+	return c.report(st)
+}
+
+// report prints st and exits 1 when it has problems.
+func (c *statusCmd) report(st slotStatus) error {
 	// The slot package names configuration fields; status speaks flags.
 	st.Failover = speakFlags(st.Failover)
 	for _, list := range [][]string{st.Problems, st.Warnings} {
@@ -252,6 +303,28 @@ func (c *statusCmd) timeLeft(ctx context.Context, conn *pgx.Conn, info slot.Info
 }
 
 func printStatus(w io.Writer, st slotStatus) {
+	health := "ok"
+	if len(st.Warnings) > 0 {
+		health = "ok, but WARNING: " + strings.Join(st.Warnings, "; ")
+	}
+	if !st.Healthy {
+		health = "UNHEALTHY: " + strings.Join(st.Problems, "; ")
+	}
+	if cr := st.Creating; cr != nil {
+		creating := fmt.Sprintf("yes: walsender pid %d, waiting %s", cr.WalsenderPID, slot.DurationText(time.Duration(cr.WaitedSeconds*float64(time.Second))))
+		if cr.CreatingSlot != "" && cr.CreatingSlot != st.Slot {
+			creating += fmt.Sprintf(" (first the initial snapshot's temporary slot %q)", cr.CreatingSlot)
+		}
+		rows := [][2]string{{"slot", st.Slot + " (not created yet)"}, {"creating", creating}, {"waiting_for", cr.WaitingFor}}
+		if cr.Fix != "" {
+			rows = append(rows, [2]string{"fix", cr.Fix})
+		}
+		for _, row := range append(rows, [2]string{"health", health}) {
+			fmt.Fprintf(w, "%-20s %s\n", row[0], row[1])
+		}
+		printExplain(w, st)
+		return
+	}
 	active := "NO: no relay is streaming from this slot"
 	if st.Active {
 		active = "yes"
@@ -287,13 +360,6 @@ func printStatus(w io.Writer, st slotStatus) {
 	if st.InvalidationReason != "" {
 		invalidated = st.InvalidationSource
 	}
-	health := "ok"
-	if len(st.Warnings) > 0 {
-		health = "ok, but WARNING: " + strings.Join(st.Warnings, "; ")
-	}
-	if !st.Healthy {
-		health = "UNHEALTHY: " + strings.Join(st.Problems, "; ")
-	}
 	rows := [][2]string{
 		{"slot", st.Slot}, {"plugin", st.Plugin}, {"database", st.Database}, {"active", active},
 		{"restart_lsn", restart}, {"confirmed_flush_lsn", st.ConfirmedFlushLSN}, {"current_lsn", st.CurrentLSN},
@@ -311,6 +377,11 @@ func printStatus(w io.Writer, st slotStatus) {
 	for _, row := range rows {
 		fmt.Fprintf(w, "%-20s %s\n", row[0], row[1])
 	}
+	printExplain(w, st)
+}
+
+// printExplain prints what --explain found.
+func printExplain(w io.Writer, st slotStatus) {
 	if st.Explain == nil {
 		return
 	}

@@ -197,7 +197,8 @@ func exitCodesPage(t *testing.T) string {
 	}
 	// The constants the binary exits with, by name: a constant added to
 	// main.go without a row here, or a row without a constant, fails.
-	want := map[string]int{"exitUnhealthy": exitUnhealthy, "exitFailed": exitFailed, "exitFenced": exitFenced, "exitUsage": exitUsage}
+	want := map[string]int{"exitUnhealthy": exitUnhealthy, "exitFailed": exitFailed, "exitFenced": exitFenced,
+		"exitStartupTimeout": exitStartupTimeout, "exitUsage": exitUsage}
 	if len(codes) != len(want) {
 		t.Errorf("main.go declares %d exit* constants, this test knows %d", len(codes), len(want))
 	}
@@ -205,7 +206,8 @@ func exitCodesPage(t *testing.T) string {
 	b.WriteString("# walrelay exit codes\n\n")
 	b.WriteString(refdoc.Generated("the exit code constants of cmd/walrelay/main.go and their comments"))
 	b.WriteString("\nEvery command exits with one of these. A supervisor may restart `walrelay run` on any of them but 80\n" +
-		"(fix the flags) and 3 (fix the transactional id); on 2, read the one line it printed before restarting.\n\n")
+		"(fix the flags) and 3 (fix the transactional id); on 2, read the one line it printed before restarting;\n" +
+		"on 4 a restart is what it needs once what it waited for is there.\n\n")
 	if len(codes) > 0 {
 		fmt.Fprintf(&b, "%s\n\n", exitIntro(codes[0].Group))
 	}

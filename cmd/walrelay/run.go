@@ -98,6 +98,10 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		if errors.Is(err, router.ErrFenced) {
 			return &exitError{code: exitFenced, err: err}
 		}
+		var timeout *relay.StartupTimeoutError
+		if errors.As(err, &timeout) {
+			return &exitError{code: exitStartupTimeout, err: err}
+		}
 		return &exitError{code: exitFailed, err: err}
 	}
 	return nil

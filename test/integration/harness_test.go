@@ -369,6 +369,20 @@ func (e *env) startRelay(cfg relay.Config) *running {
 // the test reads (see gathered).
 func (e *env) startRelayGathered(cfg relay.Config) (*running, *prometheus.Registry) {
 	e.t.Helper()
+	rr, reg := e.launchRelay(cfg)
+	e.waitFor("relay streaming", 60*time.Second, func() (bool, error) {
+		if ok, err := rr.returned(); ok {
+			return false, fmt.Errorf("relay stopped: %v", err)
+		}
+		return rr.relay.Streaming(), nil
+	})
+	return rr, reg
+}
+
+// launchRelay runs a relay in-process until the test ends (or stop),
+// without waiting for it to stream.
+func (e *env) launchRelay(cfg relay.Config) (*running, *prometheus.Registry) {
+	e.t.Helper()
 	var log *zap.Logger
 	if *verbose {
 		log = zaptest.NewLogger(e.t)
@@ -387,12 +401,6 @@ func (e *env) startRelayGathered(cfg relay.Config) (*running, *prometheus.Regist
 	rr := &running{relay: r, cancel: cancel, done: make(chan error, 1)}
 	go func() { rr.done <- r.Run(ctx) }()
 	e.t.Cleanup(func() { _ = rr.stop(e.t) })
-	e.waitFor("relay streaming", 60*time.Second, func() (bool, error) {
-		if ok, err := rr.returned(); ok {
-			return false, fmt.Errorf("relay stopped: %v", err)
-		}
-		return r.Streaming(), nil
-	})
 	return rr, reg
 }
 

@@ -548,6 +548,9 @@ func TestStartupRefusals(t *testing.T) {
 		own map[string]string
 		// check runs after the refusal.
 		check func(t *testing.T, e *env)
+		// code is the exit code, when the case has one of its own (0:
+		// any but 0).
+		code int
 	}
 	run := func(e *env, more ...string) []string {
 		return withFlag(append(e.args(), more...), "--startup-timeout", "5s")
@@ -637,6 +640,7 @@ func TestStartupRefusals(t *testing.T) {
 				return withFlag(withFlag(e.args(), "--pg-url", u), "--startup-timeout", "3s")
 			},
 			want: []string{"gave up", "--startup-timeout 3s", "PostgreSQL"},
+			code: 4,
 		},
 		{
 			name: "Kafka unreachable",
@@ -645,6 +649,7 @@ func TestStartupRefusals(t *testing.T) {
 			},
 			want:  []string{"gave up", "--startup-timeout 3s", "kafka"},
 			limit: 15 * time.Second,
+			code:  4,
 		},
 		{
 			name:    "unknown flag",
@@ -693,6 +698,9 @@ func TestStartupRefusals(t *testing.T) {
 			out, code, elapsed, exited := runBounded(t, limit, nil, args...)
 			if code == 0 {
 				t.Errorf("exit code 0, want non-zero")
+			}
+			if c.code != 0 && code != c.code {
+				t.Errorf("exit code %d, want %d", code, c.code)
 			}
 			// The error walrelay exits with (not its JSON log lines) names
 			// the problem and the fix.
