@@ -57,7 +57,7 @@ test-deploy: build deps-helm deps-systemd
 image:
 	cd deploy/image && $(GO) run . -version $(VERSION) -out $(CURDIR)/bin/image
 
-# The integration suite (and internal/kafkacluster's own tests) on Apache
+# The integration suite (and test/kafkacluster's own tests) on Apache
 # Kafka instead of kfake: one broker JVM for the package (needs OpenJDK 17+
 # and Maven; deps-kafka resolves the broker's jars). The Debezium
 # comparison tests run here too (deps-debezium resolves Kafka Connect's and
@@ -69,7 +69,7 @@ image:
 KAFKA_SKIP := ^(TestChainDatabaseFailoverLosesTheLedgersNewest|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestDropForgetsTheRecord|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestRecordTableGrantAdvice|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestReplicaSetFailovers|TestExplain.*|TestSlotTimeLeft|TestOddStartupRefusals|TestLostSlotAdvice|TestDropLostSlot|TestIdleTimeoutAdvice|TestIdleDatabaseBusyOtherDatabase|TestQuietOutboxBusyDatabase|TestDemoRelayRoleStreams|TestGettingStarted)$$
 
 test-kafka: deps
-	WALRELAY_TEST_KAFKA=apache $(GO) test -race -count=1 -p 1 -timeout 30m -skip '$(KAFKA_SKIP)' ./internal/kafkacluster ./test/integration
+	WALRELAY_TEST_KAFKA=apache $(GO) test -race -count=1 -p 1 -timeout 30m -skip '$(KAFKA_SKIP)' ./test/kafkacluster ./test/integration
 
 # The version matrix: the integration suite (and internal/devcluster's
 # standby and failover tests) on each PostgreSQL major version from the
@@ -153,12 +153,12 @@ deps-pgbouncer:
 	@bash scripts/ensure-pgbouncer
 
 # Apache Kafka's jars for `make test-kafka`, resolved by Maven from
-# internal/kafkacluster/pom.xml into ~/.m2 once, and their classpath cached
+# test/kafkacluster/pom.xml into ~/.m2 once, and their classpath cached
 # under the user's cache directory, keyed by the pom's hash (the name
 # kafkacluster.ClasspathFile reads). Installs nothing: without java and mvn,
 # or with Maven Central unreachable, it says so and fails only `make
 # test-kafka`; the default tests (kfake) need neither.
-KAFKA_POM := internal/kafkacluster/pom.xml
+KAFKA_POM := test/kafkacluster/pom.xml
 deps-kafka:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
 	  echo "deps-kafka: java or mvn not found; make test-kafka needs them (apt-get install openjdk-17-jre-headless maven)"; \
@@ -175,9 +175,9 @@ deps-kafka:
 
 # Kafka Connect and Debezium's PostgreSQL connector for the Debezium
 # comparison tests of `make test-kafka` (and the peer benchmark), resolved
-# from internal/debezium/pom.xml like deps-kafka: a classpath of its own,
+# from test/debezium/pom.xml like deps-kafka: a classpath of its own,
 # cached under the name debezium.ClasspathFile reads.
-DEBEZIUM_POM := internal/debezium/pom.xml
+DEBEZIUM_POM := test/debezium/pom.xml
 deps-debezium:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
 	  echo "deps-debezium: java or mvn not found; the Debezium comparison tests need them (apt-get install openjdk-17-jre-headless maven)"; \

@@ -1,9 +1,9 @@
 package decoder
 
 // builder_test.go: the short names this package's tests, fuzz seeds and
-// benchmarks use for internal/pgoutputtest's pgoutput builders.
+// benchmarks use for test/pgoutputtest's pgoutput builders.
 
-import pgo "github.com/walrelay/walrelay/internal/pgoutputtest"
+import pgo "github.com/walrelay/walrelay/test/pgoutputtest"
 
 type (
 	relCol = pgo.Column

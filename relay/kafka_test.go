@@ -16,7 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
-	"github.com/walrelay/walrelay/internal/fakenet"
+	"github.com/walrelay/walrelay/test/fakenet"
 	"github.com/walrelay/walrelay/metrics"
 )
 

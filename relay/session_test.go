@@ -22,7 +22,7 @@ import (
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
-	pgo "github.com/walrelay/walrelay/internal/pgoutputtest"
+	pgo "github.com/walrelay/walrelay/test/pgoutputtest"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
-	"github.com/walrelay/walrelay/internal/fakenet"
+	"github.com/walrelay/walrelay/test/fakenet"
 	"github.com/walrelay/walrelay/metrics"
 )
 

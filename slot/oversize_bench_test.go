@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	pgo "github.com/walrelay/walrelay/internal/pgoutputtest"
+	pgo "github.com/walrelay/walrelay/test/pgoutputtest"
 )
 
 // benchStream is 10,000 CopyData messages of a typical outbox row.

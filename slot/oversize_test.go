@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/walrelay/walrelay/decoder"
-	pgo "github.com/walrelay/walrelay/internal/pgoutputtest"
+	pgo "github.com/walrelay/walrelay/test/pgoutputtest"
 )
 
 // The pgoutput messages and their framing, for short.

@@ -25,7 +25,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/walrelay/walrelay/internal/bench"
+	"github.com/walrelay/walrelay/test/bench"
 )
 
 // Exit codes, walrelay's where they mean the same.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/walrelay/walrelay/internal/refdoc"
+	"github.com/walrelay/walrelay/test/refdoc"
 )
 
 func TestReference(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/walrelay/walrelay/internal/refdoc"
+	"github.com/walrelay/walrelay/test/refdoc"
 )
 
 // runFlags returns the flags of `walrelay run` with their environment

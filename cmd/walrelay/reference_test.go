@@ -20,7 +20,7 @@ import (
 
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/heartbeat"
-	"github.com/walrelay/walrelay/internal/refdoc"
+	"github.com/walrelay/walrelay/test/refdoc"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
 )

@@ -24,7 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/walrelay/walrelay/deadletter"
-	"github.com/walrelay/walrelay/internal/kafkacluster"
+	"github.com/walrelay/walrelay/test/kafkacluster"
 )
 
 // apacheOptions configures the package's Apache Kafka node: SCRAM and TLS

@@ -1,7 +1,7 @@
 package integration
 
 // Side by side with Debezium: its PostgreSQL connector and Outbox Event
-// Router on Kafka Connect standalone (internal/debezium) and walrelay on
+// Router on Kafka Connect standalone (test/debezium) and walrelay on
 // the same rows and the same Apache Kafka broker. These tests need Apache
 // Kafka (WALRELAY_TEST_KAFKA=apache, `make test-kafka`) and Java with
 // Maven; they skip otherwise.
@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/walrelay/walrelay/internal/debezium"
+	"github.com/walrelay/walrelay/test/debezium"
 )
 
 // needDebezium skips tests that run Debezium when the broker is not Apache

@@ -6,7 +6,7 @@ package integration
 // PostgreSQL and broker. Where a block holds values that are the user's
 // (an `export NAME=value` line, or a variable such as "$PG_URL"), the test
 // gives its own and fails on a name it does not know, so a page cannot
-// grow a step the test skips. internal/docblocks fails on a shell block no
+// grow a step the test skips. test/docblocks fails on a shell block no
 // test runs.
 
 import (
@@ -32,7 +32,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/internal/docblocks"
+	"github.com/walrelay/walrelay/test/docblocks"
 )
 
 // docBlocks returns the blocks marked as exercised by the running test

@@ -6,7 +6,7 @@
 // cluster for the package (initdb into a temporary directory, as the
 // postgres user when run as root) and one in-process kfake broker per test.
 // WALRELAY_TEST_KAFKA selects the broker: kfake (the default) or apache,
-// one Apache Kafka node (internal/kafkacluster) started for the package
+// one Apache Kafka node (test/kafkacluster) started for the package
 // and shared by every test (`make test-kafka`). To run them against real
 // services instead (docker-compose.yml):
 //
@@ -48,7 +48,7 @@ import (
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/internal/kafkacluster"
+	"github.com/walrelay/walrelay/test/kafkacluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/slot"

@@ -1,8 +1,8 @@
 // Package mavencp resolves the Java classpath of an embedded Maven project
 // (a pom.xml naming jars on Maven Central) and caches it, for the test and
 // benchmark infrastructure that runs Java programs: Apache Kafka's broker
-// (internal/kafkacluster) and Kafka Connect with Debezium
-// (internal/debezium). walrelay itself never needs Java.
+// (test/kafkacluster) and Kafka Connect with Debezium
+// (test/debezium). walrelay itself never needs Java.
 //
 // The cache file lives under the user's cache directory and is named after
 // the pom's hash, so a changed pom resolves again and an unchanged one never

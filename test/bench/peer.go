@@ -15,14 +15,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/walrelay/walrelay/internal/debezium"
+	"github.com/walrelay/walrelay/test/debezium"
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/internal/kafkacluster"
+	"github.com/walrelay/walrelay/test/kafkacluster"
 )
 
 // The peer scenario runs walrelay --preset debezium and Debezium's
 // PostgreSQL connector with its Outbox Event Router (Kafka Connect
-// standalone, internal/debezium) one after the other on the same
+// standalone, test/debezium) one after the other on the same
 // PostgreSQL, the same Apache Kafka node and the same rows, each on a slot
 // of its own in a fresh database per measurement.
 

@@ -74,8 +74,8 @@ func TestGoBlocksCompile(t *testing.T) {
 			// A package that exists only in the overlay: nothing is written
 			// into the source tree, which other packages' tests may be
 			// walking meanwhile.
-			overlay[filepath.Join(abs, "internal", "docblocks", "snippets", name, "snippet.go")] = file
-			pkgs = append(pkgs, "./internal/docblocks/snippets/"+name)
+			overlay[filepath.Join(abs, "test", "docblocks", "snippets", name, "snippet.go")] = file
+			pkgs = append(pkgs, "./test/docblocks/snippets/"+name)
 		}
 	}
 	if len(pkgs) < 3 {

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/internal/kafkacluster"
+	"github.com/walrelay/walrelay/test/kafkacluster"
 )
 
 // broker is the Kafka side of a measurement: an in-process kfake

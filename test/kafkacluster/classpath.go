@@ -4,7 +4,7 @@ import (
 	_ "embed"
 	"fmt"
 
-	"github.com/walrelay/walrelay/internal/mavencp"
+	"github.com/walrelay/walrelay/test/mavencp"
 )
 
 // pom is the Maven project naming the broker's jars (Apache Kafka and a

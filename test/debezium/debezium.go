@@ -6,7 +6,7 @@
 //
 // The jars come from Maven Central through the embedded pom.xml (see
 // Classpath), a classpath of their own: Connect and Debezium pin their own
-// Kafka client, apart from the broker's (internal/kafkacluster).
+// Kafka client, apart from the broker's (test/kafkacluster).
 package debezium
 
 import (
@@ -27,7 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/internal/mavencp"
+	"github.com/walrelay/walrelay/test/mavencp"
 )
 
 // pom names Kafka Connect, Debezium's PostgreSQL connector and a log4j
