@@ -18,7 +18,7 @@ import (
 // TestConfigFieldsNameTheirDefault keeps the rule the Config doc states:
 // each field's documentation names its default.
 func TestConfigFieldsNameTheirDefault(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "relay.go", nil, parser.ParseComments)
+	f, err := parser.ParseFile(token.NewFileSet(), "config.go", nil, parser.ParseComments)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestConfigFieldsNameTheirDefault(t *testing.T) {
 		return fields == nil
 	})
 	if fields == nil || len(fields.List) < 20 {
-		t.Fatalf("found no Config struct with its fields in relay.go")
+		t.Fatalf("found no Config struct with its fields in config.go")
 	}
 	// A doc comment may cover the fields declared right after it without
 	// one of their own (Linger and Compression, the Txn* fields).
@@ -108,8 +108,8 @@ func TestReadyMaxLagZeroDisables(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.streaming.Store(true)
-		r.lag.Store(int64(time.Hour))
+		r.live.streaming.Store(true)
+		r.live.lag.Store(int64(time.Hour))
 		if err := r.Ready(); (err == nil) != tc.ready {
 			t.Errorf("ReadyMaxLag %s, lag 1h: Ready() = %v, want ready %v", tc.max, err, tc.ready)
 		}

@@ -63,32 +63,57 @@ func (r *Relay) readCheckpoint(ctx context.Context, txn *router.Txn) (resumePoin
 // after the last checkpoint whose commit Kafka confirmed: duplicates of
 // what did commit, at worst. It also remembers found as the last sure
 // checkpoint when nothing is in doubt.
-func (r *Relay) distrust(ctx context.Context, found resumePoint, landed func(context.Context, *router.CommitUnconfirmed) (bool, error)) resumePoint {
-	if !r.commitUnsure {
-		r.lastSure = found
+func (m *commitMemory) distrust(ctx context.Context, found resumePoint, landed func(context.Context, *router.CommitUnconfirmed) (bool, error)) resumePoint {
+	if !m.unsure {
+		m.lastSure = found
 		return found
 	}
-	if !found.found || r.lastSure.found && found.ckpt.LSN == r.lastSure.ckpt.LSN && samePartial(found.ckpt.Partial, r.lastSure.ckpt.Partial) {
+	if !found.found || m.lastSure.found && found.ckpt.LSN == m.lastSure.ckpt.LSN && samePartial(found.ckpt.Partial, m.lastSure.ckpt.Partial) {
 		return found // the doubtful commit did not write it
 	}
-	if r.doubt != nil {
+	if m.doubt != nil {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		ok, err := landed(ctx, r.doubt)
+		ok, err := landed(ctx, m.doubt)
 		cancel()
 		if err == nil && ok {
-			r.log.Info("exactly-once: the last Kafka commit's outcome was not confirmed; read back, it landed on every partition: resuming after its checkpoint",
-				zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Int("partitions", r.doubt.Partitions()))
-			r.lastSure, r.commitUnsure, r.doubt = found, false, nil
+			m.log.Info("exactly-once: the last Kafka commit's outcome was not confirmed; read back, it landed on every partition: resuming after its checkpoint",
+				zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Int("partitions", m.doubt.Partitions()))
+			m.lastSure, m.unsure, m.doubt = found, false, nil
 			return found
 		}
 		if err != nil {
-			r.log.Warn("exactly-once: could not read back the Kafka commit whose outcome was not confirmed", zap.Error(err))
+			m.log.Warn("exactly-once: could not read back the Kafka commit whose outcome was not confirmed", zap.Error(err))
 		}
 	}
-	r.metrics.UnconfirmedCommits.Inc()
-	r.log.Warn("exactly-once: the last Kafka commit's outcome was not confirmed and it did not land on every partition, or could not be read back: resending the events after the last checkpoint whose commit Kafka confirmed, rather than skipping them on the newer one's word (a read_committed consumer may see some twice)",
-		zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Stringer("resume_lsn", r.lastSure.ckpt.LSN))
-	return r.lastSure
+	m.metrics.UnconfirmedCommits.Inc()
+	m.log.Warn("exactly-once: the last Kafka commit's outcome was not confirmed and it did not land on every partition, or could not be read back: resending the events after the last checkpoint whose commit Kafka confirmed, rather than skipping them on the newer one's word (a read_committed consumer may see some twice)",
+		zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Stringer("resume_lsn", m.lastSure.ckpt.LSN))
+	return m.lastSure
+}
+
+// commitMemory is what this process knows of its exactly-once Kafka
+// commits, across sessions: the newest checkpoint Kafka confirmed
+// committing (lastSure), and whether a commit's outcome was not confirmed
+// since (unsure), with what that commit wrote (doubt) when Kafka was asked
+// to commit it. Only the session goroutine (one at a time) touches it.
+type commitMemory struct {
+	log      *zap.Logger
+	metrics  *metrics.Metrics
+	lastSure resumePoint
+	unsure   bool
+	doubt    *router.CommitUnconfirmed
+}
+
+// committed hears of a commit Kafka confirmed, of checkpoint d.
+func (m *commitMemory) committed(d checkpoint.Durable) {
+	m.lastSure, m.unsure, m.doubt = resumePoint{found: true, ckpt: d}, false, nil
+}
+
+// unconfirmed hears of a commit whose outcome is not known (err: a
+// *router.CommitUnconfirmed names what it wrote, when it got that far).
+func (m *commitMemory) unconfirmed(err error) {
+	m.unsure, m.doubt = true, nil
+	errors.As(err, &m.doubt)
 }
 
 func samePartial(a, b *checkpoint.Partial) bool {

@@ -42,7 +42,7 @@ func TestFailoverLineLoggedOnChange(t *testing.T) {
 		{stale(0x3000000), false, 0},
 		{f, true, zapcore.InfoLevel},
 	} {
-		r.recordFailover(step.f)
+		r.guard.recordFailover(step.f)
 		got := logs.TakeAll()
 		if (len(got) == 1) != step.logged || len(got) > 1 {
 			t.Fatalf("step %d: logged %d lines, want logged=%v: %v", i, len(got), step.logged, got)

@@ -16,8 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
-	"github.com/walrelay/walrelay/test/fakenet"
 	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/test/fakenet"
 )
 
 // kafkaConfig is a valid relay configuration producing to a fresh kfake
@@ -173,7 +173,7 @@ func TestWatchSlotEndsWithItsContext(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		r.watchSlot(ctx, cancel)
+		r.poller().watchSlot(ctx, cancel)
 	}()
 	cancel(errors.New("test over"))
 	select {

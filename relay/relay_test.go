@@ -171,26 +171,26 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock := time.Unix(1_000_000, 0)
-	r.now = func() time.Time { return clock }
+	r.sup.now = func() time.Time { return clock }
 	var waits []time.Duration
-	r.sleep = func(_ context.Context, d time.Duration) bool {
+	r.sup.sleep = func(_ context.Context, d time.Duration) bool {
 		waits = append(waits, d)
 		clock = clock.Add(d)
 		return true
 	}
-	r.begin = clock
+	r.sup.begin = clock
 	clock = clock.Add(7 * time.Second) // the attempts so far took 7s
-	if err := r.retry(context.Background(), "setup", errors.New("connection refused")); err != nil {
+	if err := r.sup.retry(context.Background(), "setup", errors.New("connection refused")); err != nil {
 		t.Fatal("retry gave up before the startup timeout")
 	}
 	if len(waits) != 1 || waits[0] > 3*time.Second {
 		t.Fatalf("waited %v with 3s of the startup timeout left; want at most 3s", waits)
 	}
-	if got := clock.Sub(r.begin); got > cfg.StartupTimeout {
+	if got := clock.Sub(r.sup.begin); got > cfg.StartupTimeout {
 		t.Fatalf("the next attempt starts %s after the start, past --startup-timeout %s", got, cfg.StartupTimeout)
 	}
 	clock = clock.Add(time.Millisecond) // the last attempt failed too
-	giveUp := r.retry(context.Background(), "setup", errors.New("connection refused"))
+	giveUp := r.sup.retry(context.Background(), "setup", errors.New("connection refused"))
 	if giveUp == nil {
 		t.Fatal("retry went on past the startup timeout")
 	}
@@ -204,20 +204,20 @@ func TestRetryWaitEndsAtTheStartupDeadline(t *testing.T) {
 	}
 	// Creating the slot, waiting for transactions, gives up at the same
 	// deadline, and warns at the slot poll's pace meanwhile.
-	if s := r.setupConfig(); !s.CreateDeadline.Equal(r.begin.Add(cfg.StartupTimeout)) || s.CreateWarnInterval != cfg.SlotPollInterval {
+	if s := r.setupConfig(); !s.CreateDeadline.Equal(r.sup.begin.Add(cfg.StartupTimeout)) || s.CreateWarnInterval != cfg.SlotPollInterval {
 		t.Fatalf("setup config: CreateDeadline %s (want %s), CreateWarnInterval %s (want %s)",
-			s.CreateDeadline, r.begin.Add(cfg.StartupTimeout), s.CreateWarnInterval, cfg.SlotPollInterval)
+			s.CreateDeadline, r.sup.begin.Add(cfg.StartupTimeout), s.CreateWarnInterval, cfg.SlotPollInterval)
 	}
 
 	// Once streaming, and for a standby waiting on a busy slot, the
 	// startup deadline does not apply: the full backoff is kept.
-	r.everStreamed.Store(true)
+	r.sup.streamed.Store(true)
 	if d := r.setupConfig().CreateDeadline; !d.IsZero() {
 		t.Fatalf("after streaming: slot creation deadline %s, want none", d)
 	}
-	r.backoff.Reset()
+	r.sup.backoff.Reset()
 	waits = nil
-	if r.retry(context.Background(), "connection", errors.New("reset")) != nil || waits[0] < 4*time.Second {
+	if r.sup.retry(context.Background(), "connection", errors.New("reset")) != nil || waits[0] < 4*time.Second {
 		t.Fatalf("after streaming: waits %v; want the uncapped backoff (at least 4s from 8s with jitter 0.5)", waits)
 	}
 }
@@ -233,19 +233,19 @@ func TestBackoffGrowsWhenSessionsFailAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock := time.Unix(1_000_000, 0)
-	r.now = func() time.Time { return clock }
+	r.sup.now = func() time.Time { return clock }
 	var waits []time.Duration
-	r.sleep = func(_ context.Context, d time.Duration) bool {
+	r.sup.sleep = func(_ context.Context, d time.Duration) bool {
 		waits = append(waits, d)
 		clock = clock.Add(d)
 		return true
 	}
-	r.everStreamed.Store(true)
+	r.sup.streamed.Store(true)
 	for i := 0; i < 12; i++ {
 		began := clock
 		clock = clock.Add(10 * time.Millisecond) // streamed, then failed at once
-		r.sessionEnded(began, start)
-		if err := r.retry(context.Background(), "postgres", errors.New("publication does not exist")); err != nil {
+		r.sup.sessionEnded(began, start)
+		if err := r.sup.retry(context.Background(), "postgres", errors.New("publication does not exist")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,10 +253,10 @@ func TestBackoffGrowsWhenSessionsFailAtOnce(t *testing.T) {
 		t.Fatalf("after %d sessions failing at once the wait is %s (waits %v), want it grown towards --backoff-max %s", len(waits), last, waits, cfg.BackoffMax)
 	}
 	// Progress resets it.
-	confirm.New(confirm.Config{Start: start, Every: time.Second, Clearance: r.clearance, Progress: &r.progress}).Sent(clock, start+100)
-	r.sessionEnded(clock, start)
+	confirm.New(confirm.Config{Start: start, Every: time.Second, Clearance: r.guard.clearance, Progress: r.progress}).Sent(clock, start+100)
+	r.sup.sessionEnded(clock, start)
 	waits = nil
-	if err := r.retry(context.Background(), "postgres", errors.New("reset")); err != nil {
+	if err := r.sup.retry(context.Background(), "postgres", errors.New("reset")); err != nil {
 		t.Fatal(err)
 	}
 	if waits[0] > 2*cfg.BackoffMin {
@@ -275,11 +275,11 @@ func TestReadyMetricFollowsReady(t *testing.T) {
 	if v := gaugeValue(t, m.Ready); v != 0 {
 		t.Fatalf("walrelay_ready = %v before streaming, want 0", v)
 	}
-	r.streaming.Store(true)
+	r.live.streaming.Store(true)
 	if v := gaugeValue(t, m.Ready); v != 1 {
 		t.Fatalf("walrelay_ready = %v while streaming without lag, want 1", v)
 	}
-	r.lag.Store(int64(2 * r.cfg.ReadyMaxLag))
+	r.live.lag.Store(int64(2 * r.cfg.ReadyMaxLag))
 	if v := gaugeValue(t, m.Ready); v != 0 {
 		t.Fatalf("walrelay_ready = %v with lag over --ready-max-lag, want 0", v)
 	}
@@ -322,7 +322,7 @@ func TestDistrustAfterAnUnconfirmedCommit(t *testing.T) {
 		return false, nil
 	}
 	sure := resumePoint{found: true, ckpt: checkpoint.Durable{Slot: "walrelay", LSN: 100}}
-	if got := r.distrust(ctx, sure, never); got.ckpt.LSN != 100 {
+	if got := r.commits.distrust(ctx, sure, never); got.ckpt.LSN != 100 {
 		t.Fatalf("nothing in doubt: resumed after %s, want the checkpoint found", got.ckpt.LSN)
 	}
 	newer := resumePoint{found: true, ckpt: checkpoint.Durable{Slot: "walrelay", LSN: 200}}
@@ -336,25 +336,25 @@ func TestDistrustAfterAnUnconfirmedCommit(t *testing.T) {
 		{"not readable", doubt, answer(false, errors.New("no broker"))},
 		{"nothing to read back (the commit never asked)", nil, never},
 	} {
-		r.commitUnsure, r.doubt = true, c.doubt
-		if got := r.distrust(ctx, newer, c.read); got.ckpt.LSN != 100 {
+		r.commits.unsure, r.commits.doubt = true, c.doubt
+		if got := r.commits.distrust(ctx, newer, c.read); got.ckpt.LSN != 100 {
 			t.Fatalf("%s: resumed after %s, want the last confirmed 0/64", c.name, got.ckpt.LSN)
 		}
-		if got := r.distrust(ctx, sure, never); got.ckpt.LSN != 100 {
+		if got := r.commits.distrust(ctx, sure, never); got.ckpt.LSN != 100 {
 			t.Fatalf("%s, the doubtful commit did not write the checkpoint: resumed after %s, want 0/64", c.name, got.ckpt.LSN)
 		}
 	}
 	if v := testutil.ToFloat64(m.UnconfirmedCommits); v != 3 {
 		t.Fatalf("walrelay_kafka_unconfirmed_commits_total = %v after three resends, want 3", v)
 	}
-	r.commitUnsure, r.doubt = true, doubt
-	if got := r.distrust(ctx, newer, answer(true, nil)); got.ckpt.LSN != 200 {
+	r.commits.unsure, r.commits.doubt = true, doubt
+	if got := r.commits.distrust(ctx, newer, answer(true, nil)); got.ckpt.LSN != 200 {
 		t.Fatalf("landed everywhere: resumed after %s, want the checkpoint found", got.ckpt.LSN)
 	}
-	if r.commitUnsure || r.lastSure.ckpt.LSN != 200 || asked != 3 {
-		t.Fatalf("after a commit read back as landed: unsure %v, last sure %s, read back %d times; want sure of 0/C8, read back 3 times", r.commitUnsure, r.lastSure.ckpt.LSN, asked)
+	if r.commits.unsure || r.commits.lastSure.ckpt.LSN != 200 || asked != 3 {
+		t.Fatalf("after a commit read back as landed: unsure %v, last sure %s, read back %d times; want sure of 0/C8, read back 3 times", r.commits.unsure, r.commits.lastSure.ckpt.LSN, asked)
 	}
-	if got := r.distrust(ctx, newer, never); got.ckpt.LSN != 200 {
+	if got := r.commits.distrust(ctx, newer, never); got.ckpt.LSN != 200 {
 		t.Fatalf("doubt cleared: resumed after %s, want the checkpoint found", got.ckpt.LSN)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -142,7 +143,7 @@ func (r *Relay) newSession(ctx context.Context, st stream, dec *decoder.Decoder,
 	}
 	s.confirm = confirm.New(confirm.Config{
 		Start: start, Every: statusEvery, MinGap: r.cfg.ConfirmDelay,
-		Clearance: r.clearance, Progress: &r.progress,
+		Clearance: r.guard.clearance, Progress: r.progress,
 		OnComplete: func(commit time.Time) { r.metrics.CommitToAck.Observe(time.Since(commit).Seconds()) },
 	})
 	return s
@@ -151,26 +152,20 @@ func (r *Relay) newSession(ctx context.Context, st stream, dec *decoder.Decoder,
 // run streams until something ends the session, then finishes it.
 func (s *session) run() error {
 	r := s.r
-	r.current.Store(s)
-	r.everStreamed.Store(true)
+	r.sup.streamed.Store(true)
+	r.live.begin(s)
 	stopInterrupt := context.AfterFunc(s.ctx, s.stream.Interrupt)
 	defer stopInterrupt()
-	r.streaming.Store(true)
-	r.metrics.Streaming.Set(1)
 	r.log.Info("streaming", zap.String("slot", r.cfg.Slot), zap.Stringer("start_lsn", s.start),
 		zap.String("system_id", s.system.SystemID), zap.Int32("timeline", s.system.Timeline),
 		zap.Stringer("server_wal_end", s.system.XLogPos))
 	defer func() {
-		r.current.Store(nil)
+		r.live.end(s)
 		s.timer.Stop()
 	}()
 	err := s.loop()
 	s.ended = true
-	// The stream is over, whatever finish still waits for: a relay whose
-	// connection broke while Kafka was out must not look streaming until
-	// Kafka is back.
-	r.streaming.Store(false)
-	r.metrics.Streaming.Set(0)
+	r.live.streamEnded()
 	return s.finish(err)
 }
 
@@ -358,7 +353,7 @@ func (s *session) unmapped(t decoder.Table, oid uint32) error {
 	cov, ok := s.coverage[oid]
 	if !ok {
 		var err error
-		if cov, err = r.coverage(s.ctx, oid); err != nil {
+		if cov, err = r.guard.coverage(s.ctx, oid); err != nil {
 			return fmt.Errorf("look up how publication %q covers table %s: %w", r.cfg.Publication, t, err)
 		}
 		if s.coverage == nil {
@@ -366,7 +361,7 @@ func (s *session) unmapped(t decoder.Table, oid uint32) error {
 		}
 		s.coverage[oid] = cov
 	}
-	r.unmappedInsert(t, oid, cov)
+	r.tables.count(t, oid, cov)
 	if cov != slot.Listed {
 		return nil
 	}
@@ -376,38 +371,36 @@ func (s *session) unmapped(t decoder.Table, oid uint32) error {
 		r.cfg.Publication, t, s.lastLSN, ident, table)}
 }
 
-// coverage is how the publication covers the table of pg_class OID oid,
-// read on a connection of its own (the replication connection streams).
-func (r *Relay) readCoverage(ctx context.Context, oid uint32) (slot.Coverage, error) {
-	conn, err := slot.Connect(ctx, r.cfg.PGURL)
-	if err != nil {
-		return slot.NotCovered, err
-	}
-	defer conn.Close(context.Background())
-	return slot.ReadCoverage(ctx, conn, r.cfg.Publication, oid)
+// tableCounts counts the inserts the publication sent for tables no outbox
+// maps, per table, and says so once per table for the life of the
+// process, so that such rows never look like a quiet outbox. Only the
+// session goroutine (one at a time) touches it.
+type tableCounts struct {
+	cfg     Config
+	log     *zap.Logger
+	metrics *metrics.Metrics
+	seen    map[decoder.Table]prometheus.Counter
 }
 
-// unmappedInsert counts an insert the publication sent for a table no
-// outbox maps (cov: how the publication covers it), and says so once per
-// table for the life of the process, so that such rows never look like a
-// quiet outbox.
-func (r *Relay) unmappedInsert(t decoder.Table, oid uint32, cov slot.Coverage) {
-	c, ok := r.unmapped[t]
+// count counts an insert of t (pg_class OID oid), which the publication
+// covers as cov.
+func (c *tableCounts) count(t decoder.Table, oid uint32, cov slot.Coverage) {
+	n, ok := c.seen[t]
 	if !ok {
-		if r.unmapped == nil {
-			r.unmapped = make(map[decoder.Table]prometheus.Counter)
+		if c.seen == nil {
+			c.seen = make(map[decoder.Table]prometheus.Counter)
 		}
-		c = r.metrics.UnmappedInserts.WithLabelValues(t.String())
-		r.unmapped[t] = c
-		fields := []zap.Field{zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", r.cfg.Publication)}
+		n = c.metrics.UnmappedInserts.WithLabelValues(t.String())
+		c.seen[t] = n
+		fields := []zap.Field{zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", c.cfg.Publication)}
 		switch cov {
 		case slot.Broad:
-			r.log.Warn("the publication covers every table (FOR ALL TABLES or TABLES IN SCHEMA) and streams inserts of one that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); if it is an outbox, add it to relay.Config.Tables", fields...)
+			c.log.Warn("the publication covers every table (FOR ALL TABLES or TABLES IN SCHEMA) and streams inserts of one that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); if it is an outbox, add it to relay.Config.Tables", fields...)
 		case slot.NotCovered:
-			r.log.Warn("the slot streams inserts of a table the publication no longer covers (it was removed from the publication, or dropped, after they were written): they are not published (counted in walrelay_unmapped_inserts_total)", fields...)
+			c.log.Warn("the slot streams inserts of a table the publication no longer covers (it was removed from the publication, or dropped, after they were written): they are not published (counted in walrelay_unmapped_inserts_total)", fields...)
 		}
 	}
-	c.Inc()
+	n.Inc()
 }
 
 // wait blocks until done is closed, while still sending status updates:
@@ -450,7 +443,7 @@ func (s *session) housekeep(force bool) {
 	lsn, due := s.confirm.Due(now, force)
 	m := s.r.metrics
 	if s.lastLSN != 0 {
-		s.r.received.Store(uint64(s.lastLSN))
+		s.r.live.receivedAt(s.lastLSN)
 		m.ReceivedLSN.Set(float64(s.lastLSN))
 	}
 	if s.serverEnd != 0 {
@@ -471,7 +464,7 @@ func (s *session) housekeep(force bool) {
 		}
 		lag = max(now.Sub(ref), 0)
 	}
-	s.r.lag.Store(int64(lag))
+	s.r.live.lagged(lag)
 	m.ReplicationLag.Set(lag.Seconds())
 	if !due {
 		return
@@ -507,7 +500,7 @@ func (s *session) finish(cause error) error {
 	}
 	// Before the replication connection closes: it tells whether this
 	// relay still held the slot.
-	cause = s.r.afterFence(cause, s.walsender)
+	cause = s.r.guard.afterFence(cause, s.walsender)
 	if isFatal(cause) {
 		stopping = false
 	}
@@ -532,7 +525,7 @@ func (s *session) finish(cause error) error {
 	_ = s.wait(done, false) // keep confirming while draining
 	if stopping {
 		ctx, cancel := context.WithDeadline(context.Background(), s.stopDeadline())
-		s.r.vouchFinal(ctx, s.confirm.Acknowledged())
+		s.r.guard.vouchFinal(ctx, s.confirm.Acknowledged())
 		cancel()
 	}
 	s.housekeep(true)

@@ -22,10 +22,10 @@ import (
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
-	pgo "github.com/walrelay/walrelay/test/pgoutputtest"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	pgo "github.com/walrelay/walrelay/test/pgoutputtest"
 )
 
 // pgoutput messages (protocol version 1), just enough for the loop: an
@@ -315,7 +315,7 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 	// No publication watch runs here: it vouches for every position
 	// (TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor tests the
 	// gate).
-	r.clearance.Vouch(math.MaxUint64)
+	r.guard.clearance.Vouch(math.MaxUint64)
 	dec, err := decoder.New(decoder.Config{Tables: r.cfg.Tables, Mapping: r.cfg.Mapping})
 	if err != nil {
 		t.Fatal(err)
@@ -376,11 +376,11 @@ func (h *harness) end(t *testing.T) error {
 // to look, and confirms once it vouches.
 func TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor(t *testing.T) {
 	p := &fakeProducer{}
-	h := startSessionWith(t, nil, p, nil, func(r *Relay, _ *session) { r.clearance.Forget() })
+	h := startSessionWith(t, nil, p, nil, func(r *Relay, _ *session) { r.guard.clearance.Forget() })
 	h.st.send(txnMsgs(2000, "e1")...)
 	waitFor(t, "the event sent", func() bool { return len(p.sent()) == 1 })
 	p.ackAll()
-	waitFor(t, "the watch asked to vouch for the commit", func() bool { return h.r.clearance.Wanted() >= 2008 })
+	waitFor(t, "the watch asked to vouch for the commit", func() bool { return h.r.guard.clearance.Wanted() >= 2008 })
 	h.st.send(keepalive(2004, true))
 	waitFor(t, "a reply to the keepalive", func() bool {
 		for _, u := range h.st.updates() {
@@ -393,9 +393,9 @@ func TestSessionConfirmsOnlyWhatThePublicationWatchVouchedFor(t *testing.T) {
 	if got := h.st.confirmed(); got != start {
 		t.Fatalf("confirmed %s before the publication watch vouched for it, want %s", got, decoder.LSN(start))
 	}
-	h.r.clearance.Vouch(2004)
+	h.r.guard.clearance.Vouch(2004)
 	waitFor(t, "the vouched-for part confirmed", func() bool { return h.st.confirmed() == 2004 })
-	h.r.clearance.Vouch(3000)
+	h.r.guard.clearance.Vouch(3000)
 	waitFor(t, "the commit confirmed", func() bool { return h.st.confirmed() == 2008 })
 	h.cancel()
 	if err := h.end(t); err != nil {
@@ -590,7 +590,7 @@ func TestSessionUnmappedInserts(t *testing.T) {
 			p := &fakeProducer{autoAck: true}
 			var looked []uint32
 			h := startSessionWith(t, nil, p, nil, func(r *Relay, _ *session) {
-				r.coverage = func(_ context.Context, oid uint32) (slot.Coverage, error) {
+				r.guard.coverage = func(_ context.Context, oid uint32) (slot.Coverage, error) {
 					looked = append(looked, oid)
 					return tc.cov, nil
 				}
@@ -603,7 +603,7 @@ func TestSessionUnmappedInserts(t *testing.T) {
 				if len(p.sent()) != 1 {
 					t.Fatalf("sent %v, want the outbox event alone", p.sent())
 				}
-				if n := len(h.r.unmapped); n != 1 {
+				if n := len(h.r.tables.seen); n != 1 {
 					t.Fatalf("%d unmapped tables counted, want 1", n)
 				}
 				if len(looked) != 1 || looked[0] != outboxOID+1 {
@@ -787,7 +787,7 @@ func TestExactlyOnceFenced(t *testing.T) {
 			h := startSessionWith(t, nil, p, &resumePoint{}, func(r *Relay, s *session) {
 				s.walsender = 4242
 				st := s.stream.(*fakeStream)
-				r.slotHolder = func(_ context.Context, pid uint32) (bool, error) {
+				r.guard.slotHolder = func(_ context.Context, pid uint32) (bool, error) {
 					asked.Store(pid)
 					st.mu.Lock()
 					closedFirst.Store(st.closed)

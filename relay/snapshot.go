@@ -54,7 +54,7 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 				// PostgreSQL and Kafka both answered: the startup timeout
 				// (for what cannot be reached) counts from here, not from
 				// before a snapshot that may have run for an hour.
-				r.begin = r.now()
+				r.sup.started()
 			}
 			if errors.Is(err, snapshot.ErrQuery) {
 				return &fatalError{err}

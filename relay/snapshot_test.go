@@ -103,7 +103,7 @@ func TestRecordSlotAndByTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	size := int64(7)
-	r.recordSlot(slot.Info{WALStatus: "lost", RetainedWALBytes: 3, LagBytes: 2, SafeWALSize: &size})
+	recordSlot(r.metrics, slot.Info{WALStatus: "lost", RetainedWALBytes: 3, LagBytes: 2, SafeWALSize: &size})
 	got := byTable(r.cfg.Tables, []int64{4})
 	if got["public.outbox"] != 4 {
 		t.Fatalf("byTable = %v", got)

@@ -10,11 +10,9 @@ import (
 	"unsafe"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
-	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -30,7 +28,7 @@ var errSlotBusy = errors.New("replication slot is in use by another process")
 // session streams until the connection breaks, Kafka refuses a record, or
 // ctx ends; then it drains acks and confirms what it can.
 func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
-	start, version, err := r.startPosition(ctx)
+	start, version, err := r.guard.startPosition(ctx)
 	if err != nil {
 		return err
 	}
@@ -50,22 +48,14 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
 			return fmt.Errorf("%w: %s", errSlotBusy, pgErr.Message)
 		}
-		return r.sessionGap(ctx, err)
+		return r.guard.sessionGap(ctx, err)
 	}
-	r.slotSeen = true
-	if tl := stream.System.Timeline; r.timeline != 0 && tl != r.timeline {
-		// A failover: positions this process acked belong to the old
-		// primary's history, which may have gone on past where the new
-		// primary's forked. Only the slot's position is of this history.
-		r.log.Warn("the server is on a new timeline (a failover): resuming from the slot's confirmed position, not from what this process acked on the old primary",
-			zap.Int32("old_timeline", r.timeline), zap.Int32("timeline", tl), zap.Stringer("start_lsn", start))
-	}
-	r.timeline = stream.System.Timeline
+	r.guard.streamed(stream.System.Timeline, start)
 	walsender := stream.PID()
 	every := r.statusEvery(stream.SenderTimeout)
 	open, st, err := r.prepareDelivery(ctx, rt, stream, start, every)
 	if err != nil {
-		err = r.afterFence(err, walsender)
+		err = r.guard.afterFence(err, walsender)
 		stream.Close(context.Background())
 		return err
 	}
@@ -84,10 +74,10 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 		return err
 	}
 	s.system = stream.System
-	began := r.now()
+	began := r.sup.now()
 	err = s.run()
-	r.sessionEnded(began, start)
-	return r.sessionGap(ctx, err)
+	r.sup.sessionEnded(began, start)
+	return r.guard.sessionGap(ctx, err)
 }
 
 // statusEvery is the longest time between two status updates on a stream
@@ -104,16 +94,6 @@ func (r *Relay) statusEvery(senderTimeout time.Duration) time.Duration {
 			zap.Duration("status_interval", r.cfg.StatusInterval), zap.Duration("wal_sender_timeout", senderTimeout), zap.Duration("status_every", every))
 	}
 	return every
-}
-
-// sessionEnded resets the backoff after a session that lasted BackoffMax
-// or confirmed past its start: only such a session shows the fault before
-// it was passing. One that fails at once again must not reset it, or a
-// fault met right after every start retries at the shortest wait forever.
-func (r *Relay) sessionEnded(began time.Time, start decoder.LSN) {
-	if r.now().Sub(began) >= r.cfg.BackoffMax || r.Confirmed() > start {
-		r.backoff.Reset()
-	}
 }
 
 // openDelivery makes a session's delivery once its stream is open: sys is
@@ -142,7 +122,7 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		found, err := r.readCheckpoint(ctx, rt.Txn())
 		readCheckpoint = time.Since(began) - tookID
 		if err == nil {
-			resume = r.distrust(ctx, found, rt.Txn().Landed)
+			resume = r.commits.distrust(ctx, found, rt.Txn().Landed)
 		}
 		return err
 	})
@@ -165,96 +145,9 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 			return nil, err
 		}
 		eo := r.newExactlyOnce(rt, rt.Txn(), resume, sys, s.wait, s.kafkaCtx)
-		eo.committed = func(d checkpoint.Durable) {
-			r.lastSure, r.commitUnsure, r.doubt = resumePoint{found: true, ckpt: d}, false, nil
-		}
-		eo.unconfirmed = func(err error) {
-			r.commitUnsure, r.doubt = true, nil
-			errors.As(err, &r.doubt)
-		}
+		eo.committed, eo.unconfirmed = r.commits.committed, r.commits.unconfirmed
 		return eo, nil
 	}, st, nil
-}
-
-// startPosition is where the next stream starts: the later of what this
-// process confirmed and the slot's confirmed_flush_lsn. It also returns the
-// server's version number.
-func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
-	conn, err := slot.Connect(ctx, r.cfg.PGURL)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer conn.Close(context.Background())
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		return 0, 0, fmt.Errorf("read server version: %w", err)
-	}
-	info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
-	switch {
-	case errors.Is(err, slot.ErrNoSlot) && r.slotSeen:
-		gap := &slot.GapError{What: fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (by an operator, or lost in a failover: only a failover slot synchronized to the promoted standby survives one, PostgreSQL 17+)", r.cfg.Slot),
-			Since: r.Confirmed()}
-		r.refuse(ctx, conn, gap)
-		return 0, 0, gap
-	case errors.Is(err, slot.ErrNoSlot):
-		return 0, 0, &fatalError{fmt.Errorf("replication slot %q does not exist", r.cfg.Slot)}
-	case err != nil:
-		return 0, 0, err
-	case info.Invalidated():
-		gap := slot.ReadInvalidatedError(ctx, conn, info, r.Confirmed())
-		r.refuse(ctx, conn, gap)
-		return 0, 0, gap
-	}
-	r.recordSlot(info)
-	failover := false
-	if tl, err := currentTimeline(ctx, conn); err == nil && r.timeline != 0 && tl != r.timeline {
-		r.warnResend(info, r.progress.Acked(), "what this process had acknowledged on the old timeline", true, zap.Int32("old_timeline", r.timeline), zap.Int32("timeline", tl))
-		failover = true
-	} else if r.timeline == 0 && !r.resendWarned {
-		// A new process knows nothing it acknowledged; the record, copied
-		// to the standbys with the rest of the database, holds what the
-		// relay last confirmed, on whichever server was primary then.
-		r.resendWarned = r.warnResend(info, r.record.ConfirmedLSN, "what walrelay recorded as confirmed (its record, "+r.cfg.RecordSchema+".slots, which physical replication copies from the old primary)", false)
-	}
-	return r.progress.Resume(info.ConfirmedLSN, r.clearance, failover), version, nil
-}
-
-// warnResend warns when the slot's confirmed position is behind a position
-// walrelay knows Kafka acknowledged (what says which): the stream
-// resumes from the slot, and the events between are published again. After
-// a failover that is the distance slot synchronization lagged; a slot that
-// is not a synchronized copy at all (synced = false on a server that was a
-// standby: an old primary that rejoined with its own slot) is named.
-func (r *Relay) warnResend(info slot.Info, known decoder.LSN, what string, promoted bool, fields ...zap.Field) bool {
-	if known <= info.ConfirmedLSN || info.ConfirmedLSN == 0 {
-		return false
-	}
-	msg := fmt.Sprintf("the slot's confirmed position %s is %s behind %s, %s: the stream resumes from the slot, so the events of that WAL are sent again",
-		info.ConfirmedLSN, slot.BytesText(int64(known-info.ConfirmedLSN)), what, known)
-	if r.cfg.ExactlyOnce {
-		msg += " (exactly-once skips those its checkpoint in Kafka covers)"
-	} else {
-		msg += " (duplicates in Kafka, each with the same id header as its first copy)"
-	}
-	if info.Synced != nil && !*info.Synced && info.Failover != nil && *info.Failover {
-		own := "; if this server was a standby until now, its slot (synced = false) was"
-		if promoted {
-			own = "; this server was a standby until its promotion, and its slot (synced = false) was"
-		}
-		msg += own + " not the copy slot synchronization keeps but a slot of its own, left from when it was a primary itself: remove the old primary's slot before it rejoins as a standby (docs/operating.md, a switchover step by step)"
-	}
-	r.log.Warn(msg, append([]zap.Field{zap.String("slot", r.cfg.Slot), zap.Stringer("slot_confirmed_lsn", info.ConfirmedLSN),
-		zap.Stringer("acknowledged_lsn", known), zap.Int64("resent_wal_bytes", int64(known-info.ConfirmedLSN))}, fields...)...)
-	return true
-}
-
-// currentTimeline is the server's timeline (pg_control_checkpoint lags a
-// promotion until its first checkpoint; the WAL file name of the insert
-// position does not).
-func currentTimeline(ctx context.Context, conn *pgx.Conn) (int32, error) {
-	var tl int32
-	err := conn.QueryRow(ctx, `SELECT ('x' || substr(pg_walfile_name(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END), 1, 8))::bit(32)::int`).Scan(&tl)
-	return tl, err
 }
 
 // prefetchMaxBytes bounds the memory answeringServer allocates for what it

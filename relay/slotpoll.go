@@ -5,22 +5,36 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
-	"github.com/walrelay/walrelay/heartbeat"
+	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/slot"
 )
 
 // walStatuses are the values pg_replication_slots.wal_status takes.
 var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// slotPoller reads the slot's row of pg_replication_slots every
+// SlotPollInterval, and what holds the slot, for the slot metrics and the
+// name of its connection (what the relay does, for walrelay status
+// --explain); it stops the relay when the slot is invalidated, and moves
+// the record's confirmed position forward. Its state is its goroutine's.
+type slotPoller struct {
+	cfg      Config
+	log      *zap.Logger
+	metrics  *metrics.Metrics
+	guard    *guard
+	live     *live
+	sup      *supervisor
+	progress *confirm.Progress
+}
 
 // watchSlot reads the slot's row every SlotPollInterval for the slot
 // metrics, and stops the relay (through stop) when the slot is invalidated:
@@ -31,7 +45,7 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 // does, for walrelay status --explain; and warns once, when it first
 // knows, that a setting of the server could invalidate the slot during a
 // relay outage of PlannedOutage.
-func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
+func (p *slotPoller) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 	var conn *pgx.Conn
 	var recorded decoder.LSN
 	w := &slotWatch{}
@@ -40,41 +54,41 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 			conn.Close(context.Background())
 		}
 	}()
-	t := time.NewTicker(r.cfg.SlotPollInterval)
+	t := time.NewTicker(p.cfg.SlotPollInterval)
 	defer t.Stop()
 	for {
 		if conn == nil || conn.IsClosed() {
-			c, err := slot.Connect(ctx, r.cfg.PGURL)
+			c, err := slot.Connect(ctx, p.cfg.PGURL)
 			if err != nil && ctx.Err() == nil {
-				r.log.Warn("slot metrics: cannot connect; retrying", zap.Error(err))
+				p.log.Warn("slot metrics: cannot connect; retrying", zap.Error(err))
 			}
 			conn = c
 			w.named, w.nameable = "", conn != nil && defaultAppName(ctx, conn)
 		}
 		if conn != nil {
-			info, err := slot.ReadInfo(ctx, conn, r.cfg.Slot)
+			info, err := slot.ReadInfo(ctx, conn, p.cfg.Slot)
 			switch {
 			case err != nil && ctx.Err() == nil && !errors.Is(err, slot.ErrNoSlot):
-				r.log.Warn("slot metrics: reading pg_replication_slots failed; retrying", zap.Error(err))
+				p.log.Warn("slot metrics: reading pg_replication_slots failed; retrying", zap.Error(err))
 				conn.Close(context.Background())
 				conn = nil
 			case err == nil:
-				r.recordSlot(info)
+				recordSlot(p.metrics, info)
 				if info.Invalidated() {
-					gap := slot.ReadInvalidatedError(ctx, conn, info, r.Confirmed())
-					r.refuse(ctx, conn, gap)
+					gap := slot.ReadInvalidatedError(ctx, conn, info, p.progress.Confirmed())
+					p.guard.refuse(ctx, conn, gap)
 					stop(gap)
 					return
 				}
-				r.nameWatch(ctx, conn, w, info)
-				r.recordFacts(ctx, conn, w, info)
-				if f, err := slot.ReadFailover(ctx, conn, info, r.cfg.StandbyURLs); err == nil {
-					r.recordFailover(f)
+				p.nameWatch(ctx, conn, w, info)
+				p.recordFacts(ctx, conn, w, info)
+				if f, err := slot.ReadFailover(ctx, conn, info, p.cfg.StandbyURLs); err == nil {
+					p.guard.recordFailover(f)
 				}
-				if c := r.Confirmed(); c > recorded {
-					if after, err := slot.RecordConfirmed(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, c); err != nil {
+				if c := p.progress.Confirmed(); c > recorded {
+					if after, err := slot.RecordConfirmed(ctx, conn, p.cfg.RecordSchema, p.cfg.Slot, c); err != nil {
 						if ctx.Err() == nil {
-							r.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
+							p.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
 						}
 					} else {
 						recorded = after
@@ -135,13 +149,13 @@ func (w *slotWatch) rate(info slot.Info) (float64, bool) {
 
 // relayState is what the relay does, in the words status reads back from
 // the watch connection's name (slot.Relay*).
-func (r *Relay) relayState(info slot.Info, w *slotWatch) string {
-	rt := r.router.Load()
-	if !r.Streaming() {
+func (p *slotPoller) relayState(info slot.Info, w *slotWatch) string {
+	rt := p.live.router.Load()
+	if !p.live.streaming.Load() {
 		switch {
 		case info.Active:
 			return slot.RelayStandby
-		case !r.everStreamed.Load():
+		case !p.sup.streamed.Load():
 			return slot.RelayStarting
 		case rt == nil:
 			return slot.RelayConnectingKafka
@@ -152,11 +166,11 @@ func (r *Relay) relayState(info slot.Info, w *slotWatch) string {
 	if rt == nil {
 		return slot.RelayStreaming
 	}
-	acks := sumCounter(r.metrics.EventsPublished) + sumCounter(r.metrics.EventsDeadLettered)
+	acks := sumCounter(p.metrics.EventsPublished) + sumCounter(p.metrics.EventsDeadLettered)
 	stuck := w.acksSeen && acks == w.acks
 	w.acks, w.acksSeen = acks, true
 	switch n := rt.Inflight(); {
-	case n >= r.cfg.Router.MaxInflightEvents:
+	case n >= p.cfg.Router.MaxInflightEvents:
 		return slot.RelayBackpressure
 	case n > 0 && stuck:
 		return slot.RelayWaitingForKafka
@@ -198,20 +212,20 @@ func nameConn(ctx context.Context, conn *pgx.Conn, name string) error {
 // pg_stat_activity (and walrelay status --explain) shows what the relay
 // does: PostgreSQL alone cannot tell a relay waiting for Kafka from one
 // that is gone.
-func (r *Relay) nameWatch(ctx context.Context, conn *pgx.Conn, w *slotWatch, info slot.Info) {
-	state := r.relayState(info, w)
+func (p *slotPoller) nameWatch(ctx context.Context, conn *pgx.Conn, w *slotWatch, info slot.Info) {
+	state := p.relayState(info, w)
 	if !w.nameable || state == w.named {
 		return
 	}
-	if err := nameConn(ctx, conn, slot.RelayAppName(r.cfg.Slot, state)); err == nil {
+	if err := nameConn(ctx, conn, slot.RelayAppName(p.cfg.Slot, state)); err == nil {
 		w.named = state
 	}
 }
 
 // recordFacts sets the metrics of what holds the slot and of the time it
 // has left, and logs the startup warnings once it knows enough.
-func (r *Relay) recordFacts(ctx context.Context, conn *pgx.Conn, w *slotWatch, info slot.Info) {
-	m := r.metrics
+func (p *slotPoller) recordFacts(ctx context.Context, conn *pgx.Conn, w *slotWatch, info slot.Info) {
+	m := p.metrics
 	rate, known := w.rate(info)
 	if known {
 		m.ServerWALRate.Set(rate)
@@ -236,7 +250,7 @@ func (r *Relay) recordFacts(ctx context.Context, conn *pgx.Conn, w *slotWatch, i
 	if err != nil {
 		if ctx.Err() == nil && !w.warnedFacts {
 			w.warnedFacts = true
-			r.log.Warn("cannot read what holds the slot (pg_stat_activity, pg_locks, pg_prepared_xacts, pg_replication_slots); those metrics stay unset", zap.Error(err))
+			p.log.Warn("cannot read what holds the slot (pg_stat_activity, pg_locks, pg_prepared_xacts, pg_replication_slots); those metrics stay unset", zap.Error(err))
 		}
 		return
 	}
@@ -270,36 +284,35 @@ func (r *Relay) recordFacts(ctx context.Context, conn *pgx.Conn, w *slotWatch, i
 	}
 	m.SourceOldestSlotRetainedWAL.Set(float64(retained))
 	m.SourceReplicationXminAge.Set(float64(xminAge))
-	r.warnOutage(w, f.Settings, info, rate, known)
+	p.warnOutage(w, f.Settings, info, rate, known)
 }
 
 // warnOutage logs, once each, that idle_replication_slot_timeout or
 // max_slot_wal_keep_size (at the WAL rate measured) would invalidate the
 // slot during a relay outage of PlannedOutage: the slot would be lost,
 // and events with it, before the relay is back.
-func (r *Relay) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, rate float64, known bool) {
-	plan := r.cfg.PlannedOutage
+func (p *slotPoller) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, rate float64, known bool) {
+	plan := p.cfg.PlannedOutage
 	if plan <= 0 {
 		return
 	}
 	if d := s.IdleSlotTimeoutDur; d > 0 && d < plan && !w.warnedIdle {
 		w.warnedIdle = true
-		r.log.Warn(fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay has streamed from it that long, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage the slot and the events it holds are lost. Set idle_replication_slot_timeout to 0 or above %s (ALTER SYSTEM SET idle_replication_slot_timeout = ...; SELECT pg_reload_conf())",
-			s.IdleSlotTimeout, slot.DurationText(plan), slot.DurationText(plan)), zap.String("slot", r.cfg.Slot))
+		p.log.Warn(fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay has streamed from it that long, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage the slot and the events it holds are lost. Set idle_replication_slot_timeout to 0 or above %s (ALTER SYSTEM SET idle_replication_slot_timeout = ...; SELECT pg_reload_conf())",
+			s.IdleSlotTimeout, slot.DurationText(plan), slot.DurationText(plan)), zap.String("slot", p.cfg.Slot))
 	}
 	if info.SafeWALSize == nil || !known || rate <= 0 || w.warnedKeep {
 		return
 	}
 	if left := time.Duration(float64(*info.SafeWALSize) / rate * float64(time.Second)); left < plan {
 		w.warnedKeep = true
-		r.log.Warn(fmt.Sprintf("max_slot_wal_keep_size = %s: at the server's WAL rate (%s/s over the last %s) the slot survives about %s without a relay confirming, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage it is invalidated and the events it holds are lost. Raise max_slot_wal_keep_size to at least %s if the disk holds it (or -1)",
+		p.log.Warn(fmt.Sprintf("max_slot_wal_keep_size = %s: at the server's WAL rate (%s/s over the last %s) the slot survives about %s without a relay confirming, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage it is invalidated and the events it holds are lost. Raise max_slot_wal_keep_size to at least %s if the disk holds it (or -1)",
 			s.MaxSlotWALKeepSize, slot.BytesText(int64(rate)), slot.DurationText(info.Now.Sub(w.samples[0].at)), slot.DurationText(left), slot.DurationText(plan), slot.BytesText(int64(rate*plan.Seconds()))),
-			zap.String("slot", r.cfg.Slot), zap.Int64("safe_wal_size", *info.SafeWALSize))
+			zap.String("slot", p.cfg.Slot), zap.Int64("safe_wal_size", *info.SafeWALSize))
 	}
 }
 
-func (r *Relay) recordSlot(info slot.Info) {
-	m := r.metrics
+func recordSlot(m *metrics.Metrics, info slot.Info) {
 	m.SlotRetainedWAL.Set(float64(info.RetainedWALBytes))
 	m.SlotLag.Set(float64(info.LagBytes))
 	if info.SafeWALSize != nil {
@@ -313,70 +326,5 @@ func (r *Relay) recordSlot(info slot.Info) {
 			v = 1
 		}
 		m.SlotWALStatus.WithLabelValues(s).Set(v)
-	}
-}
-
-// beater builds the heartbeat: WAL nudges in the source database and, when
-// a topic is set, heartbeat records through hb.
-func (r *Relay) beater(hb *heartbeatProducer) *heartbeat.Beater {
-	return heartbeat.NewBeater(heartbeat.BeaterConfig{
-		Interval: r.cfg.HeartbeatInterval,
-		URL:      r.cfg.PGURL,
-		Query:    r.cfg.HeartbeatQuery,
-		Topic:    r.cfg.HeartbeatTopic,
-		// Named, so that walrelay status --explain sees the heartbeat.
-		Connect: func(ctx context.Context, url string) (*pgx.Conn, error) {
-			conn, err := slot.Connect(ctx, url)
-			if err == nil && defaultAppName(ctx, conn) {
-				if err := nameConn(ctx, conn, slot.HeartbeatAppName(r.cfg.Slot)); err != nil {
-					conn.Close(context.Background())
-					return nil, err
-				}
-			}
-			return conn, err
-		},
-		Status: func() heartbeat.Status {
-			return heartbeat.Status{
-				Slot:         r.cfg.Slot,
-				Time:         time.Now().UTC(),
-				Streaming:    r.Streaming(),
-				ConfirmedLSN: r.Confirmed().String(),
-				ReceivedLSN:  decoder.LSN(r.received.Load()).String(),
-			}
-		},
-		Produce: hb.produce,
-	}, r.log.Named("heartbeat"), r.metrics)
-}
-
-// heartbeatProducer produces heartbeat records through a Kafka client of
-// its own, made on first use: a heartbeat is never part of an exactly-once
-// Kafka transaction, and it is sent whether or not the events' producer is
-// being replaced.
-type heartbeatProducer struct {
-	opts []kgo.Opt
-	mu   sync.Mutex
-	cl   *kgo.Client
-}
-
-func (h *heartbeatProducer) produce(ctx context.Context, topic string, key, value []byte) error {
-	h.mu.Lock()
-	if h.cl == nil {
-		cl, err := kgo.NewClient(h.opts...)
-		if err != nil {
-			h.mu.Unlock()
-			return err
-		}
-		h.cl = cl
-	}
-	cl := h.cl
-	h.mu.Unlock()
-	return cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}).FirstErr()
-}
-
-func (h *heartbeatProducer) close() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.cl != nil {
-		h.cl.Close()
 	}
 }

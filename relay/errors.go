@@ -1,0 +1,169 @@
+package relay
+
+// errors.go: how the relay tells what retrying can fix from what it
+// cannot (errors that say so themselves: Fatal), and the causes of its
+// restarts.
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/router"
+)
+
+// kafkaConfigError reports errors that retrying cannot fix: wrong
+// credentials, an unsupported mechanism, a certificate that is not trusted,
+// a transaction timeout above the broker's transaction.max.timeout.ms.
+func kafkaConfigError(err error) bool {
+	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
+		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
+		errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err)
+}
+
+// pgAuthError reports PostgreSQL refusing the login: a wrong password
+// (28P01) or no pg_hba.conf entry allowing it (28000). Retrying cannot fix
+// either.
+func pgAuthError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
+}
+
+// notKafka reports a peer that answered, but not in the Kafka protocol:
+// its first bytes, read as a Kafka response size, are absurd (PostgreSQL's
+// error reply reads as 1157627904). franz-go exports no error value for
+// this, so its message is matched.
+func notKafka(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "invalid large response size") || strings.Contains(msg, "invalid negative response size")
+}
+
+// certificateError reports a server certificate that does not verify.
+func certificateError(err error) bool {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var verify *tls.CertificateVerificationError
+	return errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &verify)
+}
+
+// StartupTimeoutError is Run giving up at StartupTimeout without having
+// streamed: PostgreSQL or Kafka stayed unreachable, or creating the slot
+// kept waiting for transactions to end (Err says which, and what it
+// waited for). Unlike the other errors Run returns, a later start may
+// succeed by itself, once they are reachable or have ended.
+type StartupTimeoutError struct {
+	Timeout time.Duration
+	Err     error
+}
+
+func (e *StartupTimeoutError) Error() string {
+	return fmt.Sprintf("gave up after relay.Config.StartupTimeout %s without streaming: %v", e.Timeout, e.Err)
+}
+
+func (e *StartupTimeoutError) Unwrap() error { return e.Err }
+
+// Fatal is true: this Run is over (a new one may succeed).
+func (e *StartupTimeoutError) Fatal() bool { return true }
+
+// produceError wraps a record Kafka refused for good.
+type produceError struct{ err error }
+
+func (e *produceError) Error() string { return e.err.Error() }
+
+func (e *produceError) Unwrap() error { return e.err }
+
+// fatalError marks what restarting will not fix.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+
+func (e *fatalError) Unwrap() error { return e.err }
+
+// Fatal is true: see fatalError.
+func (e *fatalError) Fatal() bool { return true }
+
+// fataler is an error that says whether restarting can fix it: fatalError,
+// slot.SetupError, deadletter.InvalidEventError, decoder.Error.
+type fataler interface{ Fatal() bool }
+
+// isFatal reports whether any error in err's tree says restarting cannot
+// fix it. Errors say so themselves: the relay knows no other package's
+// sentinels for this.
+func isFatal(err error) bool {
+	if f, ok := err.(fataler); ok && f.Fatal() {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return isFatal(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if isFatal(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// RestartCause says why the relay restarted: the cause label of
+// walrelay_stream_restarts_total.
+type RestartCause string
+
+const (
+	// CauseKafka is a restart because Kafka refused a record for good, a Kafka transaction
+	// failed, or no producer could be made.
+	CauseKafka RestartCause = "kafka"
+	// CauseFenced is a restart because another producer took the exactly-once transactional
+	// id after another relay took the slot (this one waits as a standby).
+	CauseFenced RestartCause = "fenced"
+	// CauseSlotBusy is a wait because another client streams from the slot (a standby's
+	// wait, not a fault).
+	CauseSlotBusy RestartCause = "slot_busy"
+	// CauseSilent is a restart because the server sent nothing for Config.ReceiveTimeout.
+	CauseSilent RestartCause = "silent"
+	// CauseDecode is a restart on a pgoutput message the decoder found malformed.
+	CauseDecode RestartCause = "decode"
+	// CausePostgres is a restart on an error PostgreSQL reported on the stream.
+	CausePostgres RestartCause = "postgres"
+	// CauseConnection is any other end of the stream (a broken connection).
+	CauseConnection RestartCause = "connection"
+	// CauseSetup is a retry because the setup checks at start failed in a way a retry may
+	// fix (the database unreachable, say).
+	CauseSetup RestartCause = "setup"
+)
+
+// RestartCauses lists every RestartCause (a new slice each call).
+func RestartCauses() []RestartCause {
+	return []RestartCause{CauseKafka, CauseFenced, CauseSlotBusy, CauseSilent, CauseDecode, CausePostgres, CauseConnection, CauseSetup}
+}
+
+// causeOf names a session's end for the restarts metric.
+func causeOf(err error) RestartCause {
+	var pgErr *pgconn.PgError
+	var produceErr *produceError
+	var txnErr *kafkaTxnFailure
+	switch {
+	case errors.Is(err, router.ErrFenced):
+		return CauseFenced
+	case errors.As(err, &produceErr), errors.As(err, &txnErr):
+		return CauseKafka
+	case errors.Is(err, errSlotBusy):
+		return CauseSlotBusy
+	case errors.Is(err, errServerSilent):
+		return CauseSilent
+	case errors.Is(err, decoder.ErrMalformed):
+		return CauseDecode
+	case errors.As(err, &pgErr):
+		return CausePostgres
+	default:
+		return CauseConnection
+	}
+}
