@@ -74,7 +74,7 @@ func (r *Router) redirect(o *outRecord, err error) {
 		return
 	}
 	d := &outRecord{topic: r.dlq, ack: o.ack}
-	d.rec, d.size = letter.ForRefused(&o.rec, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes-commitTimeHeaderBytes)
+	d.rec, d.size = letter.ForRefused(&o.rec, o.aggType, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes-commitTimeHeaderBytes)
 	stamp(d)
 	r.gate.acquire(d.size)
 	r.client.TryProduce(context.Background(), &d.rec, r.promise)

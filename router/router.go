@@ -506,12 +506,15 @@ type outRecord struct {
 	size  int
 	table *decoder.Table // for a dead letter, should Kafka refuse the topic
 	lsn   decoder.LSN
+	// aggType is the event's aggregate type, for the same dead letter's
+	// walrelay.aggregate_type header (its aggregate id is the key).
+	aggType []byte
 }
 
 func recordOf(r *kgo.Record) *outRecord { return (*outRecord)(unsafe.Pointer(r)) }
 
 func (r *Router) newRecord(ev *decoder.Event, t *topic, a Acker) *outRecord {
-	o := &outRecord{topic: t, ack: a}
+	o := &outRecord{topic: t, ack: a, aggType: ev.AggregateType}
 	o.rec.Topic = t.name
 	o.rec.Key = ev.AggregateID
 	o.rec.Value = ev.Payload
