@@ -456,11 +456,17 @@ func (r *Relay) Streaming() bool { return r.streaming.Load() }
 // how far behind PostgreSQL what Kafka has lies, as housekeep computes it.
 func (r *Relay) ReplicationLag() time.Duration { return time.Duration(r.lag.Load()) }
 
-// Ready returns nil when the relay is streaming and its replication lag is
-// under ReadyMaxLag, else why not.
+// Ready returns nil when the relay is streaming, Kafka's authorizer
+// denies it nothing it waits for, and its replication lag is under
+// ReadyMaxLag, else why not.
 func (r *Relay) Ready() error {
 	if !r.Streaming() {
 		return errors.New("not streaming: connecting, waiting for the slot or backing off")
+	}
+	if rt := r.router.Load(); rt != nil {
+		if err := rt.Denied(); err != nil {
+			return err
+		}
 	}
 	if lag := r.ReplicationLag(); r.cfg.ReadyMaxLag > 0 && lag > r.cfg.ReadyMaxLag {
 		return fmt.Errorf("replication lag %s exceeds %s", lag.Round(time.Millisecond), r.cfg.ReadyMaxLag)
@@ -525,7 +531,7 @@ func (r *Relay) Run(parent context.Context) error {
 				if isFatal(err) {
 					return err
 				}
-				if err := r.retry(ctx, CauseKafka, err); err != nil {
+				if err := r.retry(ctx, kafkaCause(err), err); err != nil {
 					return stopped(err)
 				}
 				continue
@@ -575,7 +581,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 				if ctx.Err() != nil || isFatal(err) {
 					return fail(err)
 				}
-				if err := r.retry(ctx, CauseKafka, err); err != nil {
+				if err := r.retry(ctx, kafkaCause(err), err); err != nil {
 					return fail(err)
 				}
 				continue
@@ -672,11 +678,30 @@ func startRouter(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Me
 
 // kafkaConfigError reports errors that retrying cannot fix: wrong
 // credentials, an unsupported mechanism, a certificate that is not trusted,
-// a transaction timeout above the broker's transaction.max.timeout.ms.
+// a transaction timeout above the broker's transaction.max.timeout.ms. An
+// authorization failure is not one: an ACL can be granted while the relay
+// waits (kafkaDenied).
 func kafkaConfigError(err error) bool {
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
-		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
-		errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err)
+		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err)
+}
+
+// kafkaDenied reports Kafka's authorizer denying the relay an operation
+// (router.DeniedError, or the error codes it stands for): the operator's
+// to fix with an ACL, after which the relay resumes by itself.
+func kafkaDenied(err error) bool {
+	var d *router.DeniedError
+	return errors.As(err, &d) || errors.Is(err, kerr.TopicAuthorizationFailed) ||
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// kafkaCause names a failure to make or start a producer for the restarts
+// metric.
+func kafkaCause(err error) RestartCause {
+	if kafkaDenied(err) {
+		return CauseKafkaAuthorization
+	}
+	return CauseKafka
 }
 
 // pgAuthError reports PostgreSQL refusing the login: a wrong password
@@ -720,10 +745,17 @@ func (r *Relay) retry(ctx context.Context, cause RestartCause, err error) error 
 		wait = max(min(wait, r.begin.Add(r.cfg.StartupTimeout).Sub(r.now())), 0)
 	}
 	r.metrics.StreamRestarts.WithLabelValues(string(cause)).Inc()
-	if cause == CauseSlotBusy {
+	switch cause {
+	case CauseSlotBusy:
 		r.log.Info("waiting as a standby: another client streams from the slot", zap.String("slot", r.cfg.Slot),
 			zap.Error(err), zap.Duration("retry_in", wait))
-	} else {
+	case CauseKafkaAuthorization:
+		// The router warned, naming the principal, the operation and the
+		// resource (once, then every few minutes): a restart per
+		// backoff while the ACL is missing is no news.
+		r.log.Info("relay restarting from the last confirmed position: Kafka denies it an operation", zap.Error(err),
+			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
+	default:
 		r.log.Warn("relay restarting from the last confirmed position", zap.String("cause", string(cause)), zap.Error(err),
 			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", r.Confirmed()))
 	}
@@ -792,6 +824,10 @@ const (
 	// CauseKafka is a restart because Kafka refused a record for good, a Kafka transaction
 	// failed, or no producer could be made.
 	CauseKafka RestartCause = "kafka"
+	// CauseKafkaAuthorization is a restart because Kafka's authorizer denied the relay an
+	// operation it needs (WRITE on a topic or the transactional id): the relay waits, not
+	// ready, until an ACL allows it; the log names the principal, the operation and the resource.
+	CauseKafkaAuthorization RestartCause = "kafka_authorization"
 	// CauseFenced is a restart because another producer took the exactly-once transactional
 	// id after another relay took the slot (this one waits as a standby).
 	CauseFenced RestartCause = "fenced"
@@ -813,7 +849,7 @@ const (
 
 // RestartCauses lists every RestartCause (a new slice each call).
 func RestartCauses() []RestartCause {
-	return []RestartCause{CauseKafka, CauseFenced, CauseSlotBusy, CauseSilent, CauseDecode, CausePostgres, CauseConnection, CauseSetup}
+	return []RestartCause{CauseKafka, CauseKafkaAuthorization, CauseFenced, CauseSlotBusy, CauseSilent, CauseDecode, CausePostgres, CauseConnection, CauseSetup}
 }
 
 // causeOf names a session's end for the restarts metric.
@@ -824,6 +860,8 @@ func causeOf(err error) RestartCause {
 	switch {
 	case errors.Is(err, router.ErrFenced):
 		return CauseFenced
+	case kafkaDenied(err):
+		return CauseKafkaAuthorization
 	case errors.As(err, &produceErr), errors.As(err, &txnErr):
 		return CauseKafka
 	case errors.Is(err, errSlotBusy):

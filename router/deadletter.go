@@ -50,8 +50,9 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 	return r.produce(o)
 }
 
-// redirect dead-letters a record Kafka refused because of its topic, on
-// the promise goroutine: the topic is remembered as refused (its later
+// redirect dead-letters a record Kafka refused because of its topic for
+// good (a creation policy; an authorization failure is not one, see
+// denied.go), on the promise goroutine: the topic is remembered as refused (its later
 // events are dead-lettered by Send), and the record goes to the dead-letter
 // topic carrying the original's acker, so the event is acknowledged once
 // the dead letter is. With exactly-once delivery the Kafka transaction

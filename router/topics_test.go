@@ -111,20 +111,21 @@ func TestMaxTopicsAndSeries(t *testing.T) {
 	}
 }
 
-// A topic Kafka will not let the relay use is dead-lettered instead of
-// retried forever or restarting the stream: creation refused by
-// authorization (the topic missing) or by policy, and produce refused by
-// authorization (a topic an administrator created but did not grant).
-// Events of other topics go on; nothing is fatal; every event is acked
-// once, and every dead letter names the aggregate type and id, also one
-// dead-lettered in flight; a later event of a refused topic goes straight
-// to the dead letters, also under a new router sharing the topics.Set.
+// A topic Kafka refuses for good is dead-lettered instead of retried
+// forever or restarting the stream: one that does not exist and that the
+// relay may not create, one a creation policy refuses, and a record the
+// broker refuses by policy on the way (in flight: dead-lettered from the
+// promise, with the aggregate type and id headers every dead letter
+// carries). Events of other topics go on; nothing is fatal; every event is
+// acked once; a later event of a refused topic goes straight to the dead
+// letters, also under a new router sharing the topics.Set. (An
+// authorization failure is not such a refusal: denied_test.go.)
 func TestTopicRefusedForGood(t *testing.T) {
 	set := topics.NewSet()
 	e := newEnv(t, Config{Topics: set})
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: "outbox.event.secret", Err: kerr.TopicAuthorizationFailed, Count: -1})
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: "outbox.event.policy", Err: kerr.PolicyViolation, Count: -1})
-	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "outbox.event.locked", Err: kerr.TopicAuthorizationFailed, Count: -1})
+	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "outbox.event.locked", Err: kerr.PolicyViolation, Count: -1})
 	a := &testAcker{}
 	for i, agg := range []string{"secret", "order", "policy", "locked", "order"} {
 		e.mustSend(event(fmt.Sprintf("e%d", i), agg, fmt.Sprintf("k%d", i), "p"), lsnOf(i), a)
