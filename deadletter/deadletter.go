@@ -34,9 +34,13 @@ const (
 	// character outside [a-zA-Z0-9._-]).
 	ReasonInvalidTopic Reason = "invalid_topic"
 	// ReasonTopicRejected: Kafka refused the topic for good: it does not
-	// exist and creating it is not authorized or a creation policy refuses
-	// it, or writing to it is not authorized. The topic is not retried
-	// until the relay restarts.
+	// exist and the relay may not create it (it may describe it, so Kafka
+	// says it is missing), or a policy refuses it or its records. It is
+	// checked again when the relay replaces its producer (a stream
+	// restart); one whose records a policy refused, when the process
+	// restarts. A topic the relay may not describe or write to is never
+	// rejected: that is an ACL, and the relay waits, not ready, until it
+	// is granted (see failures.md).
 	ReasonTopicRejected Reason = "topic_rejected"
 	// ReasonTooLarge: the record is larger than its topic's
 	// max.message.bytes (or the --max-record-bytes bound), or a value of

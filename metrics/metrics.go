@@ -23,6 +23,7 @@ type Metrics struct {
 	EventsDeadLettered    *prometheus.CounterVec
 	Transactions          prometheus.Counter
 	ProduceErrors         prometheus.Counter
+	KafkaDenied           *prometheus.CounterVec
 	ReceivedLSN           prometheus.Gauge
 	ConfirmedLSN          prometheus.Gauge
 	ServerWALEndLSN       prometheus.Gauge
@@ -126,6 +127,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_produce_errors_total",
 			Help: "Records Kafka refused after the producer's retries; each one restarts the stream from the last confirmed LSN. Check broker health and ACLs.",
 		}),
+		KafkaDenied: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "walrelay_kafka_authorization_denied_total",
+			Help: "Times Kafka's authorizer denied the relay an operation it needs, by resource (topic, transactional id, cluster) and operation (WRITE, DESCRIBE, IDEMPOTENT_WRITE): a topic check, a producer's first refused record, a transactional call. The relay waits meanwhile (not ready, nothing confirmed past the event) and resumes by itself once an ACL allows it; the log names the principal and the resource.",
+		}, []string{"resource", "operation"}),
 		ReceivedLSN: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_received_lsn",
 			Help: "WAL position of the newest replication message received, as a number.",

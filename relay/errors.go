@@ -21,11 +21,30 @@ import (
 
 // kafkaConfigError reports errors that retrying cannot fix: wrong
 // credentials, an unsupported mechanism, a certificate that is not trusted,
-// a transaction timeout above the broker's transaction.max.timeout.ms.
+// a transaction timeout above the broker's transaction.max.timeout.ms. An
+// authorization failure is not one: an ACL can be granted while the relay
+// waits (kafkaDenied).
 func kafkaConfigError(err error) bool {
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
-		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
-		errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err)
+		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err)
+}
+
+// kafkaDenied reports Kafka's authorizer denying the relay an operation
+// (router.DeniedError, or the error codes it stands for): the operator's
+// to fix with an ACL, after which the relay resumes by itself.
+func kafkaDenied(err error) bool {
+	var d *router.DeniedError
+	return errors.As(err, &d) || errors.Is(err, kerr.TopicAuthorizationFailed) ||
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// kafkaCause names a failure to make or start a producer for the restarts
+// metric.
+func kafkaCause(err error) RestartCause {
+	if kafkaDenied(err) {
+		return CauseKafkaAuthorization
+	}
+	return CauseKafka
 }
 
 // pgAuthError reports PostgreSQL refusing the login: a wrong password
@@ -121,6 +140,10 @@ const (
 	// CauseKafka is a restart because Kafka refused a record for good, a Kafka transaction
 	// failed, or no producer could be made.
 	CauseKafka RestartCause = "kafka"
+	// CauseKafkaAuthorization is a restart because Kafka's authorizer denied the relay an
+	// operation it needs (WRITE on a topic or the transactional id): the relay waits, not
+	// ready, until an ACL allows it; the log names the principal, the operation and the resource.
+	CauseKafkaAuthorization RestartCause = "kafka_authorization"
 	// CauseFenced is a restart because another producer took the exactly-once transactional
 	// id after another relay took the slot (this one waits as a standby).
 	CauseFenced RestartCause = "fenced"
@@ -142,7 +165,7 @@ const (
 
 // RestartCauses lists every RestartCause (a new slice each call).
 func RestartCauses() []RestartCause {
-	return []RestartCause{CauseKafka, CauseFenced, CauseSlotBusy, CauseSilent, CauseDecode, CausePostgres, CauseConnection, CauseSetup}
+	return []RestartCause{CauseKafka, CauseKafkaAuthorization, CauseFenced, CauseSlotBusy, CauseSilent, CauseDecode, CausePostgres, CauseConnection, CauseSetup}
 }
 
 // causeOf names a session's end for the restarts metric.
@@ -153,6 +176,8 @@ func causeOf(err error) RestartCause {
 	switch {
 	case errors.Is(err, router.ErrFenced):
 		return CauseFenced
+	case kafkaDenied(err):
+		return CauseKafkaAuthorization
 	case errors.As(err, &produceErr), errors.As(err, &txnErr):
 		return CauseKafka
 	case errors.Is(err, errSlotBusy):

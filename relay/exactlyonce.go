@@ -257,10 +257,7 @@ func (e *exactlyOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
 		e.curEvents++
 		return nil // in Kafka already, by the checkpoint found at start
 	}
-	if !e.txn.Open() {
-		e.txnStart = time.Now()
-	}
-	if err := send(e.p, e.wait, ev, lsn, e.acks); err != nil {
+	if err := e.send(ev, lsn); err != nil {
 		if errors.Is(err, router.ErrFenced) {
 			return e.failed(err)
 		}
@@ -274,6 +271,59 @@ func (e *exactlyOnce) Event(ev *decoder.Event, lsn decoder.LSN) error {
 		return e.commit() // a large transaction is split across Kafka transactions
 	}
 	return nil
+}
+
+// send hands ev to the producer, waiting while it asks to. A wait can
+// last: a topic Kafka's authorizer denies the relay holds its event until
+// an ACL allows it. The open Kafka transaction does not wait with it past
+// its interval: it commits what it holds (a partial checkpoint when
+// mid-transaction, as a split does), so the events before the held one
+// become visible and the broker never times the transaction out.
+func (e *exactlyOnce) send(ev *decoder.Event, lsn decoder.LSN) error {
+	for {
+		if !e.txn.Open() {
+			e.txnStart = time.Now()
+		}
+		ch, err := e.p.Send(ev, lsn, e.acks)
+		if err != nil || ch == nil {
+			return err
+		}
+		if e.txn.Open() {
+			due := time.Until(e.txnStart.Add(e.maxInterval))
+			if due <= 0 {
+				if err := e.commit(); err != nil {
+					return err
+				}
+				continue
+			}
+			var stop func()
+			ch, stop = untilOrAfter(ch, due)
+			err = e.wait(ch, true)
+			stop()
+		} else {
+			err = e.wait(ch, true)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// untilOrAfter returns a channel closed when ch delivers or d has
+// passed, whichever comes first, and a function that releases it.
+func untilOrAfter(ch <-chan struct{}, d time.Duration) (<-chan struct{}, func()) {
+	out := make(chan struct{})
+	stop := make(chan struct{})
+	timer := time.NewTimer(d)
+	go func() {
+		defer close(out)
+		select {
+		case <-ch:
+		case <-timer.C:
+		case <-stop:
+		}
+	}()
+	return out, func() { timer.Stop(); close(stop) }
 }
 
 func (e *exactlyOnce) Commit(end decoder.LSN) error {

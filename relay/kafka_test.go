@@ -14,9 +14,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/test/fakenet"
 )
 
@@ -180,5 +183,52 @@ func TestWatchSlotEndsWithItsContext(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("watchSlot did not end with its context")
+	}
+}
+
+// Kafka denying WRITE on the transactional id is refused at once (exit 2
+// naming it) by a relay that never streamed: a configuration to fix. One
+// that streamed had the permission, so an operator took it away: it
+// waits (a restart of cause kafka_authorization, not fatal) until an ACL
+// gives it back.
+func TestInitTransactionsDeniedIsFatalOnlyBeforeTheFirstStream(t *testing.T) {
+	topicOp := func(op kmsg.ACLOperation) kfake.ACL {
+		return kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "*", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableACLs(), kfake.Superuser("SCRAM-SHA-256", "admin", "admin-pass"),
+		kfake.User("SCRAM-SHA-256", "relay", "relay-pass", topicOp(kmsg.ACLOperationCreate), topicOp(kmsg.ACLOperationWrite), topicOp(kmsg.ACLOperationRead)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg := validConfig()
+	cfg.ExactlyOnce = true
+	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.SASL(scram.Auth{User: "relay", Pass: "relay-pass"}.AsSha256Mechanism())}
+	cfg.Router.CreateTopics = true
+	cfg.Router.Principal = "User:relay"
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, streamed := range []bool{false, true} {
+		r.sup.streamed.Store(streamed)
+		rt, err := r.newRouter(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = r.initTransactions(ctx, rt)
+		rt.Close()
+		var d *router.DeniedError
+		if !errors.As(err, &d) || d.Resource != "transactional id" || d.Name != "walrelay-walrelay" || d.Operation != "WRITE" || !strings.Contains(err.Error(), "User:relay") {
+			t.Fatalf("streamed before %v: %v, want a DeniedError of WRITE on the transactional id naming User:relay", streamed, err)
+		}
+		if isFatal(err) == streamed {
+			t.Errorf("streamed before %v: fatal %v", streamed, isFatal(err))
+		}
+		if got := causeOf(err); !streamed && got != CauseKafkaAuthorization {
+			t.Errorf("causeOf = %s, want %s", got, CauseKafkaAuthorization)
+		}
 	}
 }

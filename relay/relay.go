@@ -152,11 +152,17 @@ func (r *Relay) Streaming() bool { return r.live.streaming.Load() }
 // how far behind PostgreSQL what Kafka has lies, as housekeep computes it.
 func (r *Relay) ReplicationLag() time.Duration { return time.Duration(r.live.lag.Load()) }
 
-// Ready returns nil when the relay is streaming and its replication lag is
-// under ReadyMaxLag, else why not.
+// Ready returns nil when the relay is streaming, Kafka's authorizer
+// denies it nothing it waits for, and its replication lag is under
+// ReadyMaxLag, else why not.
 func (r *Relay) Ready() error {
 	if !r.Streaming() {
 		return errors.New("not streaming: connecting, waiting for the slot or backing off")
+	}
+	if rt := r.live.router.Load(); rt != nil {
+		if err := rt.Denied(); err != nil {
+			return err
+		}
 	}
 	if lag := r.ReplicationLag(); r.cfg.ReadyMaxLag > 0 && lag > r.cfg.ReadyMaxLag {
 		return fmt.Errorf("replication lag %s exceeds %s", lag.Round(time.Millisecond), r.cfg.ReadyMaxLag)
@@ -226,7 +232,7 @@ func (r *Relay) Run(parent context.Context) error {
 				if isFatal(err) {
 					return err
 				}
-				if err := r.sup.retry(ctx, CauseKafka, err); err != nil {
+				if err := r.sup.retry(ctx, kafkaCause(err), err); err != nil {
 					return stopped(err)
 				}
 				continue
@@ -276,7 +282,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 				if ctx.Err() != nil || isFatal(err) {
 					return fail(err)
 				}
-				if err := r.sup.retry(ctx, CauseKafka, err); err != nil {
+				if err := r.sup.retry(ctx, kafkaCause(err), err); err != nil {
 					return fail(err)
 				}
 				continue

@@ -492,7 +492,11 @@ func (s *session) finish(cause error) error {
 	// clean stop, else abort it.
 	pending, err := s.d.Close(stopping && cause != nil && errors.Is(cause, context.Canceled))
 	if err != nil {
-		s.r.log.Warn("ending the Kafka transaction failed; the next start resumes from the last checkpoint", zap.Error(err))
+		log := s.r.log.Warn
+		if kafkaDenied(err) {
+			log = s.r.log.Info // the router warned of the denial
+		}
+		log("ending the Kafka transaction failed; the next start resumes from the last checkpoint", zap.Error(err))
 		if isFatal(err) || errors.Is(err, router.ErrFenced) {
 			cause = err
 			stopping = false

@@ -733,6 +733,37 @@ func TestExactlyOnceCommitsWhenTheStreamRunsDry(t *testing.T) {
 	})
 }
 
+// An event the producer holds (a topic Kafka denies the relay, waiting
+// for an ACL) does not hold the open Kafka transaction with it past
+// --txn-max-interval: what it holds commits, with a partial checkpoint
+// counting the events sent, so they become visible and the broker never
+// times the transaction out; the held event follows once let through.
+func TestExactlyOnceCommitsWhileAnEventIsHeld(t *testing.T) {
+	p := &fakeProducer{}
+	h := startSession(t, func(c *Config) { c.TxnMaxInterval = 50 * time.Millisecond }, p, &resumePoint{})
+	h.st.send(data(1900, beginMsg(2000)), data(1910, insertMsg(outboxOID, "e1")))
+	waitFor(t, "the first event sent", func() bool { return len(p.sent()) == 1 })
+	room := make(chan struct{})
+	p.mu.Lock()
+	p.room = room
+	p.mu.Unlock()
+	h.st.send(data(1920, insertMsg(outboxOID, "e2")))
+	waitFor(t, "the Kafka transaction committed while e2 is held", func() bool { return len(p.checkpoints()) == 1 })
+	if c := p.checkpoints()[0]; c.Partial == nil || c.Partial.CommitLSN != 2000 || c.Partial.Events != 1 {
+		t.Fatalf("checkpoint %+v, want 1 event of the transaction committing at 2000", c)
+	}
+	p.mu.Lock()
+	p.room = nil
+	p.mu.Unlock()
+	close(room)
+	h.st.send(data(2000, commitMsg(2000, 2008)))
+	waitFor(t, "the held event sent and committed", func() bool {
+		c := p.checkpoints()
+		return len(p.sent()) == 2 && len(c) == 2 && c[1].LSN == 2008 && c[1].Partial == nil
+	})
+	waitFor(t, "the transaction confirmed", func() bool { return h.st.confirmed() == 2008 })
+}
+
 func TestExactlyOnceStop(t *testing.T) {
 	t.Run("a clean stop commits the open Kafka transaction", func(t *testing.T) {
 		p := &fakeProducer{}

@@ -299,9 +299,14 @@ func (p *prefetched) Receive(deadline time.Time) (slot.Message, error) {
 // slot: it fences any older relay that still holds the id (one that lost
 // the slot without noticing), so the checkpoint read after is final. A
 // standby never gets here, so it fences nobody.
+//
+// Kafka denying WRITE on the transactional id stops a relay that never
+// streamed (a configuration to fix, refused at once); one that streamed
+// had it, so an operator took it away: it waits, not ready, retrying with
+// the backoff until the ACL is back.
 func (r *Relay) initTransactions(ctx context.Context, rt *router.Router) error {
 	err := rt.Txn().Init(ctx)
-	if err != nil && (errors.Is(err, router.ErrFenced) || kafkaConfigError(err)) {
+	if err != nil && (errors.Is(err, router.ErrFenced) || kafkaConfigError(err) || kafkaDenied(err) && !r.sup.streamed.Load()) {
 		return &fatalError{err}
 	}
 	return err

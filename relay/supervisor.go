@@ -73,10 +73,17 @@ func (v *supervisor) retry(ctx context.Context, cause RestartCause, err error) e
 		wait = max(min(wait, v.begin.Add(v.cfg.StartupTimeout).Sub(v.now())), 0)
 	}
 	v.metrics.StreamRestarts.WithLabelValues(string(cause)).Inc()
-	if cause == CauseSlotBusy {
+	switch cause {
+	case CauseSlotBusy:
 		v.log.Info("waiting as a standby: another client streams from the slot", zap.String("slot", v.cfg.Slot),
 			zap.Error(err), zap.Duration("retry_in", wait))
-	} else {
+	case CauseKafkaAuthorization:
+		// The router warned, naming the principal, the operation and the
+		// resource (once, then every few minutes): a restart per
+		// backoff while the ACL is missing is no news.
+		v.log.Info("relay restarting from the last confirmed position: Kafka denies it an operation", zap.Error(err),
+			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", v.progress.Confirmed()))
+	default:
 		v.log.Warn("relay restarting from the last confirmed position", zap.String("cause", string(cause)), zap.Error(err),
 			zap.Duration("backoff", wait), zap.Stringer("confirmed_lsn", v.progress.Confirmed()))
 	}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/walrelay/walrelay/router/internal/topics"
@@ -42,13 +43,20 @@ func (r *Router) startPrepare(ctx context.Context, t *topic) {
 	})
 }
 
-// settle applies the outcome of a finished preparation.
+// settle applies the outcome of a finished preparation. A denial is left
+// to the caller to report (await, Start): only a topic an event waits
+// for makes the relay not ready.
 func (r *Router) settle(t *topic) {
 	res := t.result
 	t.result = nil
+	var denial *topics.Denial
+	t.deniedOp = ""
 	switch {
 	case res.err == nil:
-		t.state = topicReady
+		t.state, t.denials = topicReady, 0
+		if t.denied.Load() && t.denied.CompareAndSwap(true, false) {
+			r.granted(resourceTopic, t.name)
+		}
 		if n := res.limits.MaxBytes; n > 0 {
 			t.maxBytes = min(r.cfg.MaxRecordBytes, n)
 			r.limits.Store(t.name, n)
@@ -62,6 +70,12 @@ func (r *Router) settle(t *topic) {
 	case topics.Rejects(res.err):
 		t.state, t.rejectErr = topicRejected, res.err
 		r.log.Warn("Kafka rejects topic; its events go to the dead-letter topic", zap.String("topic", t.name), zap.Error(res.err))
+	case errors.As(res.err, &denial):
+		// An ACL, which may change at any moment: wait and look again,
+		// never dead-letter (denied.go).
+		t.denials++
+		t.state, t.lastErr, t.deniedOp = topicUnknown, denial.Err, denial.Op
+		t.retryAt = time.Now().Add(deniedRetry(t.denials))
 	default:
 		t.state, t.lastErr = topicUnknown, res.err
 		t.retryAt = time.Now().Add(prepareRetryPause)

@@ -50,8 +50,9 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 	return r.produce(o)
 }
 
-// redirect dead-letters a record Kafka refused because of its topic, on
-// the promise goroutine: the topic is remembered as refused (its later
+// redirect dead-letters a record Kafka refused because of its topic for
+// good (a creation policy; an authorization failure is not one, see
+// denied.go), on the promise goroutine: the topic is remembered as refused (its later
 // events are dead-lettered by Send), and the record goes to the dead-letter
 // topic carrying the original's acker, so the event is acknowledged once
 // the dead letter is. With exactly-once delivery the Kafka transaction
@@ -74,7 +75,7 @@ func (r *Router) redirect(o *outRecord, err error) {
 		return
 	}
 	d := &outRecord{topic: r.dlq, ack: o.ack}
-	d.rec, d.size = letter.ForRefused(&o.rec, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes-commitTimeHeaderBytes)
+	d.rec, d.size = letter.ForRefused(&o.rec, o.aggType, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes-commitTimeHeaderBytes)
 	stamp(d)
 	r.gate.acquire(d.size)
 	r.client.TryProduce(context.Background(), &d.rec, r.promise)

@@ -14,11 +14,14 @@
 // last confirmed position: duplicates, never loss).
 //
 // Invalid events (no aggregate type, a topic name Kafka rejects, a topic
-// outside the allowlist or past the topic limit, a topic Kafka will not let
-// the relay create or write, no aggregate id, no id, larger than the broker
-// accepts, a row its table's columns could not map) go to a dead-letter
-// topic with headers naming the reason, table, LSN and id, and count as
-// acknowledged once the dead-letter record is.
+// outside the allowlist or past the topic limit, a topic that does not
+// exist and that the relay may not create, or that a creation policy
+// refuses, no aggregate id, no id, larger than the broker accepts, a row
+// its table's columns could not map) go to a dead-letter topic with
+// headers naming the reason, table, LSN and id, and count as acknowledged
+// once the dead-letter record is. An authorization failure is not the
+// events' fault: the router holds them until an ACL allows them
+// (denied.go).
 //
 // The router routes and produces; it asks two packages for answers.
 // Package topics says what a topic accepts (the name an aggregate type
@@ -125,6 +128,10 @@ type Config struct {
 	// HeaderID and HeaderType name the id and type headers. Defaults "id"
 	// and "type".
 	HeaderID, HeaderType string
+	// Principal is the Kafka principal the relay authenticates as (such
+	// as "User:relay", from its SASL user), named when Kafka denies it an
+	// operation; empty: "the relay's principal".
+	Principal string
 	// OnPublished, if set, is called on the promise goroutine with every
 	// record Kafka acknowledged (partition and offset set). It must be fast.
 	OnPublished func(*kgo.Record)
@@ -250,7 +257,10 @@ type Router struct {
 	dlq       *topic
 	failed    atomic.Bool
 	failErr   atomic.Pointer[error]
-	limits    sync.Map // topic name → max.message.bytes, for batchLimit
+	// deniedOnce: a record was refused for an authorization failure
+	// (counted and logged for the first one only).
+	deniedOnce atomic.Bool
+	limits     sync.Map // topic name → max.message.bytes, for batchLimit
 
 	// Topic preparations run in the background (bg) until done or until
 	// Close cancels closing.
@@ -322,6 +332,11 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 	for _, reason := range deadletter.Reasons() {
 		m.EventsDeadLettered.WithLabelValues(string(reason)) // export zeros: alerts see the series
 	}
+	m.KafkaDenied.WithLabelValues(resourceTopic, "WRITE")
+	m.KafkaDenied.WithLabelValues(resourceTopic, "DESCRIBE")
+	if r.txn != nil {
+		m.KafkaDenied.WithLabelValues(resourceTxnID, "WRITE")
+	}
 	r.promise = r.onPromise
 	r.dlq = r.topicNamed(cfg.DeadLetterTopic)
 	return r, nil
@@ -367,14 +382,27 @@ func (r *Router) Start(ctx context.Context, extra ...string) error {
 			return ctx.Err()
 		}
 		r.settle(t)
-		switch t.state {
-		case topicRejected:
+		switch {
+		case t.state == topicRejected:
 			return fmt.Errorf("topic %q: %w", name, t.rejectErr)
-		case topicUnknown:
+		case t.state == topicUnknown && t.deniedOp != "":
+			// Nothing waits on the topic yet, so the relay stays
+			// ready: the dead-letter topic is checked again when an
+			// invalid event needs it (Send waits for it then), the
+			// heartbeat topic belongs to the heartbeat's producer.
+			log := r.log.Warn
+			if r.topics.IsDenied(resourceTopic + " " + name) {
+				log = r.log.Debug // an earlier router warned, and it waits for it
+			}
+			log("Kafka denies the relay a topic it may need: events that need it will wait until it is granted",
+				zap.String("topic", name), zap.Error(r.topicDenied(t, t.deniedOp, t.lastErr)))
+		case t.state == topicUnknown:
 			return fmt.Errorf("prepare topic %q: %w", name, t.lastErr)
 		}
 	}
-	r.dlq.state = topicReady
+	if r.cfg.OnInvalid != InvalidDeadLetter {
+		r.dlq.state = topicReady // not prepared: only redirect uses it
+	}
 	return nil
 }
 
@@ -405,22 +433,10 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 		t.state, t.rejectErr = topicRejected, errors.New(r.topics.Refusal(t.name))
 	}
 	if t != nil {
-		switch t.state {
-		case topicUnknown:
-			if time.Now().Before(t.retryAt) {
-				return t.retryWait(), nil
-			}
-			r.startPrepare(r.closing, t)
-			return t.ready, nil
-		case topicCreating:
-			select {
-			case <-t.ready:
-				r.settle(t)
-				return r.Send(ev, lsn, a)
-			default:
-				return t.ready, nil
-			}
-		case topicRejected:
+		if wait := r.await(t); wait != nil {
+			return wait, nil
+		}
+		if t.state == topicRejected {
 			reason, detail = deadletter.ReasonTopicRejected, t.rejectErr.Error()
 		}
 	}
@@ -437,7 +453,41 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 			return nil, nil
 		}
 	}
+	if r.cfg.OnInvalid == InvalidDeadLetter {
+		// The dead letter waits for its topic as an event waits for its
+		// own: one the relay may not write to yet (see Start).
+		if wait := r.await(r.dlq); wait != nil {
+			return wait, nil
+		}
+	}
 	return nil, r.invalid(ev, lsn, a, reason, detail)
+}
+
+// await readies topic t for a record: nil once it is ready or rejected,
+// else a channel to wait on before asking again (its preparation running,
+// or the pause before the next attempt after a failure or a denial).
+func (r *Router) await(t *topic) <-chan struct{} {
+	switch t.state {
+	case topicUnknown:
+		if time.Now().Before(t.retryAt) {
+			return t.retryWait()
+		}
+		r.startPrepare(r.closing, t)
+		return t.ready
+	case topicCreating:
+		select {
+		case <-t.ready:
+			r.settle(t)
+			if t.deniedOp != "" {
+				t.denied.Store(true)
+				r.deny(r.topicDenied(t, t.deniedOp, t.lastErr))
+			}
+			return r.await(t)
+		default:
+			return t.ready
+		}
+	}
+	return nil
 }
 
 // route finds the destination of ev, or why it has none.
@@ -490,7 +540,8 @@ func (r *Router) topicNamed(name string) *topic {
 	if why := r.topics.Refusal(name); why != "" {
 		t.state, t.rejectErr = topicRejected, errors.New(why) // refused under an earlier router
 	}
-	t.produceTime.Store(r.topics.ProduceTime(name)) // a timestamp refused under an earlier router
+	t.produceTime.Store(r.topics.ProduceTime(name))               // a timestamp refused under an earlier router
+	t.denied.Store(r.topics.IsDenied(resourceTopic + " " + name)) // denied under an earlier router
 	r.byName[name] = t
 	return t
 }
@@ -506,12 +557,15 @@ type outRecord struct {
 	size  int
 	table *decoder.Table // for a dead letter, should Kafka refuse the topic
 	lsn   decoder.LSN
+	// aggType is the event's aggregate type, for the same dead letter's
+	// walrelay.aggregate_type header (its aggregate id is the key).
+	aggType []byte
 }
 
 func recordOf(r *kgo.Record) *outRecord { return (*outRecord)(unsafe.Pointer(r)) }
 
 func (r *Router) newRecord(ev *decoder.Event, t *topic, a Acker) *outRecord {
-	o := &outRecord{topic: t, ack: a}
+	o := &outRecord{topic: t, ack: a, aggType: ev.AggregateType}
 	o.rec.Topic = t.name
 	o.rec.Key = ev.AggregateID
 	o.rec.Value = ev.Payload
@@ -546,6 +600,21 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 			r.refusedTimestamp(o, err)
 			return
 		}
+		if d := r.denial(err, rec.Topic); d != nil {
+			// Not the record's fault: never acked, so nothing is
+			// confirmed past it; the next router finds the denial
+			// before producing and waits (denied.go). Counted and
+			// logged once per router: every record in flight fails
+			// alike.
+			if r.deniedOnce.CompareAndSwap(false, true) {
+				if d.Resource == resourceTopic {
+					o.topic.denied.Store(true)
+				}
+				r.deny(d)
+			}
+			r.fail(d)
+			return
+		}
 		if topics.RefusedForGood(err) && o.topic != r.dlq && o.table != nil {
 			r.redirect(o, err)
 			return
@@ -559,6 +628,9 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 		return
 	}
 	o.topic.published.Inc()
+	if o.topic.denied.Load() && o.topic.denied.CompareAndSwap(true, false) {
+		r.granted(resourceTopic, o.topic.name) // Kafka took a record of it: allowed again
+	}
 	if r.cfg.OnPublished != nil {
 		r.cfg.OnPublished(rec)
 	}

@@ -43,18 +43,28 @@ type env struct {
 	mu        sync.Mutex
 	fatalErr  error
 	published []*kgo.Record // copies of what OnPublished saw
+
+	relayOpts  []kgo.Opt // the router's client options besides the seeds (SASL)
+	helperOpts []kgo.Opt // the test's own clients' (SASL as a super user)
 }
 
 // newEnv starts a one-broker kfake cluster with three partitions per topic
 // and a started Router with CreateTopics on.
 func newEnv(t *testing.T, cfg Config, opts ...kfake.Opt) *env {
 	t.Helper()
+	return newEnvAs(t, cfg, nil, nil, opts...)
+}
+
+// newEnvAs is newEnv with client options for the router (relay) and for
+// the test's own clients (helper): a cluster with ACLs needs SASL users.
+func newEnvAs(t *testing.T, cfg Config, relay, helper []kgo.Opt, opts ...kfake.Opt) *env {
+	t.Helper()
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.DefaultNumPartitions(3)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	e := &env{t: t, c: c, m: metrics.NewUnregistered(), seeds: c.ListenAddrs()}
+	e := &env{t: t, c: c, m: metrics.NewUnregistered(), seeds: c.ListenAddrs(), relayOpts: relay, helperOpts: helper}
 	cfg.CreateTopics = true
 	cfg.OnPublished = func(rec *kgo.Record) {
 		cp := *rec
@@ -62,12 +72,7 @@ func newEnv(t *testing.T, cfg Config, opts ...kfake.Opt) *env {
 		e.published = append(e.published, &cp)
 		e.mu.Unlock()
 	}
-	kopts := []kgo.Opt{
-		kgo.SeedBrokers(e.seeds...),
-		// Retry produce quickly so tests that hold the broker resume soon.
-		kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }),
-	}
-	e.r, err = New(cfg, kopts, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) {
+	e.r, err = New(cfg, e.routerOpts(), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) {
 		e.fatals.Add(1)
 		e.mu.Lock()
 		e.fatalErr = err
@@ -83,6 +88,25 @@ func newEnv(t *testing.T, cfg Config, opts ...kfake.Opt) *env {
 		t.Fatalf("Start: %v", err)
 	}
 	return e
+}
+
+// routerOpts are the client options of the env's routers.
+func (e *env) routerOpts() []kgo.Opt {
+	return append([]kgo.Opt{
+		kgo.SeedBrokers(e.seeds...),
+		// Retry produce quickly so tests that hold the broker resume soon.
+		kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }),
+	}, e.relayOpts...)
+}
+
+// helper is a client of the test's own.
+func (e *env) helper(opts ...kgo.Opt) *kgo.Client {
+	e.t.Helper()
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(e.seeds...)}, e.helperOpts...), opts...)...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cl
 }
 
 // send calls Send until it takes the event, waiting on the channel it
@@ -139,10 +163,7 @@ func (e *env) endOffsets(topics ...string) map[string]int64 {
 // listOffsets sums, per topic, the offsets list returns for its partitions.
 func (e *env) listOffsets(list func(*kadm.Client, context.Context, ...string) (kadm.ListedOffsets, error), topics ...string) map[string]int64 {
 	e.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.seeds...))
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	cl := e.helper()
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
@@ -166,14 +187,7 @@ func (e *env) consume(topics ...string) []*kgo.Record {
 	for _, n := range e.endOffsets(topics...) {
 		want += n
 	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(e.seeds...),
-		kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-	)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	cl := e.helper(kgo.ConsumeTopics(topics...), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()

@@ -15,20 +15,27 @@ import (
 type topicState int
 
 const (
-	topicUnknown  topicState = iota // not yet created or checked
+	topicUnknown  topicState = iota // not yet created or checked, or found denied (deniedOp): checked again
 	topicCreating                   // creation and the size-limit lookup running in the background
 	topicReady                      // records may be produced
 	topicRejected                   // Kafka refused it for good: dead-letter its events
 )
 
 // topic is the router's cache entry for one destination. It is touched only
-// by the goroutine that calls Send, except published, a counter.
+// by the goroutine that calls Send, except published, a counter, and its
+// atomic fields, which promises set and read too.
 type topic struct {
 	name      string
 	state     topicState
 	rejectErr error
-	lastErr   error         // why the last preparation failed
-	retryAt   time.Time     // no new attempt before this, after a failure
+	lastErr   error     // why the last preparation failed
+	retryAt   time.Time // no new attempt before this, after a failure
+	deniedOp  string    // the operation the last preparation found denied, "" if none
+	denials   int       // preparations denied in a row, for the pause before the next
+	// denied: a denial of this topic is in force in the topics.Set, to
+	// be lifted once Kafka acknowledges one of its records (set and
+	// read on the promise goroutine too).
+	denied    atomic.Bool
 	ready     chan struct{} // closed when preparation finishes, while state is topicCreating
 	result    *prepared     // preparation outcome, written before ready closes
 	maxBytes  int           // the largest record the topic accepts

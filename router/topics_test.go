@@ -111,25 +111,27 @@ func TestMaxTopicsAndSeries(t *testing.T) {
 	}
 }
 
-// A topic Kafka will not let the relay use is dead-lettered instead of
-// retried forever or restarting the stream: creation refused by
-// authorization (the topic missing) or by policy, and produce refused by
-// authorization (a topic an administrator created but did not grant).
-// Events of other topics go on; nothing is fatal; every event is acked
-// once; a later event of a refused topic goes straight to the dead letters,
-// also under a new router sharing the topics.Set.
+// A topic Kafka refuses for good is dead-lettered instead of retried
+// forever or restarting the stream: one that does not exist and that the
+// relay may not create, one a creation policy refuses, and a record the
+// broker refuses by policy on the way (in flight: dead-lettered from the
+// promise, with the aggregate type and id headers every dead letter
+// carries). Events of other topics go on; nothing is fatal; every event is
+// acked once; a later event of a refused topic goes straight to the dead
+// letters, also under a new router sharing the topics.Set. (An
+// authorization failure is not such a refusal: denied_test.go.)
 func TestTopicRefusedForGood(t *testing.T) {
 	set := topics.NewSet()
 	e := newEnv(t, Config{Topics: set})
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: "outbox.event.secret", Err: kerr.TopicAuthorizationFailed, Count: -1})
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: "outbox.event.policy", Err: kerr.PolicyViolation, Count: -1})
-	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "outbox.event.locked", Err: kerr.TopicAuthorizationFailed, Count: -1})
+	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "outbox.event.locked", Err: kerr.PolicyViolation, Count: -1})
 	a := &testAcker{}
 	for i, agg := range []string{"secret", "order", "policy", "locked", "order"} {
-		e.mustSend(event(fmt.Sprintf("e%d", i), agg, "k", "p"), lsnOf(i), a)
+		e.mustSend(event(fmt.Sprintf("e%d", i), agg, fmt.Sprintf("k%d", i), "p"), lsnOf(i), a)
 	}
 	e.flush()
-	e.mustSend(event("late", "locked", "k", "p"), lsnOf(9), a)
+	e.mustSend(event("late", "locked", "k9", "p"), lsnOf(9), a)
 	e.flush()
 	if e.fatals.Load() != 0 {
 		t.Fatalf("fatal called: %v", e.fatalErr)
@@ -142,6 +144,15 @@ func TestTopicRefusedForGood(t *testing.T) {
 	}
 	if len(got) != 4 {
 		t.Errorf("dead letters = %v; want 4", got)
+	}
+	for _, rec := range e.consume("walrelay.dlq") {
+		id, _ := header(t, rec, "id")
+		aggType, okType := header(t, rec, deadletter.HeaderAggregateType)
+		aggID, okID := header(t, rec, deadletter.HeaderAggregateID)
+		if !okType || !okID || len(aggType) == 0 || string(aggID) != string(rec.Key) {
+			t.Errorf("dead letter %s: %s %q (%v), %s %q (%v); want the aggregate type and id (the key %q)",
+				id, deadletter.HeaderAggregateType, aggType, okType, deadletter.HeaderAggregateID, aggID, okID, rec.Key)
+		}
 	}
 	if n := e.publishedTo("outbox.event.order"); n != 2 {
 		t.Errorf("published{order} = %v; want 2", n)

@@ -111,7 +111,12 @@ func (t *Txn) Commit(ctx context.Context, key, value []byte) error {
 	r := t.r
 	r.client.TryProduce(ctx, &kgo.Record{Topic: r.cfg.CheckpointTopic, Key: key, Value: value}, func(rec *kgo.Record, err error) {
 		if err != nil {
-			r.fail(fmt.Errorf("produce checkpoint to %s: %w", rec.Topic, t.fenceError(err)))
+			err = fmt.Errorf("produce checkpoint to %s: %w", rec.Topic, t.fenceError(err))
+			if d := r.denial(err, rec.Topic); d != nil {
+				r.deny(d)
+				err = d
+			}
+			r.fail(err)
 		}
 	})
 	if err := r.client.Flush(ctx); err != nil {
@@ -134,6 +139,7 @@ func (t *Txn) Commit(ctx context.Context, key, value []byte) error {
 			run.a.Ack()
 		}
 	}
+	t.granted()
 	t.forget()
 	clear(t.first) // Flush returned: no promise runs any more
 	t.settle()
@@ -254,11 +260,25 @@ func (t *Txn) Abort(ctx context.Context) error {
 	return nil
 }
 
-// error marks the producer for replacement and classifies err
-// (fenceError).
+// error marks the producer for replacement and classifies err: fenced or
+// timed out (fenceError), or an authorization failure (a *DeniedError,
+// counted and logged; the checkpoint topic is the only topic a
+// transactional call writes).
 func (t *Txn) error(err error) error {
 	t.broken.Store(true)
+	if d := t.r.denial(err, t.r.cfg.CheckpointTopic); d != nil {
+		t.r.deny(d)
+		return d
+	}
 	return t.fenceError(err)
+}
+
+// granted lifts the denials of the transactional id and the checkpoint
+// topic once Kafka answered a transactional call: the relay is ready
+// again (denied.go).
+func (t *Txn) granted() {
+	t.r.granted(resourceTxnID, t.r.cfg.TransactionalID)
+	t.r.granted(resourceTopic, t.r.cfg.CheckpointTopic)
 }
 
 // fenceError classifies an error of a transactional call or of a record in
@@ -290,6 +310,12 @@ func (t *Txn) Init(ctx context.Context) error {
 	r := t.r
 	if _, _, err := r.client.ProducerID(ctx); err != nil {
 		t.broken.Store(true)
+		if d := r.denial(err, ""); d != nil {
+			// The relay waits for an ACL (or, before it ever streamed,
+			// stops: a configuration to fix).
+			r.deny(d)
+			return fmt.Errorf("initialize transactional producer: %w", d)
+		}
 		if errors.Is(err, kerr.ProducerFenced) {
 			err = fmt.Errorf("%w: %w", ErrFenced, err)
 		}
@@ -299,6 +325,7 @@ func (t *Txn) Init(ctx context.Context) error {
 		return fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err)
 	}
 	t.took.Store(true)
+	r.granted(resourceTxnID, r.cfg.TransactionalID)
 	return nil
 }
 
@@ -313,7 +340,13 @@ func (t *Txn) TookID() bool { return t.took.Load() }
 // the checkpoint topic.
 func (t *Txn) prepareCheckpointTopic(ctx context.Context) error {
 	r := t.r
-	return checkpointtopic.Prepare(ctx, r.admin, r.cfg.CheckpointTopic, r.cfg.CreateTopics, r.cfg.TopicReplicationFactor)
+	err := checkpointtopic.Prepare(ctx, r.admin, r.cfg.CheckpointTopic, r.cfg.CreateTopics, r.cfg.TopicReplicationFactor)
+	if d := r.denial(err, r.cfg.CheckpointTopic); d != nil {
+		d.Operation = "DESCRIBE"
+		r.deny(d)
+		return d
+	}
+	return err
 }
 
 // ReadCheckpoint returns the newest committed checkpoint record for key.
@@ -346,5 +379,6 @@ func (t *Txn) ReadCheckpoint(ctx context.Context, key []byte) (value []byte, fou
 	}
 	t.open = false
 	t.settle()
+	t.granted()
 	return rd.Until(ctx, key, probeKey, probe)
 }

@@ -44,6 +44,18 @@ func (f KafkaFlags) warnings() []string {
 	return w
 }
 
+// principal is the Kafka principal the flags authenticate as, for the
+// relay's authorization warnings (router.Config.Principal): the SASL
+// user, as Kafka's default principal builder names it; "" otherwise (a
+// TLS client certificate's principal depends on the broker's
+// ssl.principal.mapping.rules).
+func (f KafkaFlags) principal() string {
+	if f.KafkaSASLMechanism == "" || f.KafkaSASLUser == "" {
+		return ""
+	}
+	return "User:" + f.KafkaSASLUser
+}
+
 // options turns the flags into franz-go client options.
 func (f KafkaFlags) options() ([]kgo.Opt, error) {
 	var opts []kgo.Opt

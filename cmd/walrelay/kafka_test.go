@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
 )
 
 // TestKafkaSASLPlainNeedsTLSOrOptIn: SASL PLAIN sends the password as is,
@@ -63,5 +65,32 @@ func TestKafkaTLSIsOneCondition(t *testing.T) {
 	}
 	if w := skip.warnings(); len(w) != 1 || !strings.Contains(w[0], "--kafka-tls-insecure-skip-verify") {
 		t.Errorf("skip-verify warns %q, want one warning naming the flag", w)
+	}
+}
+
+// TestKafkaPrincipal: the relay names its SASL user as Kafka's default
+// principal builder does when Kafka denies it an operation; without SASL
+// it does not guess.
+func TestKafkaPrincipal(t *testing.T) {
+	for _, tc := range []struct {
+		f    KafkaFlags
+		want string
+	}{
+		{KafkaFlags{KafkaSASLMechanism: "scram-sha-512", KafkaSASLUser: "relay"}, "User:relay"},
+		{KafkaFlags{KafkaSASLMechanism: "plain", KafkaSASLUser: "relay", KafkaTLS: true}, "User:relay"},
+		{KafkaFlags{KafkaTLS: true}, ""},
+		{KafkaFlags{}, ""},
+	} {
+		if got := tc.f.principal(); got != tc.want {
+			t.Errorf("principal of %+v = %q, want %q", tc.f, got, tc.want)
+		}
+	}
+	cfg, err := parse(t, "run", "--pg-url", "postgres://u@h/db", "--brokers", "k:9092",
+		"--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-user", "relay", "--kafka-sasl-password", "p").Run.config(zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Router.Principal != "User:relay" {
+		t.Errorf("walrelay run: router.Config.Principal = %q, want User:relay", cfg.Router.Principal)
 	}
 }

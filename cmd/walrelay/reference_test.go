@@ -94,6 +94,9 @@ var (
 		"walrelay_events_published_total/topic": true,
 		"walrelay_unmapped_inserts_total/table": true,
 		"walrelay_slot_wal_status/status":       true,
+		// The few values of both are in the metric's help.
+		"walrelay_kafka_authorization_denied_total/resource":  true,
+		"walrelay_kafka_authorization_denied_total/operation": true,
 	}
 )
 

@@ -119,6 +119,7 @@ func (c *runCmd) config(log *zap.Logger) (relay.Config, error) {
 		return relay.Config{}, err
 	}
 	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
+	cfg.Router.Principal = c.KafkaFlags.principal()
 	return cfg, nil
 }
 

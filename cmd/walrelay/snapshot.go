@@ -56,6 +56,7 @@ func (c *snapshotCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return usageError(err)
 	}
 	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
+	cfg.Router.Principal = c.KafkaFlags.principal()
 	cfg.SnapshotWhere, cfg.SnapshotOrder = c.Where, c.Order
 	n, err := relay.PublishSnapshot(ctx, cfg, log, metrics.NewUnregistered())
 	if err != nil {

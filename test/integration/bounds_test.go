@@ -158,18 +158,20 @@ func TestTopicAllowlistAndMaxTopics(t *testing.T) {
 	}
 }
 
-// A topic Kafka will not let the relay use does not block the rows behind
-// it, in either delivery mode: a topic whose creation a policy refuses and
-// one the relay may not write to are dead-lettered (topic_rejected), and
-// the rows after them are published. (kfake answers as a broker with those
-// ACLs and policies would.)
+// A topic Kafka refuses for good does not block the rows behind it, in
+// either delivery mode: a topic whose creation a policy refuses and one
+// whose records a policy refuses (dead-lettered in flight) are
+// dead-lettered (topic_rejected), with the aggregate type and id headers,
+// and the rows after them are published. (kfake answers as a broker with
+// those policies would. A topic the relay may not write to is not
+// dead-lettered: TestKafkaACL.)
 func TestTopicRefusedIsDeadLettered(t *testing.T) {
 	for _, eos := range []bool{false, true} {
 		t.Run(map[bool]string{false: "at-least-once", true: "exactly-once"}[eos], func(t *testing.T) {
 			e := newEnv(t)
 			e.needKfake()
 			e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: e.topic("policy"), Err: kerr.PolicyViolation, Count: -1})
-			e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("locked"), Err: kerr.TopicAuthorizationFailed, Count: -1})
+			e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic("locked"), Err: kerr.PolicyViolation, Count: -1})
 			cfg := e.config()
 			var records func() []*kgo.Record
 			if eos {
@@ -208,6 +210,10 @@ func TestTopicRefusedIsDeadLettered(t *testing.T) {
 					}
 				} else if rec.Topic != e.topicPrefix()+"dlq" || reason != string(deadletter.ReasonTopicRejected) {
 					t.Errorf("row %s (%s) on %s with reason %q, want the dead-letter topic with %q", r.id, r.agg, rec.Topic, reason, deadletter.ReasonTopicRejected)
+				} else if aggType, _ := header(rec, deadletter.HeaderAggregateType); aggType != r.agg {
+					t.Errorf("dead letter of row %s: %s %q, want %q", r.id, deadletter.HeaderAggregateType, aggType, r.agg)
+				} else if aggID, _ := header(rec, deadletter.HeaderAggregateID); aggID != "k" {
+					t.Errorf("dead letter of row %s: %s %q, want k", r.id, deadletter.HeaderAggregateID, aggID)
 				}
 			}
 			if ok, err := rr.returned(); ok {

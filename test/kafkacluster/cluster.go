@@ -49,6 +49,13 @@ type Options struct {
 	// TLS, when set, adds an SSL listener (TLSAddrs) serving this
 	// certificate.
 	TLS *TLS
+	// Authorizer turns on Kafka's StandardAuthorizer (the KRaft ACL
+	// authorizer) with allow.everyone.if.no.acl.found=false: a principal
+	// may do only what an ACL grants it. The PLAINTEXT listeners'
+	// principal, User:ANONYMOUS (inter-broker and controller traffic,
+	// Admin, the tests' own clients), is a super user; the SCRAM users of
+	// the SASL listener need ACLs (kadm's CreateACLs, DeleteACLs).
+	Authorizer bool
 	// HeapMB is each node's maximum Java heap (default 512).
 	HeapMB int
 	// Dir holds the nodes' data and logs; empty makes a temporary one,
@@ -459,6 +466,11 @@ func (c *Cluster) properties(n *Node) (string, error) {
 		for _, m := range []string{"scram-sha-256", "scram-sha-512"} {
 			p["listener.name.sasl_plaintext."+m+".sasl.jaas.config"] = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 		}
+	}
+	if c.opts.Authorizer {
+		p["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+		p["super.users"] = "User:ANONYMOUS"
+		p["allow.everyone.if.no.acl.found"] = "false"
 	}
 	if t := c.opts.TLS; t != nil {
 		var chain []byte

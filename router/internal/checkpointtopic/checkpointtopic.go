@@ -43,6 +43,11 @@ func Prepare(ctx context.Context, admin *kadm.Client, name string, create bool, 
 		return fmt.Errorf("describe checkpoint topic %q: %w", name, err)
 	}
 	d, ok := details[name]
+	if ok && notAllowed(d.Err) {
+		// Kafka hides whether a topic exists from a principal that may
+		// not describe it: an ACL to grant, not a topic to create.
+		return fmt.Errorf("describe checkpoint topic %q: %w", name, d.Err)
+	}
 	if !ok || d.Err != nil {
 		return fmt.Errorf("checkpoint topic %q does not exist: create it (compacted, one partition) or turn on router.Config.CreateTopics", name)
 	}

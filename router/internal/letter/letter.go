@@ -107,10 +107,12 @@ func ForEvent(ev *decoder.Event, l Letter, dlq string, maxBytes int) (kgo.Record
 }
 
 // ForRefused builds the dead letter of orig, a record of table's event at
-// lsn that Kafka refused because of its topic (why), for the dead-letter
-// topic dlq, and returns it with its size. It keeps orig's key, value and
-// headers; the value is left out when the record would exceed maxBytes.
-func ForRefused(orig *kgo.Record, table string, lsn decoder.LSN, why, dlq string, maxBytes int) (kgo.Record, int) {
+// lsn of aggregate type aggType that Kafka refused because of its topic
+// (why), for the dead-letter topic dlq, and returns it with its size. It
+// keeps orig's key, value and headers, and names the aggregate type and id
+// (orig's key) in headers as ForEvent does; the value is left out when the
+// record would exceed maxBytes.
+func ForRefused(orig *kgo.Record, aggType []byte, table string, lsn decoder.LSN, why, dlq string, maxBytes int) (kgo.Record, int) {
 	rec := kgo.Record{Topic: dlq, Key: orig.Key, Timestamp: orig.Timestamp}
 	h := []kgo.RecordHeader{
 		{Key: deadletter.HeaderReason, Value: []byte(deadletter.ReasonTopicRejected)},
@@ -118,6 +120,12 @@ func ForRefused(orig *kgo.Record, table string, lsn decoder.LSN, why, dlq string
 		{Key: deadletter.HeaderTable, Value: []byte(table)},
 		{Key: deadletter.HeaderLSN, Value: []byte(lsn.String())},
 		{Key: deadletter.HeaderTopic, Value: []byte(orig.Topic)},
+	}
+	if aggType != nil {
+		h = append(h, kgo.RecordHeader{Key: deadletter.HeaderAggregateType, Value: truncate(aggType, 1024)})
+	}
+	if orig.Key != nil {
+		h = append(h, kgo.RecordHeader{Key: deadletter.HeaderAggregateID, Value: truncate(orig.Key, 1024)})
 	}
 	h = append(h, orig.Headers...)
 	rec.Headers = h

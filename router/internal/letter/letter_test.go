@@ -86,16 +86,20 @@ func TestForEventShrinksToTheLimit(t *testing.T) {
 }
 
 // A record Kafka refused for its topic becomes a topic_rejected dead
-// letter that keeps the record's own headers, and its payload while it fits.
+// letter that keeps the record's own headers, names its aggregate type and
+// id as every dead letter does, and keeps its payload while it fits.
 func TestForRefused(t *testing.T) {
 	orig := &kgo.Record{Topic: "outbox.event.secret", Key: []byte("k"), Value: []byte("p"), Headers: []kgo.RecordHeader{{Key: "id", Value: []byte("id-1")}}}
-	rec, _ := ForRefused(orig, "public.outbox", 0x20, "TOPIC_AUTHORIZATION_FAILED", "walrelay.dlq", 1<<20)
+	rec, _ := ForRefused(orig, []byte("secret"), "public.outbox", 0x20, "POLICY_VIOLATION", "walrelay.dlq", 1<<20)
 	h := headers(rec)
 	if rec.Topic != "walrelay.dlq" || string(rec.Value) != "p" || h[deadletter.HeaderReason] != string(deadletter.ReasonTopicRejected) || h[deadletter.HeaderTopic] != "outbox.event.secret" || h["id"] != "id-1" || h[deadletter.HeaderLSN] != "0/20" {
 		t.Fatalf("dead letter = %+v, headers %v", rec, h)
 	}
+	if h[deadletter.HeaderAggregateType] != "secret" || h[deadletter.HeaderAggregateID] != "k" {
+		t.Fatalf("dead letter headers %v: want %s secret and %s k", h, deadletter.HeaderAggregateType, deadletter.HeaderAggregateID)
+	}
 	orig.Value = bytes.Repeat([]byte("x"), 5000)
-	rec, size := ForRefused(orig, "public.outbox", 0x20, "denied", "walrelay.dlq", 1024)
+	rec, size := ForRefused(orig, []byte("secret"), "public.outbox", 0x20, "denied", "walrelay.dlq", 1024)
 	if rec.Value != nil || size > 1024 || headers(rec)[deadletter.HeaderPayloadOmit] != strconv.Itoa(5000) {
 		t.Fatalf("over the limit: value %d bytes, size %d, headers %v; want no value", len(rec.Value), size, headers(rec))
 	}

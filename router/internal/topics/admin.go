@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -48,30 +49,85 @@ type Limits struct {
 // Kafka's default for the timestamp bounds is Long.MAX_VALUE.
 const unbounded = int64(1) << 53
 
-// Prepare readies topic name: creates it when creation is on, then reads
-// its limits (zero when it cannot: the configured limits apply). An error
-// for which Rejects is true means Kafka will never accept the topic from
-// this relay; any other may pass on a later attempt.
+// Prepare readies topic name: creates it when creation is on, checks that
+// the relay may write to it, then reads its limits (zero when it cannot:
+// the configured limits apply). An error for which Rejects is true means
+// Kafka will never accept the topic from this relay; a *Denial means
+// Kafka's authorizer denies the relay an operation on it, which an ACL
+// can change at any time; any other may pass on a later attempt.
 func (a *Admin) Prepare(ctx context.Context, name string) (Limits, error) {
+	var createDenied error
 	if a.create {
 		_, err := a.adm.CreateTopic(ctx, a.partitions, a.replication, nil, name)
-		if notAllowed(err) {
-			// Not allowed to create: fine if an administrator did;
-			// if the topic is missing (or hidden from us), its events
-			// can never be produced.
-			if exists, lerr := a.exists(ctx, name); lerr != nil {
-				return Limits{}, lerr
-			} else if !exists {
-				return Limits{}, fmt.Errorf("topic does not exist and creating it was refused: %w", err)
-			}
-			err = nil
-		}
-		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		switch {
+		case err == nil, errors.Is(err, kerr.TopicAlreadyExists):
+		case notAllowed(err):
+			// Not allowed to create: fine if an administrator did, as
+			// the topic's metadata tells.
+			createDenied = err
+		default:
 			return Limits{}, err
 		}
 	}
+	if err := a.writable(ctx, name, createDenied); err != nil {
+		return Limits{}, err
+	}
 	return a.limits(ctx, name), nil
 }
+
+// writable asks the broker for the topic's metadata with the operations
+// the relay's principal may do on it: a topic it may not describe, or
+// whose operations lack WRITE, is a Denial; a topic that does not exist
+// when creating it was denied (createDenied) is rejected for good. A
+// broker that does not report the operations (before Kafka 2.3) passes:
+// a produce will tell.
+func (a *Admin) writable(ctx context.Context, name string, createDenied error) error {
+	details, err := a.adm.ListTopics(kadm.WithAuthorizedOps(ctx), name)
+	d, ok := details[name]
+	switch {
+	case notAllowed(err):
+		// kadm returns a topic's authorization error for the whole
+		// request.
+		d, ok = kadm.TopicDetail{Topic: name, Err: err}, true
+	case err != nil:
+		return err
+	}
+	switch {
+	case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+		if createDenied != nil {
+			// Visible as missing, with DESCRIBE allowed: its events
+			// could never be produced, and an aggregate type nobody
+			// made a topic for is the events' matter.
+			return fmt.Errorf("%w: %w", errMissing, createDenied)
+		}
+		return nil // without creation: the produce says to create it
+	case notAllowed(d.Err):
+		// Kafka answers so whether or not the topic exists: it does not
+		// tell a principal that may not describe it.
+		return &Denial{Op: "DESCRIBE", Err: d.Err}
+	case d.Err != nil:
+		return d.Err
+	case len(d.AuthorizedOperations) > 0 && !slices.Contains(d.AuthorizedOperations, kadm.OpWrite):
+		// A principal that may describe the topic is told its
+		// operations (DESCRIBE among them, so the list is not empty).
+		return &Denial{Op: "WRITE", Err: fmt.Errorf("the topic's authorized operations lack WRITE: %w", kerr.TopicAuthorizationFailed)}
+	}
+	return nil
+}
+
+// errMissing: the topic does not exist and the relay may not create it.
+var errMissing = errors.New("topic does not exist and creating it was refused")
+
+// Denial is Kafka's authorizer denying the relay's principal an operation
+// on a topic (Prepare): an ACL an operator can grant at any time, not a
+// property of the topic's events.
+type Denial struct {
+	Op  string // the ACL operation denied: DESCRIBE or WRITE
+	Err error  // Kafka's answer
+}
+
+func (d *Denial) Error() string { return d.Op + " denied: " + d.Err.Error() }
+func (d *Denial) Unwrap() error { return d.Err }
 
 // limits reads the topic's configuration; zero when it cannot (not
 // authorized, topic missing, an old broker): the configured limits apply.
@@ -123,39 +179,25 @@ func limitsOf(values map[string]string) Limits {
 	return l
 }
 
-// exists reports whether the broker lists topic name to this relay.
-// A topic it may not describe is listed with an authorization error and
-// counts as missing: the relay could not produce to it either.
-func (a *Admin) exists(ctx context.Context, name string) (bool, error) {
-	details, err := a.adm.ListTopics(ctx, name)
-	if err != nil {
-		return false, err
-	}
-	d, ok := details[name]
-	if ok && d.Err != nil && !errors.Is(d.Err, kerr.UnknownTopicOrPartition) && !notAllowed(d.Err) {
-		return false, d.Err
-	}
-	return ok && d.Err == nil, nil
-}
-
 // Rejects reports whether err, from Prepare, means Kafka will never accept
-// the topic from this relay (an invalid name, a creation policy, no
-// authorization to create or use it), so its events belong on the
-// dead-letter topic rather than to a retry.
+// the topic from this relay (an invalid name, a creation policy, a topic
+// that does not exist and that the relay may not create), so its events
+// belong on the dead-letter topic rather than to a retry. A Denial is not
+// one: an ACL can change.
 func Rejects(err error) bool {
-	return errors.Is(err, kerr.InvalidTopicException) || RefusedForGood(err) || notAllowed(err)
+	return errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, errMissing) || RefusedForGood(err)
 }
 
 // RefusedForGood reports an error, from Prepare or from producing, by
-// which Kafka refuses a topic to this relay for good: not authorized, or
-// against the cluster's policy. Events of such a topic are dead-lettered;
-// retrying cannot help.
+// which Kafka refuses a topic for good whoever asks: the cluster's
+// creation policy. Events of such a topic are dead-lettered; retrying
+// cannot help. An authorization failure is not one (see Denial).
 func RefusedForGood(err error) bool {
-	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.PolicyViolation)
+	return errors.Is(err, kerr.PolicyViolation)
 }
 
 // notAllowed reports an authorization failure: the topic may exist
-// already (created by an administrator), and producing will tell.
+// already (created by an administrator), and its metadata will tell.
 func notAllowed(err error) bool {
 	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
 }

@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"regexp"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // DefaultMaxTopics is the default bound on the event topics a relay uses
@@ -34,19 +36,103 @@ const OtherLabel = "other"
 
 // Set is what a relay remembers about topics across producers: the event
 // topics used (for the topic bound), the topics with their own metric
-// series, and the topics Kafka refused for good. It is safe for concurrent
-// use; its size is bounded by the two bounds passed to Use and Label.
+// series, the topics Kafka refused for good, and what Kafka's authorizer
+// denies the relay now. It is safe for concurrent use; its size is bounded
+// by the two bounds passed to Use and Label, and by the resources the
+// relay is denied at once.
 type Set struct {
 	mu          sync.Mutex
 	used        map[string]bool
 	series      map[string]bool
 	refused     map[string]string // topic → why
 	produceTime map[string]bool
+	denied      map[string]*denial // resource → the denial in force
+	nDenied     atomic.Int32       // len(denied), read without the lock
+}
+
+// denial is an authorization failure in force, and when it was last
+// logged at WARN.
+type denial struct {
+	why    string
+	warned time.Time
 }
 
 // NewSet returns an empty Set.
 func NewSet() *Set {
-	return &Set{used: map[string]bool{}, series: map[string]bool{}, refused: map[string]string{}, produceTime: map[string]bool{}}
+	return &Set{used: map[string]bool{}, series: map[string]bool{}, refused: map[string]string{}, produceTime: map[string]bool{},
+		denied: map[string]*denial{}}
+}
+
+// DenialWarnEvery is how often a denial that lasts is logged at WARN
+// again; in between its repeats are logged at DEBUG.
+const DenialWarnEvery = 5 * time.Minute
+
+// Deny records that Kafka's authorizer denies the relay an operation on
+// resource (a topic, the transactional id), why, as of now: the relay is
+// not ready while any denial is in force (Denied). It reports whether to
+// warn: the denial is new, or was last warned of DenialWarnEvery ago.
+func (s *Set) Deny(resource, why string, now time.Time) (warn bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.denied[resource]
+	if d == nil {
+		d = &denial{}
+		s.denied[resource] = d
+		s.nDenied.Store(int32(len(s.denied)))
+	}
+	d.why = why
+	if d.warned.IsZero() || now.Sub(d.warned) >= DenialWarnEvery {
+		d.warned = now
+		return true
+	}
+	return false
+}
+
+// Allow forgets the denial on resource, once Kafka allowed the operation
+// again; it reports whether one was in force.
+func (s *Set) Allow(resource string) bool {
+	if s.nDenied.Load() == 0 {
+		return false // the common case, on every commit: no lock
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.denied[resource] == nil {
+		return false
+	}
+	delete(s.denied, resource)
+	s.nDenied.Store(int32(len(s.denied)))
+	return true
+}
+
+// IsDenied reports whether a denial on resource is in force.
+func (s *Set) IsDenied(resource string) bool {
+	if s.nDenied.Load() == 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.denied[resource] != nil
+}
+
+// Denied is why Kafka denies the relay an operation, for one of the
+// denials in force (the first resource by name, so the answer is
+// stable), or "" when none is.
+func (s *Set) Denied() string {
+	if s.nDenied.Load() == 0 {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first := ""
+	for r := range s.denied {
+		if first == "" || r < first {
+			first = r
+		}
+	}
+	if first == "" {
+		return ""
+	}
+	return s.denied[first].why
 }
 
 // Seed records names as event topics already in use, whatever the bound:

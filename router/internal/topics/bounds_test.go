@@ -86,3 +86,37 @@ func TestLimitsOf(t *testing.T) {
 		}
 	}
 }
+
+// A denial is in force until allowed (the relay is not ready meanwhile);
+// it is worth a warning when new and every DenialWarnEvery while it
+// lasts, not at each of its repeats; allowed, a new denial warns at once.
+func TestSetDenials(t *testing.T) {
+	s := NewSet()
+	t0 := time.Unix(1_000_000, 0)
+	if s.Denied() != "" || s.IsDenied("topic a") || s.Allow("topic a") {
+		t.Fatal("a new set has a denial")
+	}
+	if !s.Deny("topic b", "b denied", t0) {
+		t.Error("a new denial: no warning")
+	}
+	if s.Deny("topic b", "b denied", t0.Add(time.Second)) || s.Deny("topic b", "b denied", t0.Add(DenialWarnEvery-time.Second)) {
+		t.Error("a repeat within DenialWarnEvery: a warning")
+	}
+	if !s.Deny("topic b", "b denied", t0.Add(DenialWarnEvery)) {
+		t.Error("a repeat DenialWarnEvery later: no warning")
+	}
+	s.Deny("topic a", "a denied", t0)
+	if got := s.Denied(); got != "a denied" || !s.IsDenied("topic b") {
+		t.Errorf("Denied() = %q, want the first resource's (a denied)", got)
+	}
+	if !s.Allow("topic a") || s.Allow("topic a") {
+		t.Error("Allow: want true once, then false")
+	}
+	if got := s.Denied(); got != "b denied" {
+		t.Errorf("Denied() = %q after allowing a, want b denied", got)
+	}
+	s.Allow("topic b")
+	if s.Denied() != "" || !s.Deny("topic b", "b denied", t0.Add(DenialWarnEvery+time.Second)) {
+		t.Error("allowed, then denied again: want no denial in between, and a warning at once")
+	}
+}
