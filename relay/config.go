@@ -77,9 +77,9 @@ type Config struct {
 	// cap).
 	Read slot.ReadOptions
 
-	// Router configures records and topics. Its zero fields mean the
-	// router's defaults (see router.Config), which DefaultConfig spells
-	// out, with CreateTopics (default true) on.
+	// Router configures records and topics; default
+	// router.DefaultConfig(), whose zero fields are zero as this
+	// Config's are (router.Config.Validate refuses those that cannot be).
 	Router router.Config
 	// Linger is how long the producer waits to fill a batch (default 5ms;
 	// 0 sends at once), Compression its batch compression (default
@@ -184,7 +184,7 @@ func DefaultConfig() Config {
 			Coalesce:           200 * time.Microsecond,
 			MaxMessageBytes:    64 << 20,
 		},
-		Router:            defaultRouter(),
+		Router:            router.DefaultConfig(),
 		Linger:            5 * time.Millisecond,
 		Compression:       kgo.NoCompression(),
 		StatusInterval:    10 * time.Second,
@@ -203,19 +203,9 @@ func DefaultConfig() Config {
 	}
 }
 
-// defaultRouter is the router's own defaults (what its zero fields mean),
-// spelled out so that DefaultConfig shows every value, with topic
-// creation on: a relay that meets a new aggregate type creates its topic
-// rather than stopping on it.
-func defaultRouter() router.Config {
-	c := router.Config{CreateTopics: true}.WithDefaults()
-	c.Topics = nil // a set per relay, made by New: see setDefaults
-	return c
-}
-
 // setDefaults fills in what derives from other fields: the transactional
-// id from the slot, the router's zero fields from its defaults, and the
-// Kafka client options Linger and Compression stand for.
+// id from the slot, the router's topic set, and the Kafka client options
+// Linger and Compression stand for.
 func (c *Config) setDefaults() {
 	if c.ExactlyOnce && c.Router.TransactionalID == "" {
 		c.Router.TransactionalID = "walrelay-" + c.Slot
@@ -223,12 +213,10 @@ func (c *Config) setDefaults() {
 	if !c.ExactlyOnce {
 		c.Router.TransactionalID = ""
 	}
-	// The relay bounds commits by the transaction timeout, the decoder's
-	// value limit follows the record limit, and errors name the
-	// checkpoint topic: the router's defaults, from the router. Its topic
-	// set, made here once, is shared by every router of this relay, so
-	// the topic bounds hold for the process across producer replacements.
-	c.Router = c.Router.WithDefaults()
+	// The router's topic set, made here once, is shared by every router of
+	// this relay, so the topic bounds hold for the process across
+	// producer replacements.
+	c.Router = c.Router.WithTopicSet()
 	c.KafkaOptions = append([]kgo.Opt{
 		kgo.ClientID("walrelay"),
 		kgo.ProducerBatchCompression(c.Compression),
@@ -265,6 +253,9 @@ func (c *Config) validate() error {
 		if f.d < 0 {
 			return fmt.Errorf("%s is %s: it must not be negative (the default is %s)", f.field, f.d, f.def)
 		}
+	}
+	if c.Read.BufferBytes <= 0 {
+		return fmt.Errorf("relay.Config.Read.BufferBytes is %d: give it a positive size (the default is %d)", c.Read.BufferBytes, def.Read.BufferBytes)
 	}
 	if c.BackoffMax < c.BackoffMin {
 		return fmt.Errorf("relay.Config.BackoffMax %s is shorter than relay.Config.BackoffMin %s: raise it", c.BackoffMax, c.BackoffMin)

@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -151,5 +152,72 @@ func TestKafkaDefaultsComeFirst(t *testing.T) {
 	}
 	if got := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec); got[0] != kgo.ZstdCompression() {
 		t.Errorf("compression %v, want zstd", got)
+	}
+}
+
+// TestEveryNumericZero sets each numeric field of DefaultConfig (its
+// router's and read options' included) to zero in turn and checks the
+// documented outcome: New refuses it with one line naming the field, or
+// takes it as zero, never as a default it does not say.
+func TestEveryNumericZero(t *testing.T) {
+	refused := map[string]bool{
+		"StatusInterval": true, "ShutdownTimeout": true, "BackoffMin": true, "BackoffMax": true,
+		"SlotPollInterval": true, "ReceiveTimeout": true, "Read.BufferBytes": true,
+		"Router.MaxTopics": true, "Router.TopicPartitions": true, "Router.TopicReplicationFactor": true,
+		"Router.MaxInflightEvents": true, "Router.MaxInflightBytes": true, "Router.MaxRecordBytes": true,
+		// Exactly-once's own (DefaultConfig is at-least-once: checked below).
+	}
+	eosRefused := map[string]bool{"TxnMaxEvents": true, "TxnMaxInterval": true, "Router.TransactionTimeout": true}
+	seen := 0
+	var walk func(prefix string, v reflect.Value, path []int)
+	walk = func(prefix string, v reflect.Value, path []int) {
+		for i := range v.NumField() {
+			f := v.Type().Field(i)
+			name := prefix + f.Name
+			switch f.Type.Kind() {
+			case reflect.Struct:
+				if f.Name == "Read" || f.Name == "Router" {
+					walk(name+".", v.Field(i), append(append([]int(nil), path...), i))
+				}
+				continue
+			case reflect.Int, reflect.Int16, reflect.Int32, reflect.Int64:
+			default:
+				continue
+			}
+			seen++
+			for _, eos := range []bool{false, true} {
+				cfg := DefaultConfig()
+				cfg.ExactlyOnce = eos
+				fv := reflect.ValueOf(&cfg).Elem()
+				for _, j := range path {
+					fv = fv.Field(j)
+				}
+				fv.Field(i).SetZero()
+				r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+				want := refused[name] || eos && eosRefused[name]
+				field := "relay.Config." + name
+				if strings.HasPrefix(name, "Router.") {
+					field = "router.Config." + f.Name
+				}
+				switch {
+				case want && (err == nil || !strings.Contains(err.Error(), field) || !strings.Contains(err.Error(), "default")):
+					t.Errorf("%s zero (exactly-once %v): New = %v, want a refusal naming %s and its default", name, eos, err, field)
+				case !want && err != nil:
+					t.Errorf("%s zero (exactly-once %v): New = %v, want it taken as zero", name, eos, err)
+				case !want:
+					got := reflect.ValueOf(r.cfg)
+					for _, j := range path {
+						got = got.Field(j)
+					}
+					if !got.Field(i).IsZero() {
+						t.Errorf("%s zero (exactly-once %v): the relay runs with %v", name, eos, got.Field(i))
+					}
+				}
+			}
+		}
+	}
+	walk("", reflect.ValueOf(DefaultConfig()), nil)
+	if seen < 25 {
+		t.Fatalf("only %d numeric fields found", seen)
 	}
 }

@@ -18,7 +18,7 @@ import (
 func TestCloseEndsTopicPreparation(t *testing.T) {
 	// A "broker" that accepts connections and never answers.
 	broker := fakenet.Listen(t, fakenet.Silent)
-	r, err := New(Config{CreateTopics: true}, []kgo.Opt{kgo.SeedBrokers(broker)}, zap.NewNop(), metrics.NewUnregistered(), func(error) {})
+	r, err := New(withDefaults(Config{CreateTopics: true}), []kgo.Opt{kgo.SeedBrokers(broker)}, zap.NewNop(), metrics.NewUnregistered(), func(error) {})
 	if err != nil {
 		t.Fatal(err)
 	}

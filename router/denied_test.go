@@ -114,7 +114,7 @@ func (e *env) denials(resource, op string) float64 {
 // topic) and counts it. Once WRITE is granted the same event goes through
 // with no new router, and the denial is lifted.
 func TestTopicDeniedHoldsTheEvent(t *testing.T) {
-	e := newACLEnv(t, Config{}, "walrelay.dlq")
+	e := newACLEnv(t, withDefaults(Config{}), "walrelay.dlq")
 	a := &testAcker{}
 	ev := event("1", "order", "k", "p")
 	err := e.held(e.r, func() (<-chan struct{}, error) { return e.r.Send(ev, lsnOf(1), a) })
@@ -152,7 +152,7 @@ func TestTopicDeniedHoldsTheEvent(t *testing.T) {
 // delivered once WRITE is granted again.
 func TestTopicDeniedAfterUse(t *testing.T) {
 	set := topics.NewSet()
-	e := newACLEnv(t, Config{Topics: set}, "walrelay.dlq", "outbox.event.order")
+	e := newACLEnv(t, withDefaults(Config{Topics: set}), "walrelay.dlq", "outbox.event.order")
 	a := &testAcker{}
 	e.mustSend(event("1", "order", "k", "p"), lsnOf(1), a)
 	e.flush()
@@ -179,7 +179,7 @@ func TestTopicDeniedAfterUse(t *testing.T) {
 	}
 
 	// The caller's replacement router.
-	r2, err := New(Config{Topics: set, CreateTopics: true, Principal: relayPrincipal}, e.routerOpts(), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) { t.Errorf("fatal: %v", err) })
+	r2, err := New(withDefaults(Config{Topics: set, CreateTopics: true, Principal: relayPrincipal}), e.routerOpts(), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) { t.Errorf("fatal: %v", err) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestTopicDeniedAfterUse(t *testing.T) {
 // starting nor from delivering valid events: an invalid event waits (not
 // dropped, not acked) until WRITE is granted, and is dead-lettered then.
 func TestDeadLetterTopicDenied(t *testing.T) {
-	e := newACLEnv(t, Config{}, "outbox.event.order")
+	e := newACLEnv(t, withDefaults(Config{}), "outbox.event.order")
 	a := &testAcker{}
 	e.mustSend(event("1", "order", "k", "p"), lsnOf(1), a)
 	e.flush()
@@ -256,7 +256,7 @@ func TestTopicHiddenHoldsTheEvent(t *testing.T) {
 	deny := func(op kmsg.ACLOperation) kfake.ACL {
 		return kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "outbox.event.hidden", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op}
 	}
-	e := newACLEnvWith(t, Config{}, []kfake.ACL{deny(kmsg.ACLOperationDescribe), deny(kmsg.ACLOperationCreate)}, "walrelay.dlq", "outbox.event.hidden")
+	e := newACLEnvWith(t, withDefaults(Config{}), []kfake.ACL{deny(kmsg.ACLOperationDescribe), deny(kmsg.ACLOperationCreate)}, "walrelay.dlq", "outbox.event.hidden")
 	a := &testAcker{}
 	ev := event("1", "hidden", "k", "p")
 	err := e.held(e.r, func() (<-chan struct{}, error) { return e.r.Send(ev, lsnOf(1), a) })

@@ -80,8 +80,11 @@ const (
 	InvalidSkip OnInvalid = "skip"
 )
 
-// Config configures a Router. The zero value of each field means its
-// documented default.
+// Config configures a Router. Start from DefaultConfig: a field holds the
+// value it means, so a zero is zero (none, off), never "the default";
+// Validate refuses a zero where only another value works, naming the field
+// and its default. Each field's documentation names its default, the value
+// DefaultConfig sets.
 type Config struct {
 	// TopicTemplate maps aggregate_type to a topic. Default
 	// "outbox.event.{aggregate_type}".
@@ -91,26 +94,29 @@ type Config struct {
 	// OnInvalid: dlq (default), fail or skip.
 	OnInvalid OnInvalid
 	// CreateTopics creates missing topics (and the dead-letter topic)
-	// before the first record goes to them.
+	// before the first record goes to them. Default true.
 	CreateTopics bool
 	// TopicAllow, when set, is a regular expression (anchored at both
 	// ends) every event topic must match; events of other topics are
-	// dead-lettered (topic_not_allowed).
+	// dead-lettered (topic_not_allowed). Default empty: every topic.
 	TopicAllow string
 	// MaxTopics bounds the distinct event topics the relay produces to
 	// (and creates); events of further topics are dead-lettered
-	// (too_many_topics). Default topics.DefaultMaxTopics; negative: no limit.
+	// (too_many_topics). Default topics.DefaultMaxTopics; negative: no
+	// limit; 0 is refused (every event would be dead-lettered).
 	MaxTopics int
 	// MaxTopicSeries bounds the topics with their own series of
 	// walrelay_events_published_total; the others count under "other".
-	// Default topics.DefaultMaxSeries; negative: no limit.
+	// Default topics.DefaultMaxSeries; negative: no limit; 0: every topic
+	// under "other".
 	MaxTopicSeries int
 	// Topics keeps what the bounds above have counted, and the topics
 	// Kafka refused, across routers; pass the same set to every router of
-	// a relay. Default: a set of this router's own.
+	// a relay (WithTopicSet). Default nil: New makes a set of this
+	// router's own.
 	Topics *topics.Set
-	// TopicPartitions and TopicReplicationFactor for created topics; -1
-	// (the default when zero) means the broker's default.
+	// TopicPartitions and TopicReplicationFactor for created topics;
+	// default -1: the broker's default (0 is refused).
 	TopicPartitions        int32
 	TopicReplicationFactor int16
 	// MaxInflightEvents bounds records produced and not yet acknowledged.
@@ -120,10 +126,12 @@ type Config struct {
 	// acknowledgement), ~1,400 records at 230,000 events/s and 6 ms.
 	MaxInflightEvents int64
 	// MaxInflightBytes bounds their approximate size. Default 8 MiB. One
-	// event larger than this still goes through, alone.
+	// event larger than this still goes through, alone. Both must be
+	// positive.
 	MaxInflightBytes int64
 	// MaxRecordBytes is the largest record the broker accepts; larger
-	// events are invalid. Default 1,000,012 (Kafka's message.max.bytes).
+	// events are invalid. Default 1,000,012 (Kafka's message.max.bytes);
+	// must be positive.
 	MaxRecordBytes int
 	// HeaderID and HeaderType name the id and type headers. Defaults "id"
 	// and "type".
@@ -133,86 +141,91 @@ type Config struct {
 	// operation; empty: "the relay's principal".
 	Principal string
 	// OnPublished, if set, is called on the promise goroutine with every
-	// record Kafka acknowledged (partition and offset set). It must be fast.
+	// record Kafka acknowledged (partition and offset set). It must be
+	// fast. Default none.
 	OnPublished func(*kgo.Record)
 
 	// TransactionalID, when set, makes delivery exactly-once: records are
 	// produced in Kafka transactions, each closed by Txn.Commit with a
 	// checkpoint record, and a record's transaction is acked only when its
-	// Kafka transaction commits.
+	// Kafka transaction commits. Default empty: at-least-once.
 	TransactionalID string
 	// CheckpointTopic receives the checkpoint records (compacted, one
 	// partition; created when topic creation is on). Default
 	// "walrelay.checkpoints".
 	CheckpointTopic string
 	// TransactionTimeout is how long the broker lets a Kafka transaction
-	// stay open before aborting it. Default 60s.
+	// stay open before aborting it. Default 60s; with a TransactionalID it
+	// must be positive.
 	TransactionTimeout time.Duration
 }
 
-// WithDefaults returns c with every field left zero set to the default its
-// documentation names: what New will use. Callers that depend on a value
-// (a commit bounded by TransactionTimeout, a limit derived from
-// MaxRecordBytes) read it here rather than repeat the default.
-func (c Config) WithDefaults() Config {
-	c.setDefaults()
-	return c
+// DefaultConfig is the router walrelay runs with when nothing is set: the
+// one place its defaults are written.
+func DefaultConfig() Config {
+	return Config{
+		TopicTemplate:          "outbox.event.{aggregate_type}",
+		DeadLetterTopic:        "walrelay.dlq",
+		OnInvalid:              InvalidDeadLetter,
+		CreateTopics:           true,
+		MaxTopics:              topics.DefaultMaxTopics,
+		MaxTopicSeries:         topics.DefaultMaxSeries,
+		TopicPartitions:        -1,
+		TopicReplicationFactor: -1,
+		MaxInflightEvents:      5_000,
+		MaxInflightBytes:       8 << 20,
+		MaxRecordBytes:         1_000_012,
+		HeaderID:               "id",
+		HeaderType:             "type",
+		CheckpointTopic:        "walrelay.checkpoints",
+		TransactionTimeout:     60 * time.Second,
+	}
 }
 
-func (c *Config) setDefaults() {
-	if c.TopicTemplate == "" {
-		c.TopicTemplate = "outbox.event.{aggregate_type}"
-	}
-	if c.DeadLetterTopic == "" {
-		c.DeadLetterTopic = "walrelay.dlq"
-	}
-	if c.OnInvalid == "" {
-		c.OnInvalid = InvalidDeadLetter
-	}
-	if c.MaxTopics == 0 {
-		c.MaxTopics = topics.DefaultMaxTopics
-	}
-	if c.MaxTopicSeries == 0 {
-		c.MaxTopicSeries = topics.DefaultMaxSeries
-	}
+// WithTopicSet returns c with a topic set of its own when it has none, to
+// be shared by every router made from it (Config.Topics).
+func (c Config) WithTopicSet() Config {
 	if c.Topics == nil {
 		c.Topics = topics.NewSet()
 	}
-	if c.TopicPartitions == 0 {
-		c.TopicPartitions = -1
-	}
-	if c.TopicReplicationFactor == 0 {
-		c.TopicReplicationFactor = -1
-	}
-	if c.MaxInflightEvents <= 0 {
-		c.MaxInflightEvents = 5_000
-	}
-	if c.MaxInflightBytes <= 0 {
-		c.MaxInflightBytes = 8 << 20
-	}
-	if c.MaxRecordBytes <= 0 {
-		c.MaxRecordBytes = 1_000_012
-	}
-	if c.HeaderID == "" {
-		c.HeaderID = "id"
-	}
-	if c.HeaderType == "" {
-		c.HeaderType = "type"
-	}
-	if c.CheckpointTopic == "" {
-		c.CheckpointTopic = "walrelay.checkpoints"
-	}
-	if c.TransactionTimeout <= 0 {
-		c.TransactionTimeout = 60 * time.Second
-	}
+	return c
 }
 
-// Validate reports what in c no router can work with: a topic template,
-// dead-letter or checkpoint topic name Kafka would refuse, an on-invalid
-// policy or an allowlist that does not parse. Fields left zero are checked
-// as their defaults.
+// Validate reports what in c no router can work with, naming the field:
+// a zero (or an empty name) where only another value works, a topic
+// template, dead-letter or checkpoint topic name Kafka would refuse, an
+// on-invalid policy or an allowlist that does not parse.
 func (c Config) Validate() error {
-	c.setDefaults()
+	def := DefaultConfig()
+	for _, f := range []struct {
+		field string
+		bad   bool
+		want  string
+		def   any
+	}{
+		{"router.Config.MaxTopics", c.MaxTopics == 0, "a positive number, or -1 for no limit", def.MaxTopics},
+		{"router.Config.TopicPartitions", c.TopicPartitions == 0, "a positive count, or -1 for the broker's default", def.TopicPartitions},
+		{"router.Config.TopicReplicationFactor", c.TopicReplicationFactor == 0, "a positive factor, or -1 for the broker's default", def.TopicReplicationFactor},
+		{"router.Config.MaxInflightEvents", c.MaxInflightEvents <= 0, "a positive number", def.MaxInflightEvents},
+		{"router.Config.MaxInflightBytes", c.MaxInflightBytes <= 0, "a positive size", def.MaxInflightBytes},
+		{"router.Config.MaxRecordBytes", c.MaxRecordBytes <= 0, "a positive size", def.MaxRecordBytes},
+		{"router.Config.TransactionTimeout", c.TransactionalID != "" && c.TransactionTimeout <= 0, "a positive duration", def.TransactionTimeout},
+	} {
+		if f.bad {
+			return fmt.Errorf("%s is %v: give it %s (the default is %v)", f.field, fieldValue(c, f.field), f.want, f.def)
+		}
+	}
+	for _, f := range []struct{ field, v, def string }{
+		{"router.Config.TopicTemplate", c.TopicTemplate, def.TopicTemplate},
+		{"router.Config.DeadLetterTopic", c.DeadLetterTopic, def.DeadLetterTopic},
+		{"router.Config.OnInvalid", string(c.OnInvalid), string(def.OnInvalid)},
+		{"router.Config.HeaderID", c.HeaderID, def.HeaderID},
+		{"router.Config.HeaderType", c.HeaderType, def.HeaderType},
+	} {
+		if f.v == "" {
+			return fmt.Errorf("%s is empty: name one (the default is %q)", f.field, f.def)
+		}
+	}
 	if _, err := topics.ParseTemplate(c.TopicTemplate); err != nil {
 		return err
 	}
@@ -228,9 +241,34 @@ func (c Config) Validate() error {
 		return err
 	}
 	if c.TransactionalID != "" {
+		if c.CheckpointTopic == "" {
+			return fmt.Errorf("router.Config.CheckpointTopic is empty: name one (the default is %q)", def.CheckpointTopic)
+		}
 		if err := topics.ValidName(c.CheckpointTopic); err != nil {
 			return fmt.Errorf("checkpoint topic: %w", err)
 		}
+	}
+	return nil
+}
+
+// fieldValue is the value of c's numeric field of that name, for
+// Validate's errors.
+func fieldValue(c Config, name string) any {
+	switch name {
+	case "router.Config.MaxTopics":
+		return c.MaxTopics
+	case "router.Config.TopicPartitions":
+		return c.TopicPartitions
+	case "router.Config.TopicReplicationFactor":
+		return c.TopicReplicationFactor
+	case "router.Config.MaxInflightEvents":
+		return c.MaxInflightEvents
+	case "router.Config.MaxInflightBytes":
+		return c.MaxInflightBytes
+	case "router.Config.MaxRecordBytes":
+		return c.MaxRecordBytes
+	case "router.Config.TransactionTimeout":
+		return c.TransactionTimeout
 	}
 	return nil
 }
@@ -285,9 +323,11 @@ type Router struct {
 // after it may or may not be acknowledged, and the caller must restart from
 // its last confirmed position.
 func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal func(error)) (*Router, error) {
-	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Topics == nil {
+		cfg.Topics = topics.NewSet()
 	}
 	tmpl, _ := topics.ParseTemplate(cfg.TopicTemplate)
 	allow, _ := topics.ParseAllow(cfg.TopicAllow)

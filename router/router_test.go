@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -44,7 +45,7 @@ func event(id, agg, key, payload string) *decoder.Event {
 // is never used: for tests that build records and routes without a broker.
 func offlineRouter(t testing.TB, cfg Config) *Router {
 	t.Helper()
-	r, err := New(cfg, []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, zap.NewNop(), metrics.NewUnregistered(), func(err error) {
+	r, err := New(withDefaults(cfg), []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, zap.NewNop(), metrics.NewUnregistered(), func(err error) {
 		t.Errorf("fatal called on an offline router: %v", err)
 	})
 	if err != nil {
@@ -162,7 +163,7 @@ func TestNewRecord(t *testing.T) {
 		},
 		{
 			name: "configured header names and template",
-			cfg:  Config{HeaderID: "eventId", HeaderType: "eventType", TopicTemplate: "app.{aggregate_type}.v1"},
+			cfg:  withDefaults(Config{HeaderID: "eventId", HeaderType: "eventType", TopicTemplate: "app.{aggregate_type}.v1"}),
 			ev: decoder.Event{
 				Table: outboxTable, ID: []byte("13"), AggregateType: []byte("customer"),
 				AggregateID: []byte("c-1"), Type: []byte("CustomerMoved"), Payload: []byte("p"), CommitTime: commitTime,
@@ -173,7 +174,7 @@ func TestNewRecord(t *testing.T) {
 		},
 		{
 			name: "fixed template",
-			cfg:  Config{TopicTemplate: "outbox.all"},
+			cfg:  withDefaults(Config{TopicTemplate: "outbox.all"}),
 			ev: decoder.Event{
 				Table: outboxTable, ID: []byte("14"), AggregateType: []byte("order"),
 				AggregateID: []byte("k"), Payload: []byte("p"), CommitTime: commitTime,
@@ -262,7 +263,7 @@ func batchWireSize(rec *kgo.Record) int {
 // at least what the record weighs on the wire, so the MaxRecordBytes check
 // in Send never lets through a record the producer refuses.
 func TestNewRecordSizeCoversTypicalEvents(t *testing.T) {
-	r := offlineRouter(t, Config{})
+	r := offlineRouter(t, withDefaults(Config{}))
 	uuid := "0b1c7a5e-3f1d-4c1e-9d7f-1a2b3c4d5e6f"
 	for _, payload := range []int{0, 1, 63, 64, 100, 8191, 8192, 100_000, 999_000} {
 		for _, key := range []int{1, 36, 63, 64, 1000} {
@@ -281,7 +282,7 @@ func TestNewRecordSizeCoversTypicalEvents(t *testing.T) {
 // estimate is an upper bound of the wire size also for events with several
 // header values of 64 bytes or more, whose length varints take two bytes.
 func TestNewRecordSizeCoversLongHeaders(t *testing.T) {
-	r := offlineRouter(t, Config{})
+	r := offlineRouter(t, withDefaults(Config{}))
 	ev := event("0b1c7a5e-3f1d-4c1e-9d7f-1a2b3c4d5e6f", "order", "k", "p")
 	for i := range 8 {
 		ev.Headers = append(ev.Headers, decoder.Header{Key: fmt.Sprintf("h%d", i), Value: bytes.Repeat([]byte("v"), 200)})
@@ -296,7 +297,7 @@ func TestNewRecordSizeCoversLongHeaders(t *testing.T) {
 // TestRecordOfRoundTrip proves that the promise can recover the outRecord
 // from the *kgo.Record handed to the producer (rec is the first field).
 func TestRecordOfRoundTrip(t *testing.T) {
-	r := offlineRouter(t, Config{})
+	r := offlineRouter(t, withDefaults(Config{}))
 	for _, ev := range []*decoder.Event{
 		event("1", "order", "k", "p"),
 		event("2", "customer", "", ""),
@@ -351,7 +352,7 @@ func TestRoute(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := offlineRouter(t, Config{TopicTemplate: tt.tmpl})
+			r := offlineRouter(t, withDefaults(Config{TopicTemplate: tt.tmpl}))
 			reason, tp, detail := r.route(tt.ev)
 			if reason != tt.reason {
 				t.Fatalf("reason = %q (%s); want %q", reason, detail, tt.reason)
@@ -381,7 +382,7 @@ func TestRoute(t *testing.T) {
 // (to be prepared: created when allowed, its size limit read) either way.
 func TestRouteCachesTopics(t *testing.T) {
 	for _, create := range []bool{false, true} {
-		r := offlineRouter(t, Config{CreateTopics: create})
+		r := offlineRouter(t, withDefaults(Config{CreateTopics: create}))
 		_, a1, _ := r.route(event("1", "order", "k", "p"))
 		_, a2, _ := r.route(event("2", "order", "k", "p"))
 		_, b, _ := r.route(event("3", "customer", "k", "p"))
@@ -397,7 +398,7 @@ func TestRouteCachesTopics(t *testing.T) {
 		}
 	}
 
-	r := offlineRouter(t, Config{TopicTemplate: "outbox.all"})
+	r := offlineRouter(t, withDefaults(Config{TopicTemplate: "outbox.all"}))
 	_, a, _ := r.route(event("1", "order", "k", "p"))
 	_, b, _ := r.route(event("2", "customer", "k", "p"))
 	_, c, _ := r.route(event("3", "", "k", "p"))
@@ -408,18 +409,20 @@ func TestRouteCachesTopics(t *testing.T) {
 
 // TestNewRejectsBadConfig proves that New refuses a bad topic template, an
 // invalid dead-letter topic and an unknown on-invalid policy, and accepts
-// the zero Config.
+// DefaultConfig; a zero Config is refused, naming a field, not run with
+// defaults it does not say.
 func TestNewRejectsBadConfig(t *testing.T) {
 	tests := []struct {
 		name    string
 		cfg     Config
 		wantErr string
 	}{
-		{name: "zero config", cfg: Config{}},
-		{name: "every policy", cfg: Config{OnInvalid: InvalidSkip}},
-		{name: "two placeholders", cfg: Config{TopicTemplate: "{aggregate_type}{aggregate_type}"}, wantErr: "may appear once"},
-		{name: "bad dead-letter topic", cfg: Config{DeadLetterTopic: "dead letters"}, wantErr: "dead-letter topic"},
-		{name: "bad policy", cfg: Config{OnInvalid: "drop"}, wantErr: `on-invalid "drop"`},
+		{name: "defaults", cfg: DefaultConfig()},
+		{name: "zero config", cfg: Config{}, wantErr: "router.Config.MaxTopics is 0"},
+		{name: "every policy", cfg: withDefaults(Config{OnInvalid: InvalidSkip})},
+		{name: "two placeholders", cfg: withDefaults(Config{TopicTemplate: "{aggregate_type}{aggregate_type}"}), wantErr: "may appear once"},
+		{name: "bad dead-letter topic", cfg: withDefaults(Config{DeadLetterTopic: "dead letters"}), wantErr: "dead-letter topic"},
+		{name: "bad policy", cfg: withDefaults(Config{OnInvalid: "drop"}), wantErr: `on-invalid "drop"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -428,6 +431,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 				if err != nil || r == nil {
 					t.Fatalf("New = %v, %v; want a router", r, err)
 				}
+				r.Close()
 				return
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -437,10 +441,77 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// TestZeroIsZeroOrRefused sets each numeric and name field of
+// DefaultConfig to zero in turn: Validate either accepts it, and the zero
+// stands for what the field's documentation says, or refuses it with one
+// line naming the field and its default. Never a silent default.
+func TestZeroIsZeroOrRefused(t *testing.T) {
+	refused := map[string]bool{
+		"TopicTemplate": true, "DeadLetterTopic": true, "OnInvalid": true, "MaxTopics": true,
+		"TopicPartitions": true, "TopicReplicationFactor": true, "MaxInflightEvents": true,
+		"MaxInflightBytes": true, "MaxRecordBytes": true, "HeaderID": true, "HeaderType": true,
+	}
+	v := reflect.ValueOf(DefaultConfig())
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		switch f.Type.Kind() {
+		case reflect.Int, reflect.Int16, reflect.Int32, reflect.Int64, reflect.String:
+		default:
+			continue
+		}
+		cfg := DefaultConfig()
+		reflect.ValueOf(&cfg).Elem().Field(i).SetZero()
+		err := cfg.Validate()
+		switch {
+		case refused[f.Name] && (err == nil || !strings.Contains(err.Error(), "router.Config."+f.Name) || !strings.Contains(err.Error(), "default")):
+			t.Errorf("%s zero: Validate = %v, want a refusal naming router.Config.%s and its default", f.Name, err, f.Name)
+		case !refused[f.Name] && err != nil:
+			t.Errorf("%s zero: Validate = %v, want it accepted as zero", f.Name, err)
+		}
+	}
+	// The documented zeros: none with their own series, no allowlist,
+	// no transactional id; with one, no timeout and no checkpoint topic
+	// are refused.
+	cfg := DefaultConfig()
+	cfg.MaxTopicSeries = 0
+	r, err := New(cfg, []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, zap.NewNop(), metrics.NewUnregistered(), func(error) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.cfg.MaxTopicSeries != 0 {
+		t.Errorf("MaxTopicSeries 0 became %d", r.cfg.MaxTopicSeries)
+	}
+	cfg = DefaultConfig()
+	cfg.TransactionalID, cfg.TransactionTimeout = "t", 0
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "router.Config.TransactionTimeout") {
+		t.Errorf("exactly-once without a transaction timeout: Validate = %v", err)
+	}
+	cfg = DefaultConfig()
+	cfg.TransactionalID, cfg.CheckpointTopic = "t", ""
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "router.Config.CheckpointTopic") {
+		t.Errorf("exactly-once without a checkpoint topic: Validate = %v", err)
+	}
+}
+
+// withDefaults is c with its zero fields, but its flags, taken from
+// DefaultConfig: what a test's partial Config meant before a zero meant
+// zero.
+func withDefaults(c Config) Config {
+	def := reflect.ValueOf(DefaultConfig())
+	v := reflect.ValueOf(&c).Elem()
+	for i := range v.NumField() {
+		if f := v.Field(i); f.IsZero() && f.Kind() != reflect.Bool && f.CanSet() {
+			f.Set(def.Field(i))
+		}
+	}
+	return c
+}
+
 // BenchmarkNewRecord measures building the record of a typical event: one
 // allocation (the outRecord, headers inline).
 func BenchmarkNewRecord(b *testing.B) {
-	r := offlineRouter(b, Config{})
+	r := offlineRouter(b, withDefaults(Config{}))
 	ev := event("0b1c7a5e-3f1d-4c1e-9d7f-1a2b3c4d5e6f", "order", "order-42", `{"orderId":42,"total":12.5,"currency":"EUR"}`)
 	ev.Headers = []decoder.Header{{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}}
 	_, tp, _ := r.route(ev)
@@ -458,7 +529,7 @@ func BenchmarkNewRecord(b *testing.B) {
 // TestNewRecordAllocs proves the benchmark's claim: building a typical
 // record (up to four headers) allocates once.
 func TestNewRecordAllocs(t *testing.T) {
-	r := offlineRouter(t, Config{})
+	r := offlineRouter(t, withDefaults(Config{}))
 	ev := event("0b1c7a5e-3f1d-4c1e-9d7f-1a2b3c4d5e6f", "order", "order-42", `{"orderId":42}`)
 	ev.Headers = []decoder.Header{{Key: "traceparent", Value: []byte("00-x-01")}, {Key: "tenant", Value: []byte("t1")}}
 	_, tp, _ := r.route(ev)

@@ -59,6 +59,7 @@ func newEnv(t *testing.T, cfg Config, opts ...kfake.Opt) *env {
 // the test's own clients (helper): a cluster with ACLs needs SASL users.
 func newEnvAs(t *testing.T, cfg Config, relay, helper []kgo.Opt, opts ...kfake.Opt) *env {
 	t.Helper()
+	cfg = withDefaults(cfg)
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.DefaultNumPartitions(3)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +275,7 @@ func lsnOf(i int) decoder.LSN { return decoder.LSN(0x1_0000_0000 + uint64(i)*0x1
 // Ack; that the published counter counts per topic; and that nothing is
 // dead-lettered and the fatal handler is not called.
 func TestSendDeliversValidEvents(t *testing.T) {
-	e := newEnv(t, Config{})
+	e := newEnv(t, withDefaults(Config{}))
 	type sent struct {
 		ev *decoder.Event
 		a  *testAcker
@@ -462,7 +463,7 @@ func rejectTopic(c *kfake.Cluster, topic string) {
 // that valid events around them still reach their topic; that each is
 // counted by reason; and that each is one Add and one Ack.
 func TestSendDeadLettersInvalidEvents(t *testing.T) {
-	e := newEnv(t, Config{MaxRecordBytes: 2000})
+	e := newEnv(t, withDefaults(Config{MaxRecordBytes: 2000}))
 	rejectTopic(e.c, "outbox.event.rejected")
 	cases := invalidEvents()
 	a := &testAcker{}
@@ -603,7 +604,7 @@ func TestSendDeadLettersInvalidEvents(t *testing.T) {
 func TestSendInvalidPolicies(t *testing.T) {
 	for _, policy := range []OnInvalid{InvalidFail, InvalidSkip} {
 		t.Run(string(policy), func(t *testing.T) {
-			e := newEnv(t, Config{MaxRecordBytes: 2000, OnInvalid: policy}, kfake.SeedTopics(3, "walrelay.dlq"))
+			e := newEnv(t, withDefaults(Config{MaxRecordBytes: 2000, OnInvalid: policy}), kfake.SeedTopics(3, "walrelay.dlq"))
 			rejectTopic(e.c, "outbox.event.rejected")
 			for i, tc := range invalidEvents() {
 				a := &testAcker{}
@@ -665,7 +666,7 @@ func TestSendInvalidPolicies(t *testing.T) {
 // once the broker accepts again the channel delivers, the third event is
 // taken, and all three are acknowledged in order.
 func TestSendGate(t *testing.T) {
-	e := newEnv(t, Config{MaxInflightEvents: 2})
+	e := newEnv(t, withDefaults(Config{MaxInflightEvents: 2}))
 	hold := e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
 	held := true
 	defer func() {
@@ -732,7 +733,7 @@ func TestSendGate(t *testing.T) {
 // is taken (one event larger than the bound still goes through alone) and
 // the second waits.
 func TestSendGateBytes(t *testing.T) {
-	e := newEnv(t, Config{MaxInflightBytes: 500})
+	e := newEnv(t, withDefaults(Config{MaxInflightBytes: 500}))
 	hold := e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
 	a := &testAcker{}
 	e.mustSend(event("b0", "order", "k", strings.Repeat("x", 600)), lsnOf(0), a)
@@ -754,7 +755,7 @@ func TestSendGateBytes(t *testing.T) {
 // walrelay_produce_errors_total, never acks a failed record, and still
 // releases the in-flight gate.
 func TestSendProduceFailure(t *testing.T) {
-	e := newEnv(t, Config{})
+	e := newEnv(t, withDefaults(Config{}))
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.InvalidRecord, Count: -1})
 	a := &testAcker{}
 	const n = 5
@@ -790,7 +791,7 @@ func TestSendProduceFailure(t *testing.T) {
 // dead-lettered, and never refused by the producer: here eight 200-byte
 // header values make the record's wire size exceed the estimate.
 func TestSendNearLimitWithLongHeaders(t *testing.T) {
-	e := newEnv(t, Config{}) // MaxRecordBytes 1,000,012, franz-go's batch limit too
+	e := newEnv(t, withDefaults(Config{})) // MaxRecordBytes 1,000,012, franz-go's batch limit too
 	ev := event("0b1c7a5e-3f1d-4c1e-9d7f-1a2b3c4d5e6f", "order", "k", "")
 	ev.Type = nil
 	for i := range 8 {
@@ -829,7 +830,7 @@ func TestSendNearLimitWithLongHeaders(t *testing.T) {
 // p99 commit-to-consumer of 4 s right after startup). The router lowers the
 // limit: the record is acknowledged well within half the default.
 func TestSendRetriesNotLeaderWithoutWaitingForMetadataMinAge(t *testing.T) {
-	e := newEnv(t, Config{})
+	e := newEnv(t, withDefaults(Config{}))
 	a := &testAcker{}
 	e.mustSend(event("warm", "order", "k", "p"), lsnOf(0), a) // the topic exists, metadata loaded
 	e.flush()

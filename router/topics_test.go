@@ -46,7 +46,7 @@ func (e *env) dlqByID() map[string]string {
 // dead-lettered as topic_not_allowed and their topics never created;
 // events of allowed topics go through.
 func TestTopicAllowlist(t *testing.T) {
-	e := newEnv(t, Config{TopicAllow: `outbox\.event\.(order|payment)`})
+	e := newEnv(t, withDefaults(Config{TopicAllow: `outbox\.event\.(order|payment)`}))
 	a := &testAcker{}
 	e.mustSend(event("1", "order", "k", "p"), lsnOf(1), a)
 	e.mustSend(event("2", "orderx", "k", "p"), lsnOf(2), a) // a suffix: anchored at the end
@@ -62,7 +62,7 @@ func TestTopicAllowlist(t *testing.T) {
 	if a.adds.Load() != 4 || a.acks.Load() != 4 || e.fatals.Load() != 0 {
 		t.Fatalf("adds/acks/fatals = %d/%d/%d; want 4/4/0", a.adds.Load(), a.acks.Load(), e.fatals.Load())
 	}
-	if _, err := New(Config{TopicAllow: "("}, nil, nil, e.m, nil); err == nil {
+	if _, err := New(withDefaults(Config{TopicAllow: "("}), nil, nil, e.m, nil); err == nil {
 		t.Fatal("New accepted an invalid allowlist")
 	}
 }
@@ -74,7 +74,7 @@ func TestTopicAllowlist(t *testing.T) {
 func TestMaxTopicsAndSeries(t *testing.T) {
 	set := topics.NewSet()
 	// Series: the dead-letter topic, t0, t1; the rest is "other".
-	e := newEnv(t, Config{MaxTopics: 3, MaxTopicSeries: 3, Topics: set})
+	e := newEnv(t, withDefaults(Config{MaxTopics: 3, MaxTopicSeries: 3, Topics: set}))
 	a := &testAcker{}
 	for i := range 5 {
 		e.mustSend(event(fmt.Sprintf("e%d", i), fmt.Sprintf("t%d", i), "k", "p"), lsnOf(i), a)
@@ -98,7 +98,7 @@ func TestMaxTopicsAndSeries(t *testing.T) {
 	}
 
 	// A replacement router (same set) knows the three topics already used.
-	r2, err := New(Config{MaxTopics: 3, MaxTopicSeries: 3, Topics: set, CreateTopics: true}, nil, e.r.log, e.m, func(error) {})
+	r2, err := New(withDefaults(Config{MaxTopics: 3, MaxTopicSeries: 3, Topics: set, CreateTopics: true}), nil, e.r.log, e.m, func(error) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestMaxTopicsAndSeries(t *testing.T) {
 // authorization failure is not such a refusal: denied_test.go.)
 func TestTopicRefusedForGood(t *testing.T) {
 	set := topics.NewSet()
-	e := newEnv(t, Config{Topics: set})
+	e := newEnv(t, withDefaults(Config{Topics: set}))
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: "outbox.event.secret", Err: kerr.TopicAuthorizationFailed, Count: -1})
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Topic: "outbox.event.policy", Err: kerr.PolicyViolation, Count: -1})
 	e.c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "outbox.event.locked", Err: kerr.PolicyViolation, Count: -1})
@@ -164,7 +164,7 @@ func TestTopicRefusedForGood(t *testing.T) {
 		t.Errorf("dead-lettered{topic_rejected} = %v; want 4", got)
 	}
 
-	r2, err := New(Config{Topics: set}, nil, e.r.log, e.m, func(error) {})
+	r2, err := New(withDefaults(Config{Topics: set}), nil, e.r.log, e.m, func(error) {})
 	if err != nil {
 		t.Fatal(err)
 	}

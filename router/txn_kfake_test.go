@@ -18,7 +18,7 @@ import (
 // commits, never when Kafka merely has the record, and an aborted Kafka
 // transaction acks nothing and stays invisible to read_committed readers.
 func TestKafkaTxnCommitAcksAbortDoesNot(t *testing.T) {
-	e := newEnv(t, Config{TransactionalID: "walrelay-test"})
+	e := newEnv(t, withDefaults(Config{TransactionalID: "walrelay-test"}))
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	if err := e.r.Txn().Init(ctx); err != nil {

@@ -69,7 +69,7 @@ const (
 // producer initialized.
 func newEOSEnv(t *testing.T) *env {
 	t.Helper()
-	e := newEnv(t, Config{TransactionalID: eosTxnID, CheckpointTopic: eosCkTopic})
+	e := newEnv(t, withDefaults(Config{TransactionalID: eosTxnID, CheckpointTopic: eosCkTopic}))
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	if err := e.r.Txn().Init(ctx); err != nil {
@@ -129,7 +129,7 @@ func (e *env) readCheckpoint(key string) (string, bool) {
 // OUT_OF_ORDER_SEQUENCE_NUMBER.)
 func (e *env) restart() {
 	e.t.Helper()
-	r, err := New(Config{TransactionalID: eosTxnID, CheckpointTopic: eosCkTopic, CreateTopics: true},
+	r, err := New(withDefaults(Config{TransactionalID: eosTxnID, CheckpointTopic: eosCkTopic, CreateTopics: true}),
 		[]kgo.Opt{kgo.SeedBrokers(e.seeds...), kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })},
 		zaptest.NewLogger(e.t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) {
 			e.fatals.Add(1)

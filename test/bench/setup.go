@@ -124,7 +124,9 @@ func (b *bencher) warmTransactions(k *broker) error {
 		}
 		return nil
 	}
-	rt, err := router.New(router.Config{TransactionalID: "walrelay-bench-warmup", CreateTopics: true},
+	rcfg := router.DefaultConfig()
+	rcfg.TransactionalID = "walrelay-bench-warmup"
+	rt, err := router.New(rcfg,
 		[]kgo.Opt{kgo.SeedBrokers(addrs...)}, zap.NewNop(), metrics.NewUnregistered(), func(error) {})
 	if err != nil {
 		return err
