@@ -9,34 +9,26 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
 )
 
-// kafkaConfigError reports errors that retrying cannot fix: wrong
-// credentials, an unsupported mechanism, a certificate that is not trusted,
-// a transaction timeout above the broker's transaction.max.timeout.ms. An
-// authorization failure is not one: an ACL can be granted while the relay
-// waits (kafkaDenied).
+// kafkaConfigError reports a Kafka error retrying cannot fix, as the
+// router sorts them (router.ConfigError). An authorization failure is not
+// one: an ACL can be granted while the relay waits (kafkaDenied).
 func kafkaConfigError(err error) bool {
-	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
-		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err)
+	var ce *router.ConfigError
+	return errors.As(err, &ce)
 }
 
-// kafkaDenied reports Kafka's authorizer denying the relay an operation
-// (router.DeniedError, or the error codes it stands for): the operator's
-// to fix with an ACL, after which the relay resumes by itself.
-func kafkaDenied(err error) bool {
-	var d *router.DeniedError
-	return errors.As(err, &d) || errors.Is(err, kerr.TopicAuthorizationFailed) ||
-		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
-}
+// kafkaDenied reports Kafka's authorizer denying the relay an operation:
+// the operator's to fix with an ACL, after which the relay resumes by
+// itself.
+func kafkaDenied(err error) bool { return router.IsDenied(err) }
 
 // kafkaCause names a failure to make or start a producer for the restarts
 // metric.
@@ -55,16 +47,8 @@ func pgAuthError(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
 }
 
-// notKafka reports a peer that answered, but not in the Kafka protocol:
-// its first bytes, read as a Kafka response size, are absurd (PostgreSQL's
-// error reply reads as 1157627904). franz-go exports no error value for
-// this, so its message is matched.
-func notKafka(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "invalid large response size") || strings.Contains(msg, "invalid negative response size")
-}
-
-// certificateError reports a server certificate that does not verify.
+// certificateError reports a PostgreSQL server certificate that does not
+// verify (Kafka's are the router's: router.ConfigError).
 func certificateError(err error) bool {
 	var unknownCA x509.UnknownAuthorityError
 	var hostname x509.HostnameError

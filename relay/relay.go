@@ -360,10 +360,7 @@ func startRouter(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Me
 	if err != nil {
 		rt.Close()
 		if kafkaConfigError(err) {
-			return nil, &fatalError{fmt.Errorf("kafka: %w", err)}
-		}
-		if notKafka(err) {
-			return nil, &fatalError{fmt.Errorf("kafka: a seed broker (kgo.SeedBrokers) did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
+			return nil, err // a *router.ConfigError: fatal
 		}
 		return nil, fmt.Errorf("reach kafka brokers: %w", err)
 	}

@@ -98,8 +98,8 @@ func TestErrorClassification(t *testing.T) {
 		{"refused record", &produceError{errors.New("refused")}, "kafka", false, false},
 		{"failed Kafka transaction", &kafkaTxnFailure{kerr.InvalidTxnState}, "kafka", false, false},
 		{"fatal", &fatalError{errors.New("stop")}, "connection", true, false},
-		{"untrusted certificate", certErr, "connection", false, true},
-		{"wrong SASL password", kerr.SaslAuthenticationFailed, "connection", false, true},
+		{"untrusted certificate", &router.ConfigError{Err: certErr}, "connection", true, true},
+		{"wrong SASL password", &router.ConfigError{Err: kerr.SaslAuthenticationFailed}, "connection", true, true},
 		{"transactional id not authorized", kerr.TransactionalIDAuthorizationFailed, "kafka_authorization", false, false},
 		{"topic not authorized", &produceError{&router.DeniedError{Operation: "WRITE", Resource: "topic", Name: "t", Err: kerr.TopicAuthorizationFailed}}, "kafka_authorization", false, false},
 		{"failed Kafka transaction, not authorized", &kafkaTxnFailure{fmt.Errorf("commit: %w", kerr.TransactionalIDAuthorizationFailed)}, "kafka_authorization", false, false},
@@ -126,21 +126,17 @@ func TestErrorClassification(t *testing.T) {
 
 func TestStartupConfigErrors(t *testing.T) {
 	for _, tc := range []struct {
-		name           string
-		err            error
-		auth, notKafka bool
+		name string
+		err  error
+		auth bool
 	}{
-		{"wrong password", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28P01"}), true, false},
-		{"no pg_hba entry", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28000"}), true, false},
-		{"server shutting down", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "57P03"}), false, false},
-		{"PostgreSQL port as broker", errors.New("unable to dial: invalid large response size 1157627904 > limit 104857600: response exceeds BrokerMaxReadBytes"), false, true},
-		{"broker down", errors.New("dial tcp 127.0.0.1:9092: connect: connection refused"), false, false},
+		{"wrong password", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28P01"}), true},
+		{"no pg_hba entry", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28000"}), true},
+		{"server shutting down", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "57P03"}), false},
+		{"broker down", errors.New("dial tcp 127.0.0.1:9092: connect: connection refused"), false},
 	} {
 		if got := pgAuthError(tc.err); got != tc.auth {
 			t.Errorf("%s: pgAuthError = %v, want %v", tc.name, got, tc.auth)
-		}
-		if got := notKafka(tc.err); got != tc.notKafka {
-			t.Errorf("%s: notKafka = %v, want %v", tc.name, got, tc.notKafka)
 		}
 	}
 }

@@ -736,7 +736,7 @@ func (r *Router) Inflight() int64 { return r.gate.events.Load() }
 // Ping reaches a broker with the producer's connection settings: an
 // unreachable broker, a wrong SASL password or an untrusted certificate
 // fails here rather than later, in a produce.
-func (r *Router) Ping(ctx context.Context) error { return r.client.Ping(ctx) }
+func (r *Router) Ping(ctx context.Context) error { return classify(r.client.Ping(ctx)) }
 
 // Close ends the topic preparations in progress and waits for them, then
 // closes the Kafka clients; records not yet acknowledged fail.

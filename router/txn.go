@@ -322,7 +322,7 @@ func (t *Txn) Init(ctx context.Context) error {
 		if errors.Is(err, kerr.InvalidTransactionTimeout) {
 			err = fmt.Errorf("the broker's transaction.max.timeout.ms is below router.Config.TransactionTimeout %s: lower router.Config.TransactionTimeout (keeping it at least twice relay.Config.TxnMaxInterval) or raise transaction.max.timeout.ms: %w", r.cfg.TransactionTimeout, err)
 		}
-		return fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err)
+		return classify(fmt.Errorf("initialize transactional producer %q: %w", r.cfg.TransactionalID, err))
 	}
 	t.took.Store(true)
 	r.granted(resourceTxnID, r.cfg.TransactionalID)
