@@ -56,6 +56,7 @@ import (
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/heartbeat"
+	"github.com/walrelay/walrelay/kafkaauth"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -702,7 +703,7 @@ func startRouter(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Me
 func kafkaConfigError(err error) bool {
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
 		errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed) ||
-		errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err)
+		errors.Is(err, kerr.InvalidTransactionTimeout) || certificateError(err) || errors.Is(err, kafkaauth.ErrRefused)
 }
 
 // pgAuthError reports PostgreSQL refusing the login: a wrong password

@@ -297,5 +297,5 @@ func connectError(err error, conn string) error {
 	if mode, _ := SSLMode(conn); strings.Contains(err.Error(), "server refused TLS connection") && mode != "prefer" && mode != "allow" && mode != "disable" {
 		return setupErrorf("PostgreSQL at %s does not accept TLS, and sslmode=%s requires it (verify-full is walrelay's default when slot.SetupConfig.URL sets no sslmode): turn ssl on in the server, or, on a trusted network only, set sslmode=disable in slot.SetupConfig.URL", Redact(conn), mode)
 	}
-	return redactErr(err, conn)
+	return redactErr(passwordSourceHint(err), conn)
 }
