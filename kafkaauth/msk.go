@@ -77,7 +77,7 @@ func (m MSKIAM) Mechanism(ctx context.Context, log *zap.Logger) (sasl.Mechanism,
 				failing = true
 				log.Warn("kafka AWS_MSK_IAM credentials unavailable: Kafka connections wait for them", zap.Error(err))
 			}
-			return awssasl.Auth{}, err
+			return awssasl.Auth{}, &SourceError{err}
 		}
 		if failing {
 			failing = false

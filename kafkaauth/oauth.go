@@ -239,7 +239,7 @@ func (c *tokenCache) token(ctx context.Context) (string, error) {
 		if !errors.Is(err, ErrRefused) {
 			c.warn("kafka OAUTHBEARER token unavailable: Kafka connections wait for it", err)
 		}
-		return "", err
+		return "", &SourceError{err}
 	}
 	if c.failing {
 		c.log.Info("kafka OAUTHBEARER token available again", zap.String("source", c.where))

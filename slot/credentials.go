@@ -70,7 +70,8 @@ func usePasswordSource(cfg *pgconn.Config) {
 		}
 		pw, err := box.src.Password(ctx, c.Host, c.Port, c.User)
 		if err != nil {
-			return nil, &PasswordSourceError{Source: box.src.String(), Err: err}
+			// pgconn closes the connection it is given back.
+			return conn, &PasswordSourceError{Source: box.src.String(), Err: err}
 		}
 		c.Password = pw
 		return conn, nil
