@@ -66,7 +66,7 @@ image:
 # PostgreSQL alone (the database changing under the relay, failovers of the
 # primary, status --explain, startup refusals, the documentation's steps),
 # which test-pg runs on every version and a real broker would only slow.
-KAFKA_SKIP := ^(TestChainDatabaseFailoverLosesTheLedgersNewest|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestDropForgetsTheRecord|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestRecordTableGrantAdvice|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestReplicaSetFailovers|TestExplain.*|TestSlotTimeLeft|TestOddStartupRefusals|TestLostSlotAdvice|TestDropLostSlot|TestIdleTimeoutAdvice|TestIdleDatabaseBusyOtherDatabase|TestQuietOutboxBusyDatabase|TestDemoRelayRoleStreams|TestGettingStarted)$$
+KAFKA_SKIP := ^(TestChainDatabaseFailoverLosesTheLedgersNewest|TestPGPasswordCommand|TestTLSReloadPostgres|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestDropForgetsTheRecord|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestRecordTableGrantAdvice|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestReplicaSetFailovers|TestExplain.*|TestSlotTimeLeft|TestOddStartupRefusals|TestLostSlotAdvice|TestDropLostSlot|TestIdleTimeoutAdvice|TestIdleDatabaseBusyOtherDatabase|TestQuietOutboxBusyDatabase|TestDemoRelayRoleStreams|TestGettingStarted)$$
 
 test-kafka: deps
 	WALRELAY_TEST_KAFKA=apache $(GO) test -race -count=1 -p 1 -timeout 30m -skip '$(KAFKA_SKIP)' ./internal/kafkacluster ./test/integration
