@@ -8,8 +8,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
-	"github.com/walrelay/walrelay/test/fakenet"
 	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/test/fakenet"
 )
 
 // TestCloseEndsTopicPreparation checks that a topic preparation Send

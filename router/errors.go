@@ -39,10 +39,21 @@ func classify(err error) error {
 	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.UnsupportedSaslMechanism),
 		errors.Is(err, kerr.IllegalSaslState), errors.Is(err, kerr.InvalidTransactionTimeout), certificateError(err):
 		return &ConfigError{err}
+	case saysFatal(err):
+		// A credential source that says so itself (a token endpoint that
+		// refused the client).
+		return &ConfigError{err}
 	case notKafka(err):
 		return &ConfigError{fmt.Errorf("a seed broker (kgo.SeedBrokers) did not answer as a Kafka broker: check the host and port (another service's port, or TLS on one side only?): %w", err)}
 	}
 	return err
+}
+
+// saysFatal reports an error in err's chain that says retrying cannot fix
+// it.
+func saysFatal(err error) bool {
+	var f interface{ Fatal() bool }
+	return errors.As(err, &f) && f.Fatal()
 }
 
 // notKafka reports a peer that answered, but not in the Kafka protocol:

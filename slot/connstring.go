@@ -121,11 +121,21 @@ func parseError(err error, conn string) error {
 		reason = quoted.ReplaceAllString(redactText(inner.Error(), conn), `"…"`)
 		reason = " (" + reason + ")"
 	}
+	if tlsFiles.MatchString(reason) {
+		// The string parses; a file it names does not load. The files
+		// are read at each connection: one rotated half-way or replaced
+		// by a broken pair shows here.
+		return setupErrorf("the TLS files that the PostgreSQL connection string (slot.SetupConfig.URL) names, sslrootcert, sslcert and sslkey, do not load%s: "+
+			"fix or replace them (a certificate with its own key, PEM); they are read again at each connection", reason)
+	}
 	return setupErrorf("the PostgreSQL connection string (slot.SetupConfig.URL) does not parse%s; it is not shown, as it may hold a password. "+
 		"Write postgres://user@host:port/database?sslmode=verify-full or key=value pairs (host=… user=… dbname=…), "+
 		"percent-encode reserved characters in a URL's password (%%23 for #, %%40 for @, %%3A for :, %%2F for /, %%3F for ?, %%25 for %%), "+
 		"or leave the password out and set PGPASSWORD or a passfile (~/.pgpass)", reason)
 }
+
+// tlsFiles matches pgconn's reasons for TLS files that do not load.
+var tlsFiles = regexp.MustCompile(`unable to (read CA file|add CA to cert pool|read sslkey|decrypt key|read cert|load cert)|failed to decode sslkey`)
 
 var quoted = regexp.MustCompile(`"[^"]*"|'[^']*'|` + "`[^`]*`")
 
@@ -297,5 +307,5 @@ func connectError(err error, conn string) error {
 	if mode, _ := SSLMode(conn); strings.Contains(err.Error(), "server refused TLS connection") && mode != "prefer" && mode != "allow" && mode != "disable" {
 		return setupErrorf("PostgreSQL at %s does not accept TLS, and sslmode=%s requires it (verify-full is walrelay's default when slot.SetupConfig.URL sets no sslmode): turn ssl on in the server, or, on a trusted network only, set sslmode=disable in slot.SetupConfig.URL", Redact(conn), mode)
 	}
-	return redactErr(err, conn)
+	return redactErr(passwordSourceHint(err), conn)
 }

@@ -98,12 +98,13 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	}
 	cfg.RuntimeParams["client_encoding"] = clientEncoding
 	cfg.AfterConnect = applySettings
+	usePasswordSource(&cfg.Config)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		if err := connectError(err, url); IsSetupError(err) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", Redact(url), redactErr(err, url))
+		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", Redact(url), redactErr(passwordSourceHint(err), url))
 	}
 	return conn, nil
 }

@@ -177,6 +177,7 @@ func ReplicationConfig(url string) (*pgconn.Config, error) {
 	cfg.RuntimeParams["bytea_output"] = "hex"
 	cfg.RuntimeParams["client_encoding"] = clientEncoding
 	cfg.AfterConnect = applySettings
+	usePasswordSource(cfg)
 	return cfg, nil
 }
 

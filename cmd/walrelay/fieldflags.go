@@ -77,6 +77,19 @@ var fieldFlags = map[string]string{
 	"snapshot.Config.Order":                  "--snapshot-order (walrelay snapshot: --order)",
 	"decoder.Mapping":                        "the matching --column-* or --header-column flag",
 	"kgo.SeedBrokers":                        "--brokers",
+	"kafkaauth.OAuth.TokenURL":               "--kafka-oauth-token-url",
+	"kafkaauth.OAuth.ClientID":               "--kafka-oauth-client-id",
+	"kafkaauth.OAuth.ClientSecret":           "--kafka-oauth-client-secret (or --kafka-oauth-client-secret-file)",
+	"kafkaauth.OAuth.Scopes":                 "--kafka-oauth-scope",
+	"kafkaauth.OAuth.Audience":               "--kafka-oauth-audience",
+	"kafkaauth.OAuth.Extensions":             "--kafka-oauth-extension",
+	"kafkaauth.OAuth.TokenFile":              "--kafka-oauth-token-file",
+	"kafkaauth.TLSFiles.CA":                  "--kafka-tls-ca",
+	"kafkaauth.TLSFiles.Cert":                "--kafka-tls-cert",
+	"kafkaauth.TLSFiles.Key":                 "--kafka-tls-key",
+	"pgauth.Command.Argv":                    "--pg-password-command",
+	"pgauth.RDSIAM.Region":                   "--pg-aws-region",
+	"pgauth.RDSIAM":                          "--pg-aws-iam",
 }
 
 // flagSpeaker rewrites field names into flags, the longest name first so

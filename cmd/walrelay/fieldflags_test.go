@@ -20,6 +20,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/kafkaauth"
+	"github.com/walrelay/walrelay/pgauth"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -28,18 +30,24 @@ import (
 
 // configTypes are the types whose fields the libraries name.
 var configTypes = map[string]reflect.Type{
-	"relay.Config":     reflect.TypeFor[relay.Config](),
-	"router.Config":    reflect.TypeFor[router.Config](),
-	"slot.SetupConfig": reflect.TypeFor[slot.SetupConfig](),
-	"slot.ReadOptions": reflect.TypeFor[slot.ReadOptions](),
-	"snapshot.Config":  reflect.TypeFor[snapshot.Config](),
-	"decoder.Mapping":  reflect.TypeFor[decoder.Mapping](),
+	"relay.Config":       reflect.TypeFor[relay.Config](),
+	"router.Config":      reflect.TypeFor[router.Config](),
+	"slot.SetupConfig":   reflect.TypeFor[slot.SetupConfig](),
+	"slot.ReadOptions":   reflect.TypeFor[slot.ReadOptions](),
+	"snapshot.Config":    reflect.TypeFor[snapshot.Config](),
+	"decoder.Mapping":    reflect.TypeFor[decoder.Mapping](),
+	"kafkaauth.OAuth":    reflect.TypeFor[kafkaauth.OAuth](),
+	"kafkaauth.TLSFiles": reflect.TypeFor[kafkaauth.TLSFiles](),
+	"kafkaauth.MSKIAM":   reflect.TypeFor[kafkaauth.MSKIAM](),
+	"pgauth.Command":     reflect.TypeFor[pgauth.Command](),
+	"pgauth.RDSIAM":      reflect.TypeFor[pgauth.RDSIAM](),
 }
 
 // unflagged are fields the libraries name that no flag sets: their names
 // stay as they are.
 var unflagged = map[string]string{
-	"relay.Config.BackoffMin": "the backoff starts at its default; only --backoff-max is a flag",
+	"relay.Config.BackoffMin":      "the backoff starts at its default; only --backoff-max is a flag",
+	"kafkaauth.OAuth.RefreshAfter": "walrelay refreshes at Kafka's default, 80% of a token's lifetime",
 }
 
 // realField reports whether name (relay.Config.Read.MaxMessageBytes,
@@ -150,14 +158,14 @@ func TestFieldFlags(t *testing.T) {
 }
 
 // fieldName is how a library names a field in a message.
-var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|snapshot|decoder|kgo)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
+var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|snapshot|decoder|kgo|kafkaauth|pgauth)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
 
 // libraryStrings calls f with each string literal of the libraries' code
 // (tests aside) and where it is.
 func libraryStrings(t *testing.T, f func(s, where string)) {
 	t.Helper()
 	var files []string
-	for _, dir := range []string{"relay", "router", "slot", "checkpoint", "snapshot", "decoder", "heartbeat", "deadletter"} {
+	for _, dir := range []string{"relay", "router", "slot", "checkpoint", "snapshot", "decoder", "heartbeat", "deadletter", "kafkaauth", "pgauth"} {
 		err := filepath.WalkDir(filepath.Join("../..", dir), func(path string, d fs.DirEntry, err error) error {
 			if err == nil && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
 				files = append(files, path)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/kafkaauth"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -237,7 +238,9 @@ func relayConfig(pgURL string, brokers []string, log *zap.Logger, groups ...flag
 	}
 	// The daemon's log carries the Kafka client's warnings; an embedder
 	// chooses its own (KafkaOptions).
-	cfg.KafkaOptions = append(cfg.KafkaOptions, kgo.WithLogger(kzap.New(log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))))
+	// A credential source that fails says so once; the client's line at
+	// each connection attempt is dropped (kafkaauth.QuietLogger).
+	cfg.KafkaOptions = append(cfg.KafkaOptions, kgo.WithLogger(kafkaauth.QuietLogger(kzap.New(log.Named("kafka"), kzap.Level(kgo.LogLevelWarn)))))
 	for _, g := range groups {
 		if err := g.apply(&cfg); err != nil {
 			return relay.Config{}, err

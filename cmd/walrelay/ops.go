@@ -27,7 +27,8 @@ type statusCmd struct {
 	RequireActive bool     `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
 	RecordSchema  string   `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from."`
 	StandbyURL    []string `name:"standby-url" placeholder:"URL" help:"URL of a standby of the primary (repeat the flag, or separate with commas; every node may be listed, a server that accepts writes is skipped): walrelay reads the slot's copy there, which the primary cannot see, and says the failover is protected only when every standby's copy is synchronized and current. Give it as WALRELAY_STANDBY_URL, passwords in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
-	Explain       bool     `help:"Name what holds the slot's restart_lsn and catalog_xmin back, most to blame first (the relay stopped, not streaming, waiting for Kafka or behind; open and prepared transactions; a quiet outbox without heartbeats), then what holds the cluster's WAL or xmin (other slots, standbys), each with its fix."`
+	PGAuthFlags   `embed:""`
+	Explain       bool `help:"Name what holds the slot's restart_lsn and catalog_xmin back, most to blame first (the relay stopped, not streaming, waiting for Kafka or behind; open and prepared transactions; a quiet outbox without heartbeats), then what holds the cluster's WAL or xmin (other slots, standbys), each with its fix."`
 	// The time the slot has left.
 	RateWindow    time.Duration `default:"1s" help:"When max_slot_wal_keep_size limits the slot, watch the server's WAL position this long to measure its WAL rate and the time left before invalidation; 0 skips it."`
 	PlannedOutage time.Duration `default:"${planned_outage}" help:"Warn when, at the measured WAL rate, max_slot_wal_keep_size would invalidate the slot sooner than this without a relay confirming, or idle_replication_slot_timeout is shorter; 0 disables."`
@@ -100,10 +101,18 @@ type slotCreation struct {
 	Fix        string `json:"fix"`
 }
 
-func (c *statusCmd) Run(ctx context.Context) error {
-	// status has no log: for people the warning goes to stderr, keeping
-	// stdout to the slot's figures; --json output, read by probes and
-	// scripts that often merge the streams, stays JSON alone.
+func (c *statusCmd) Run(ctx context.Context, lf *LogFlags) error {
+	log, err := lf.logger()
+	if err != nil {
+		return err
+	}
+	if err := c.PGAuthFlags.install(ctx, log); err != nil {
+		return err
+	}
+	// status logs only what a password source says: for people the TLS
+	// warning goes to stderr, keeping stdout to the slot's figures; --json
+	// output, read by probes and scripts that often merge the streams,
+	// stays JSON alone.
 	if w := slot.TLSWarning(c.PGURL); w != "" && !c.JSON {
 		fmt.Fprintln(os.Stderr, "walrelay: WARNING: "+w)
 	}
@@ -407,6 +416,7 @@ type setupCmd struct {
 	Table       []string `default:"${table}" help:"Outbox table, schema.table; repeatable."`
 	CreateTable bool     `help:"Create missing outbox tables with the printed DDL."`
 	ColumnFlags `embed:""`
+	PGAuthFlags `embed:""`
 
 	// What setup may accept of an existing publication, as for run.
 	AlterPublication bool   `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared)."`
@@ -431,6 +441,9 @@ func (c *setupCmd) Validate() error {
 func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 	log, err := lf.logger()
 	if err != nil {
+		return err
+	}
+	if err := c.PGAuthFlags.install(ctx, log); err != nil {
 		return err
 	}
 	warnPGTLS(log, c.PGURL)
@@ -534,6 +547,7 @@ type dropCmd struct {
 	DropPublication bool   `help:"Also drop the publication."`
 	Force           bool   `help:"Drop the slot even when it holds committed outbox rows not yet published (they are lost to the relay), or when they cannot be counted."`
 	RecordSchema    string `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from: the slot's record is removed with it, so the next start is a first start."`
+	PGAuthFlags     `embed:""`
 }
 
 // Validate refuses malformed flags before anything is connected.
@@ -546,6 +560,9 @@ const maxPeekChanges = 1_000_000
 func (c *dropCmd) Run(ctx context.Context, lf *LogFlags) error {
 	log, err := lf.logger()
 	if err != nil {
+		return err
+	}
+	if err := c.PGAuthFlags.install(ctx, log); err != nil {
 		return err
 	}
 	warnPGTLS(log, c.PGURL)

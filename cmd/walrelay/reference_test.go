@@ -20,9 +20,9 @@ import (
 
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/heartbeat"
-	"github.com/walrelay/walrelay/test/refdoc"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
+	"github.com/walrelay/walrelay/test/refdoc"
 )
 
 const refDir = "../../docs/reference/"

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"runtime/pprof"
@@ -28,6 +27,7 @@ type runCmd struct {
 	CPUProfile    string   `placeholder:"FILE" help:"Write a CPU profile (go tool pprof) to FILE until exit, for diagnosing performance."`
 
 	KafkaFlags    `embed:""`
+	PGAuthFlags   `embed:""`
 	SourceFlags   `embed:""`
 	RecordFlags   `embed:""`
 	TuningFlags   `embed:""`
@@ -47,6 +47,9 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return err
 	}
 	defer log.Sync()
+	if err := c.PGAuthFlags.install(ctx, log); err != nil {
+		return err
+	}
 	if c.CPUProfile != "" {
 		f, err := os.Create(c.CPUProfile)
 		if err != nil {
@@ -89,11 +92,7 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		log.Warn(w)
 	}
 	if err := r.Run(ctx); err != nil {
-		if c.KafkaSASLMechanism != "" && closedByBroker(err) {
-			// Some brokers close the connection instead of answering a
-			// failed authentication.
-			err = fmt.Errorf("%w (the broker closed the connection: check the --kafka-sasl-* credentials and mechanism)", err)
-		}
+		err = c.KafkaFlags.explain(err)
 		log.Error("walrelay stopped", zap.Error(err))
 		if errors.Is(err, router.ErrFenced) {
 			return &exitError{code: exitFenced, err: err}
@@ -114,7 +113,7 @@ func (c *runCmd) config(log *zap.Logger) (relay.Config, error) {
 	if err != nil {
 		return relay.Config{}, err
 	}
-	kopts, err := c.KafkaFlags.options()
+	kopts, err := c.KafkaFlags.options(log)
 	if err != nil {
 		return relay.Config{}, err
 	}

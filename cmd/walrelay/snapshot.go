@@ -23,6 +23,7 @@ type snapshotCmd struct {
 	Order   string   `placeholder:"SQL" help:"SQL ORDER BY list (e.g. 'created_at, id'); empty for the table's primary key."`
 
 	KafkaFlags  `embed:""`
+	PGAuthFlags `embed:""`
 	RecordFlags `embed:""`
 }
 
@@ -41,6 +42,9 @@ func (c *snapshotCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return err
 	}
 	defer log.Sync()
+	if err := c.PGAuthFlags.install(ctx, log); err != nil {
+		return err
+	}
 	warnPGTLS(log, c.PGURL)
 	// Up to PublishSnapshot only the configuration is checked: its errors
 	// are malformed flags.
@@ -51,7 +55,7 @@ func (c *snapshotCmd) Run(ctx context.Context, lf *LogFlags) error {
 	if cfg.Tables, err = parseTables(c.Table); err != nil {
 		return usageError(err)
 	}
-	kopts, err := c.KafkaFlags.options()
+	kopts, err := c.KafkaFlags.options(log)
 	if err != nil {
 		return usageError(err)
 	}

@@ -75,6 +75,9 @@ var chartCases = []chartCase{
 	{
 		name: "at-least-once", values: "ci/at-least-once-values.yaml", delivery: "at-least-once",
 		wantKinds: []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "PrometheusRule", "Service", "ServiceAccount", "ServiceMonitor"},
+	}, {
+		name: "cloud", values: "ci/cloud-values.yaml", delivery: "at-least-once",
+		wantKinds: []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"},
 	},
 }
 
@@ -302,8 +305,10 @@ func envOf(c *corev1.Container, name string) (corev1.EnvVar, bool) {
 	return corev1.EnvVar{}, false
 }
 
-// secretEnv are variables that may only come from a Secret.
-var secretEnv = regexp.MustCompile(`PG_URL|PASSWORD|SECRET|TOKEN|PGPASS$`)
+// secretEnv are variables that may only come from a Secret: those that
+// hold one (the ones naming where one is, a _FILE, _URL or _COMMAND, may be
+// plain).
+var secretEnv = regexp.MustCompile(`(PG_URL|PASSWORD|SECRET|TOKEN|PGPASS)$`)
 
 func checkDeployment(t *testing.T, d *appsv1.Deployment, cc chartCase, envVars map[string]bool) {
 	t.Helper()

@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/walrelay/walrelay/test/debezium"
 	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/test/debezium"
 	"github.com/walrelay/walrelay/test/kafkacluster"
 )
 

@@ -14,8 +14,8 @@ import (
 
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
-	"github.com/walrelay/walrelay/test/kafkacluster"
 	"github.com/walrelay/walrelay/relay"
+	"github.com/walrelay/walrelay/test/kafkacluster"
 )
 
 // The relay's SCRAM user on the authorizing broker of TestKafkaACL.

@@ -27,15 +27,20 @@ import (
 	"github.com/walrelay/walrelay/test/kafkacluster"
 )
 
-// apacheOptions configures the package's Apache Kafka node: SCRAM and TLS
-// listeners for the tests of authentication; a transaction timeout
+// apacheOptions configures the package's Apache Kafka node: SCRAM, TLS and
+// OAUTHBEARER listeners for the tests of authentication; a transaction timeout
 // enforced within half a second and a log cleaner that looks every half
 // second, so that the tests of both need not wait for the defaults (10s
 // and 15s).
 func apacheOptions() kafkacluster.Options {
+	iss := testIssuer()
 	return kafkacluster.Options{
 		SCRAM: true,
 		TLS:   &kafkacluster.TLS{},
+		// An OAUTHBEARER listener trusting the test's issuer; sessions
+		// end at their token's expiry, so a client that does not
+		// re-authenticate with a new token loses its connections.
+		OAuth: &kafkacluster.OAuth{JWKSURL: iss.jwksURL(), Issuer: iss.url(), Audience: oidcAudience, MaxReauth: time.Hour},
 		Settings: map[string]string{
 			"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500",
 			"log.cleaner.backoff.ms": "500",

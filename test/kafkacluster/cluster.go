@@ -56,6 +56,11 @@ type Options struct {
 	// Admin, the tests' own clients), is a super user; the SCRAM users of
 	// the SASL listener need ACLs (kadm's CreateACLs, DeleteACLs).
 	Authorizer bool
+	// OAuth, when set, adds a SASL_PLAINTEXT listener named OAUTH
+	// (OAuthAddrs) accepting OAUTHBEARER tokens that Kafka's own OIDC
+	// validator (OAuthBearerValidatorCallbackHandler) checks against a
+	// JWKS URL.
+	OAuth *OAuth
 	// HeapMB is each node's maximum Java heap (default 512).
 	HeapMB int
 	// Dir holds the nodes' data and logs; empty makes a temporary one,
@@ -65,6 +70,23 @@ type Options struct {
 	// StartTimeout bounds the wait for every node to answer (default 3m:
 	// the JVMs start slowly on a loaded machine).
 	StartTimeout time.Duration
+}
+
+// OAuth configures the OAUTHBEARER listener.
+type OAuth struct {
+	// JWKSURL serves the issuer's signing keys
+	// (sasl.oauthbearer.jwks.endpoint.url); it is also the allowed URL
+	// (org.apache.kafka.sasl.oauthbearer.allowed.urls, which Kafka 4
+	// requires).
+	JWKSURL string
+	// Issuer and Audience are what the tokens' iss and aud must be.
+	Issuer, Audience string
+	// MaxReauth is the broker's connections.max.reauth.ms (so every SASL
+	// listener's, SCRAM's too): a session
+	// ends at its token's expiry (or after this), and a client must
+	// re-authenticate on the connection before then (KIP-368) or have it
+	// closed. 0 leaves sessions unbounded.
+	MaxReauth time.Duration
 }
 
 // TLS configures the SSL listener.
@@ -99,6 +121,7 @@ type Node struct {
 	ControllerPort int
 	SASLPort       int // SASL_PLAINTEXT listener, 0 without Options.SCRAM
 	TLSPort        int // SSL listener, 0 without Options.TLS
+	OAuthPort      int // OAUTH (SASL_PLAINTEXT, OAUTHBEARER) listener, 0 without Options.OAuth
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -146,6 +169,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if opts.TLS != nil {
 		perNode++
 	}
+	if opts.OAuth != nil {
+		perNode++
+	}
 	ports, err := freePorts(perNode * opts.Nodes)
 	if err != nil {
 		return nil, err
@@ -158,7 +184,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			n.SASLPort, p = p[0], p[1:]
 		}
 		if opts.TLS != nil {
-			n.TLSPort = p[0]
+			n.TLSPort, p = p[0], p[1:]
+		}
+		if opts.OAuth != nil {
+			n.OAuthPort = p[0]
 		}
 		if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 			return nil, err
@@ -222,6 +251,11 @@ func (c *Cluster) Addrs() []string {
 // SASLAddrs are the SASL_PLAINTEXT (SCRAM) listeners' addresses.
 func (c *Cluster) SASLAddrs() []string {
 	return c.addrs(func(n *Node) int { return n.SASLPort })
+}
+
+// OAuthAddrs are the OAUTHBEARER listeners' addresses.
+func (c *Cluster) OAuthAddrs() []string {
+	return c.addrs(func(n *Node) int { return n.OAuthPort })
 }
 
 // TLSAddrs are the SSL listeners' addresses.
@@ -432,6 +466,10 @@ func (c *Cluster) properties(n *Node) (string, error) {
 		listeners = append(listeners, fmt.Sprintf("SSL://127.0.0.1:%d", n.TLSPort))
 		protocols = append(protocols, "SSL:SSL")
 	}
+	if n.OAuthPort != 0 {
+		listeners = append(listeners, fmt.Sprintf("OAUTH://127.0.0.1:%d", n.OAuthPort))
+		protocols = append(protocols, "OAUTH:SASL_PLAINTEXT")
+	}
 	p := map[string]string{
 		"process.roles":                    "broker,controller",
 		"node.id":                          strconv.Itoa(n.ID),
@@ -471,6 +509,23 @@ func (c *Cluster) properties(n *Node) (string, error) {
 		p["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 		p["super.users"] = "User:ANONYMOUS"
 		p["allow.everyone.if.no.acl.found"] = "false"
+	}
+	if o := c.opts.OAuth; o != nil {
+		const l = "listener.name.oauth."
+		p[l+"sasl.enabled.mechanisms"] = "OAUTHBEARER"
+		p[l+"oauthbearer.sasl.jaas.config"] = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
+		p[l+"oauthbearer.sasl.server.callback.handler.class"] = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+		p["sasl.oauthbearer.jwks.endpoint.url"] = o.JWKSURL
+		p["sasl.oauthbearer.expected.issuer"] = o.Issuer
+		p["sasl.oauthbearer.expected.audience"] = o.Audience
+		// A token is refused from the second it expires, not 30s later:
+		// the tests see refreshes at the token's lifetime.
+		p["sasl.oauthbearer.clock.skew.seconds"] = "0"
+		if o.MaxReauth > 0 {
+			// The broker-wide setting: the listener-prefixed one is not
+			// read for this listener (the server log shows 0 then).
+			p["connections.max.reauth.ms"] = strconv.FormatInt(o.MaxReauth.Milliseconds(), 10)
+		}
 	}
 	if t := c.opts.TLS; t != nil {
 		var chain []byte
@@ -533,8 +588,11 @@ func (c *Cluster) launch(n *Node) error {
 	cmd := exec.Command("java",
 		fmt.Sprintf("-Xms%dm", c.opts.HeapMB/2), fmt.Sprintf("-Xmx%dm", c.opts.HeapMB),
 		"-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-		"-Dlog4j2.configurationFile="+c.log4jFile(), "-Dkafka.logs.dir="+n.Dir,
-		"-cp", c.cp, "kafka.Kafka", n.propsFile())
+		"-Dlog4j2.configurationFile="+c.log4jFile(), "-Dkafka.logs.dir="+n.Dir)
+	if o := c.opts.OAuth; o != nil {
+		cmd.Args = append(cmd.Args, "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls="+o.JWKSURL)
+	}
+	cmd.Args = append(cmd.Args, "-cp", c.cp, "kafka.Kafka", n.propsFile())
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -70,7 +70,7 @@ them is a typo (kong would ignore its variable). deploy/check/chart_test.go
 compares the list with `walrelay run --help`.
 */}}
 {{- define "walrelay.runFlags" -}}
-allow-row-filter alter-publication backoff-max binary brokers checkpoint-topic column-aggregate-id column-aggregate-type column-id column-payload column-type compression confirm-delay cpu-profile create-publication create-slot create-topics dead-letter-topic delivery failover-slot header-column header-id header-type heartbeat-interval heartbeat-query heartbeat-topic idle-advance kafka-sasl-allow-plaintext kafka-sasl-mechanism kafka-sasl-password kafka-sasl-user kafka-tls kafka-tls-ca kafka-tls-cert kafka-tls-insecure-skip-verify kafka-tls-key kafka-tls-server-name linger log-format log-level max-inflight-bytes max-inflight-events max-message-bytes max-record-bytes max-topics max-topic-series metrics-addr on-invalid pg-url planned-outage preset publication ready-max-lag read-buffer-bytes read-coalesce receive-timeout record-schema shutdown-timeout slot slot-poll-interval snapshot snapshot-order snapshot-where socket-receive-buffer-bytes startup-timeout status-interval table topic-allow topic-partitions topic-replication-factor topic-template transactional-id txn-max-events txn-max-interval txn-min-interval txn-timeout web-config-file
+allow-row-filter alter-publication backoff-max binary brokers checkpoint-topic column-aggregate-id column-aggregate-type column-id column-payload column-type compression confirm-delay cpu-profile create-publication create-slot create-topics dead-letter-topic delivery failover-slot header-column header-id header-type heartbeat-interval heartbeat-query heartbeat-topic idle-advance kafka-aws-region kafka-oauth-audience kafka-oauth-client-id kafka-oauth-client-secret kafka-oauth-client-secret-file kafka-oauth-extension kafka-oauth-scope kafka-oauth-token-file kafka-oauth-token-url kafka-sasl-allow-plaintext kafka-sasl-mechanism kafka-sasl-password kafka-sasl-user kafka-tls kafka-tls-ca kafka-tls-cert kafka-tls-insecure-skip-verify kafka-tls-key kafka-tls-server-name linger log-format log-level max-inflight-bytes max-inflight-events max-message-bytes max-record-bytes max-topics max-topic-series metrics-addr on-invalid pg-aws-iam pg-aws-region pg-password-command pg-url planned-outage preset publication ready-max-lag read-buffer-bytes read-coalesce receive-timeout record-schema shutdown-timeout slot slot-poll-interval snapshot snapshot-order snapshot-where socket-receive-buffer-bytes standby-url startup-timeout status-interval table topic-allow topic-partitions topic-replication-factor topic-template transactional-id txn-max-events txn-max-interval txn-min-interval txn-timeout web-config-file
 {{- end }}
 
 {{/*
@@ -78,7 +78,17 @@ walrelay.ownFlags are the flags other values set (or that carry secrets):
 `config` refuses them, so each has one place.
 */}}
 {{- define "walrelay.ownFlags" -}}
-pg-url brokers metrics-addr slot publication table create-slot delivery transactional-id checkpoint-topic shutdown-timeout kafka-tls kafka-tls-ca kafka-tls-cert kafka-tls-key kafka-tls-server-name kafka-sasl-mechanism kafka-sasl-user kafka-sasl-password cpu-profile
+pg-url brokers metrics-addr slot publication table create-slot delivery transactional-id checkpoint-topic shutdown-timeout kafka-tls kafka-tls-ca kafka-tls-cert kafka-tls-key kafka-tls-server-name kafka-sasl-mechanism kafka-sasl-user kafka-sasl-password kafka-aws-region kafka-oauth-token-url kafka-oauth-client-id kafka-oauth-client-secret kafka-oauth-client-secret-file kafka-oauth-scope kafka-oauth-audience kafka-oauth-extension kafka-oauth-token-file pg-password-command pg-aws-iam pg-aws-region cpu-profile
+{{- end }}
+
+{{/*
+walrelay.extensions is kafka.sasl.oauth.extensions as the flag's
+KEY=VALUE list, comma-separated, in key order.
+*/}}
+{{- define "walrelay.extensions" -}}
+{{- $kv := list }}
+{{- range $k, $v := . }}{{ $kv = append $kv (printf "%s=%s" $k $v) }}{{ end }}
+{{- join "," $kv }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,176 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// hbaFile is a pg_hba.conf of lines, in a directory the server (run as
+// postgres) can read.
+func hbaFile(t *testing.T, lines ...string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "walrelay-hba-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hba := filepath.Join(dir, "pg_hba.conf")
+	if err := os.WriteFile(hba, []byte(strings.Join(append(lines, ""), "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return hba
+}
+
+// TestPGPasswordCommand runs the relay binary as a role that must give its
+// password (SCRAM), with the URL holding none and --pg-password-command
+// printing it from a file the test rewrites, while rows are written:
+//
+//   - the role's password changes and the command's answer with it, the
+//     role's backends are ended: the relay reconnects with the new one;
+//   - the password changes but the command still prints the old one (a
+//     stale source): the reconnections are refused, each restart naming
+//     --pg-password-command, until the command catches up;
+//   - the command fails: one WARN naming it while it fails (whatever the
+//     number of retries), then the relay carries on once it answers.
+//
+// No row is lost, every connection (replication, record, heartbeat, slot
+// polling, status) authenticates through the command, and no password
+// appears in the output. A relay whose command fails from the start exits
+// 2 after --startup-timeout with one line naming it.
+func TestPGPasswordCommand(t *testing.T) {
+	hba := hbaFile(t,
+		"local all all trust",
+		"host all walrelay_cmd 127.0.0.1/32 scram-sha-256",
+		"host all all 127.0.0.1/32 trust",
+		"host replication all 127.0.0.1/32 trust",
+	)
+	e, pg := newClusterEnv(t, map[string]string{"hba_file": "'" + hba + "'"})
+	pws := []string{"Pw-one-4711", "Pw-two-0815", "Pw-three-1234"}
+	e.exec(fmt.Sprintf("CREATE ROLE walrelay_cmd LOGIN SUPERUSER PASSWORD '%s'", pws[0]))
+	dir := t.TempDir()
+	pwFile, failFile, runs := filepath.Join(dir, "pw"), filepath.Join(dir, "fail"), filepath.Join(dir, "runs")
+	script := filepath.Join(dir, "get-password")
+	if err := os.WriteFile(script, []byte(fmt.Sprintf("#!/bin/sh\necho \"$PGUSER@$PGHOST:$PGPORT\" >> %s\n[ -e %s ] && exit 1\nexec cat %s\n", runs, failFile, pwFile)), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	answer := func(pw string) {
+		if err := os.WriteFile(pwFile, []byte(pw+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answer(pws[0])
+	url := fmt.Sprintf("postgres://walrelay_cmd@127.0.0.1:%d/%s?sslmode=disable", pg.Port, e.name)
+	env := []string{"PGPASSFILE=" + filepath.Join(dir, "no-passfile"), "PGPASSWORD="}
+	args := append(withFlag(e.args(), "--pg-url", url), "--pg-password-command", script, "--heartbeat-interval", "1s")
+	c := e.consume()
+	p := startProc(t, env, args...)
+	e.waitSlotActive(p)
+
+	kick := func() {
+		t.Helper()
+		e.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'walrelay_cmd'`)
+	}
+	setPassword := func(pw string) { e.exec(fmt.Sprintf("ALTER ROLE walrelay_cmd PASSWORD '%s'", pw)) }
+	restarts := func() int { return strings.Count(p.out.String(), "relay restarting") }
+	wr := e.startWriters(2, 0, 400, 20*time.Millisecond)
+
+	// 1. Rotated: the source answers the new password.
+	setPassword(pws[1])
+	answer(pws[1])
+	before := restarts()
+	kick()
+	e.waitFor("a restart after the backends ended", 30*time.Second, func() (bool, error) { return restarts() > before, nil })
+	e.waitSlotActive(p)
+
+	// 2. Stale: the role has a new password, the source the old one.
+	setPassword(pws[2])
+	before = restarts()
+	kick()
+	e.waitFor("reconnections refused with the stale password", 30*time.Second, func() (bool, error) {
+		return restarts() >= before+2, nil
+	})
+	if !strings.Contains(p.out.String(), "the password came from --pg-password-command") {
+		t.Errorf("the refusals do not name the source:\n%s", lastLines(p.out.String(), 3))
+	}
+	answer(pws[2])
+	e.waitSlotActive(p)
+
+	// 3. Failing: the command exits 1.
+	if err := os.WriteFile(failFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before = restarts()
+	kick()
+	e.waitFor("retries while the command fails", 30*time.Second, func() (bool, error) { return restarts() >= before+3, nil })
+	warns := 0
+	for _, l := range strings.Split(p.out.String(), "\n") {
+		if strings.Contains(l, "no PostgreSQL password from its source") {
+			warns++
+			if !strings.Contains(l, "--pg-password-command") || !strings.Contains(l, `"level":"warn"`) {
+				t.Errorf("the WARN does not name the source: %s", l)
+			}
+		}
+	}
+	if warns != 1 {
+		t.Errorf("%d WARN lines for a command failing through %d retries, want 1", warns, restarts()-before)
+	}
+	os.Remove(failFile)
+	e.waitSlotActive(p)
+
+	wr.wait(t)
+	conn := e.conn()
+	want, total := committedRows(t, e, conn)
+	recs := waitAllIDs(c, want, 2*time.Minute)
+	checkDelivered(t, recs, want, nil)
+	if lost := total - len(distinctIDs(recs)); lost != 0 {
+		t.Errorf("%d of %d rows lost", lost, total)
+	}
+	checkRunning(t, p, "the relay")
+
+	// Every connection of the relay authenticated with the command's
+	// answer (the role's only way in): the replication connection among
+	// them, and more connections than one.
+	var repl int
+	if err := conn.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'walrelay_cmd' AND backend_type = 'walsender'`).Scan(&repl); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(runs)
+	if repl != 1 || strings.Count(string(b), "walrelay_cmd@127.0.0.1:") < 6 {
+		t.Errorf("%d walsenders of walrelay_cmd, command run %d times (for %q)", repl, strings.Count(string(b), "\n"), firstLine(string(b)))
+	}
+	st := e.runCLI(60*time.Second, env, "status", "--pg-url", url, "--slot", e.name, "--pg-password-command", script)
+	if st.code != 0 {
+		t.Errorf("status with --pg-password-command: exit %d", st.code)
+	}
+	for _, pw := range pws {
+		if strings.Contains(p.out.String(), pw) || strings.Contains(st.output(), pw) {
+			t.Errorf("a password appears in the output")
+		}
+	}
+
+	t.Run("failing from the start", func(t *testing.T) {
+		if err := os.WriteFile(failFile, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := e.runCLI(90*time.Second, env, withFlag(withFlag(args, "--startup-timeout", "5s"), "--slot", e.name+"_x")...)
+		last := lastLines(r.output(), 1)
+		if r.code != 2 || !strings.Contains(last, "--pg-password-command") || !strings.Contains(last, "--startup-timeout") {
+			t.Errorf("exit %d, last line %s; want 2 naming --pg-password-command and --startup-timeout", r.code, last)
+		}
+		if n := strings.Count(r.output(), "no PostgreSQL password from its source"); n != 1 {
+			t.Errorf("%d WARN lines, want 1", n)
+		}
+	})
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
