@@ -144,7 +144,7 @@ func TestConfirmerInterleavings(t *testing.T) {
 		begin        decoder.LSN // a position after everything before it
 		added, acked int
 		committed    bool
-		beganAt, idx int
+		idx          int
 	}
 	for seed := range uint64(300) {
 		rng := rand.New(rand.NewPCG(seed, 7))
