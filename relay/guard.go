@@ -409,33 +409,28 @@ func (g *guard) streamed(tl int32, start decoder.LSN) {
 }
 
 // startPosition is where the next stream starts: the later of what this
-// process confirmed and the slot's confirmed_flush_lsn. It also returns the
-// server's version number.
-func (g *guard) startPosition(ctx context.Context) (decoder.LSN, int, error) {
+// process confirmed and the slot's confirmed_flush_lsn.
+func (g *guard) startPosition(ctx context.Context) (decoder.LSN, error) {
 	conn, err := slot.Connect(ctx, g.cfg.PGURL)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer conn.Close(context.Background())
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		return 0, 0, fmt.Errorf("read server version: %w", err)
-	}
 	info, err := slot.ReadInfo(ctx, conn, g.cfg.Slot)
 	switch {
 	case errors.Is(err, slot.ErrNoSlot) && g.slotSeen:
 		gap := &slot.GapError{What: fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (by an operator, or lost in a failover: only a failover slot synchronized to the promoted standby survives one, PostgreSQL 17+)", g.cfg.Slot),
 			Since: g.progress.Confirmed()}
 		g.refuse(ctx, conn, gap)
-		return 0, 0, gap
+		return 0, gap
 	case errors.Is(err, slot.ErrNoSlot):
-		return 0, 0, &fatalError{fmt.Errorf("replication slot %q does not exist", g.cfg.Slot)}
+		return 0, &fatalError{fmt.Errorf("replication slot %q does not exist", g.cfg.Slot)}
 	case err != nil:
-		return 0, 0, err
+		return 0, err
 	case info.Invalidated():
 		gap := slot.ReadInvalidatedError(ctx, conn, info, g.progress.Confirmed())
 		g.refuse(ctx, conn, gap)
-		return 0, 0, gap
+		return 0, gap
 	}
 	recordSlot(g.metrics, info)
 	failover := false
@@ -448,7 +443,7 @@ func (g *guard) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 		// relay last confirmed, on whichever server was primary then.
 		g.resendWarned = g.warnResend(info, g.record.ConfirmedLSN, "what walrelay recorded as confirmed (its record, "+g.cfg.RecordSchema+".slots, which physical replication copies from the old primary)", false)
 	}
-	return g.progress.Resume(info.ConfirmedLSN, g.clearance, failover), version, nil
+	return g.progress.Resume(info.ConfirmedLSN, g.clearance, failover), nil
 }
 
 // warnResend warns when the slot's confirmed position is behind a position

@@ -28,7 +28,7 @@ var errSlotBusy = errors.New("replication slot is in use by another process")
 // session streams until the connection breaks, Kafka refuses a record, or
 // ctx ends; then it drains acks and confirms what it can.
 func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
-	start, version, err := r.guard.startPosition(ctx)
+	start, err := r.guard.startPosition(ctx)
 	if err != nil {
 		return err
 	}
@@ -36,9 +36,6 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	// the slot busy waits as a standby without fencing the active one.
 	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
-		// Heartbeat messages come through the stream as markers (pgoutput
-		// sends logical decoding messages from PostgreSQL 14 on).
-		Messages: version >= 140000,
 		Read:     r.cfg.Read,
 		// Another relay on the same publication sees the topics from it.
 		TopicTemplate: r.cfg.Router.TopicTemplate,

@@ -1,8 +1,9 @@
 package router
 
 // deadletter.go: what the producer does with an invalid event. Package
-// deadletter says why an event is invalid and builds its dead-letter
-// record; here the on-invalid policy is applied (fail, skip or
+// letter (router/internal/letter) says why an event is invalid and builds
+// its dead-letter record, with package deadletter's reasons and headers;
+// here the on-invalid policy is applied (fail, skip or
 // dead-letter, with the log line and the metric), and the dead letter is
 // produced in the event's place: it takes over the event's acker, its
 // slot in the in-flight gate and, with exactly-once delivery, its place

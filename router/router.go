@@ -8,10 +8,12 @@
 //
 // Ordering and acknowledgement: the producer is idempotent with acks=all;
 // records of one partition are written in the order Send was called, across
-// retries. Each record's fate is reported to the Acker given to Send, on the
-// producer's promise goroutine: Ack once Kafka has it, or the router's fatal
-// handler when Kafka refused it for good (the caller then restarts from the
-// last confirmed position: duplicates, never loss).
+// retries. Each record's fate is reported to the Acker given to Send: Ack
+// once Kafka has it (on the producer's promise goroutine; with a
+// TransactionalID, only once its Kafka transaction committed, in
+// Txn.Commit), or the router's fatal handler when Kafka refused it for
+// good (the caller then restarts from the last confirmed position:
+// duplicates, never loss).
 //
 // Invalid events (no aggregate type, a topic name Kafka rejects, a topic
 // outside the allowlist or past the topic limit, a topic that does not
@@ -23,14 +25,15 @@
 // events' fault: the router holds them until an ACL allows them
 // (denied.go).
 //
-// The router routes and produces; it asks two packages for answers.
+// The router routes and produces; it asks three packages for answers.
 // Package topics says what a topic accepts (the name an aggregate type
 // makes, the allowlist and bounds, creation, the size limit); the router
 // keeps one cache entry per destination (topic.go) and prepares new ones
 // in the background (create.go) so that Send need not wait. Package
-// deadletter says why an event is invalid and builds its dead letter; the
-// router applies the on-invalid policy and produces the dead letter in the
-// event's place (deadletter.go).
+// letter says why an event is invalid and builds its dead letter, with
+// the reasons and headers of package deadletter (the contract consumers
+// read); the router applies the on-invalid policy and produces the dead
+// letter in the event's place (deadletter.go).
 //
 // Send never blocks: when the producer buffer is full, or a new topic is
 // being created, it returns a channel to wait on (so the caller can keep
@@ -59,10 +62,11 @@ import (
 	"github.com/walrelay/walrelay/router/internal/topics"
 )
 
-// Acker is the transaction a record belongs to; *checkpoint.Txn is one. Add
+// Acker is the transaction a record belongs to; *confirm.Txn is one. Add
 // is called once per record before it is handed to the producer, Ack once
-// Kafka has acknowledged it (on the promise goroutine). A record Kafka
-// refuses is never acked.
+// Kafka has acknowledged it (on the promise goroutine; with a
+// TransactionalID, in Txn.Commit once the Kafka transaction committed). A
+// record Kafka refuses is never acked.
 type Acker interface {
 	Add()
 	Ack()

@@ -25,9 +25,6 @@ type StreamOptions struct {
 	// Binary asks pgoutput for binary values where a type supports it
 	// (PostgreSQL 14+): less work for the walsender.
 	Binary bool
-	// Messages asks pgoutput for logical decoding messages (PostgreSQL
-	// 14+), which carry walrelay's heartbeats.
-	Messages bool
 	// Read tunes how the socket is read.
 	Read ReadOptions
 	// TopicTemplate, when set, tags the connection's application_name
@@ -104,14 +101,15 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 	s.SenderTimeout = senderTimeout(ctx, conn)
 	args := []string{
 		"proto_version '1'",
+		// Logical decoding messages carry walrelay's heartbeats: markers
+		// of the confirmed position (PostgreSQL 14+, all walrelay runs on).
+		"messages 'true'",
 		"publication_names " + quoteLiteral(quoteIdent(opts.Publication)),
 	}
 	if opts.Binary {
 		args = append(args, "binary 'true'")
 	}
-	if opts.Messages {
-		args = append(args, "messages 'true'")
-	}
+
 	err = pglogrepl.StartReplication(ctx, conn, opts.Slot, start, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: args,
