@@ -15,8 +15,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // walStatuses are the values pg_replication_slots.wal_status takes.
@@ -27,7 +29,7 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 // its missing WAL cannot be streamed, and recreating it would skip events.
 // It also moves the record's confirmed position forward, so that a
 // refusal after a failover names a recent one; reads what holds the slot
-// (slot.Facts) for the metrics; names its connection after what the relay
+// (doctor.Facts) for the metrics; names its connection after what the relay
 // does, for walrelay status --explain; and warns once, when it first
 // knows, that a setting of the server could invalidate the slot during a
 // relay outage of PlannedOutage.
@@ -61,18 +63,18 @@ func (r *Relay) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 			case err == nil:
 				r.recordSlot(info)
 				if info.Invalidated() {
-					gap := slot.ReadInvalidatedError(ctx, conn, info, r.Confirmed())
+					gap := doctor.ReadInvalidatedError(ctx, conn, info, r.Confirmed())
 					r.refuse(ctx, conn, gap)
 					stop(gap)
 					return
 				}
 				r.nameWatch(ctx, conn, w, info)
 				r.recordFacts(ctx, conn, w, info)
-				if f, err := slot.ReadFailover(ctx, conn, info, r.cfg.StandbyURLs); err == nil {
+				if f, err := doctor.ReadFailover(ctx, conn, info, r.cfg.StandbyURLs); err == nil {
 					r.recordFailover(f)
 				}
 				if c := r.Confirmed(); c > recorded {
-					if after, err := slot.RecordConfirmed(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, c); err != nil {
+					if after, err := source.RecordConfirmed(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, c); err != nil {
 						if ctx.Err() == nil {
 							r.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
 						}
@@ -134,34 +136,34 @@ func (w *slotWatch) rate(info slot.Info) (float64, bool) {
 }
 
 // relayState is what the relay does, in the words status reads back from
-// the watch connection's name (slot.Relay*).
+// the watch connection's name (doctor.Relay*).
 func (r *Relay) relayState(info slot.Info, w *slotWatch) string {
 	rt := r.router.Load()
 	if !r.Streaming() {
 		switch {
 		case info.Active:
-			return slot.RelayStandby
+			return doctor.RelayStandby
 		case !r.everStreamed.Load():
-			return slot.RelayStarting
+			return doctor.RelayStarting
 		case rt == nil:
-			return slot.RelayConnectingKafka
+			return doctor.RelayConnectingKafka
 		default:
-			return slot.RelayRestarting
+			return doctor.RelayRestarting
 		}
 	}
 	if rt == nil {
-		return slot.RelayStreaming
+		return doctor.RelayStreaming
 	}
 	acks := sumCounter(r.metrics.EventsPublished) + sumCounter(r.metrics.EventsDeadLettered)
 	stuck := w.acksSeen && acks == w.acks
 	w.acks, w.acksSeen = acks, true
 	switch n := rt.Inflight(); {
 	case n >= r.cfg.Router.MaxInflightEvents:
-		return slot.RelayBackpressure
+		return doctor.RelayBackpressure
 	case n > 0 && stuck:
-		return slot.RelayWaitingForKafka
+		return doctor.RelayWaitingForKafka
 	}
-	return slot.RelayStreaming
+	return doctor.RelayStreaming
 }
 
 // sumCounter adds up a counter vector's series.
@@ -203,7 +205,7 @@ func (r *Relay) nameWatch(ctx context.Context, conn *pgx.Conn, w *slotWatch, inf
 	if !w.nameable || state == w.named {
 		return
 	}
-	if err := nameConn(ctx, conn, slot.RelayAppName(r.cfg.Slot, state)); err == nil {
+	if err := nameConn(ctx, conn, doctor.RelayAppName(r.cfg.Slot, state)); err == nil {
 		w.named = state
 	}
 }
@@ -232,7 +234,7 @@ func (r *Relay) recordFacts(ctx context.Context, conn *pgx.Conn, w *slotWatch, i
 	if info.CatalogXminAge != nil {
 		m.SlotCatalogXminAge.Set(float64(*info.CatalogXminAge))
 	}
-	f, err := slot.ReadFacts(ctx, conn, info)
+	f, err := doctor.ReadFacts(ctx, conn, info)
 	if err != nil {
 		if ctx.Err() == nil && !w.warnedFacts {
 			w.warnedFacts = true
@@ -277,7 +279,7 @@ func (r *Relay) recordFacts(ctx context.Context, conn *pgx.Conn, w *slotWatch, i
 // max_slot_wal_keep_size (at the WAL rate measured) would invalidate the
 // slot during a relay outage of PlannedOutage: the slot would be lost,
 // and events with it, before the relay is back.
-func (r *Relay) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, rate float64, known bool) {
+func (r *Relay) warnOutage(w *slotWatch, s doctor.Settings, info slot.Info, rate float64, known bool) {
 	plan := r.cfg.PlannedOutage
 	if plan <= 0 {
 		return
@@ -285,7 +287,7 @@ func (r *Relay) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, rate f
 	if d := s.IdleSlotTimeoutDur; d > 0 && d < plan && !w.warnedIdle {
 		w.warnedIdle = true
 		r.log.Warn(fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay has streamed from it that long, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage the slot and the events it holds are lost. Set idle_replication_slot_timeout to 0 or above %s (ALTER SYSTEM SET idle_replication_slot_timeout = ...; SELECT pg_reload_conf())",
-			s.IdleSlotTimeout, slot.DurationText(plan), slot.DurationText(plan)), zap.String("slot", r.cfg.Slot))
+			s.IdleSlotTimeout, doctor.DurationText(plan), doctor.DurationText(plan)), zap.String("slot", r.cfg.Slot))
 	}
 	if info.SafeWALSize == nil || !known || rate <= 0 || w.warnedKeep {
 		return
@@ -293,7 +295,7 @@ func (r *Relay) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, rate f
 	if left := time.Duration(float64(*info.SafeWALSize) / rate * float64(time.Second)); left < plan {
 		w.warnedKeep = true
 		r.log.Warn(fmt.Sprintf("max_slot_wal_keep_size = %s: at the server's WAL rate (%s/s over the last %s) the slot survives about %s without a relay confirming, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage it is invalidated and the events it holds are lost. Raise max_slot_wal_keep_size to at least %s if the disk holds it (or -1)",
-			s.MaxSlotWALKeepSize, slot.BytesText(int64(rate)), slot.DurationText(info.Now.Sub(w.samples[0].at)), slot.DurationText(left), slot.DurationText(plan), slot.BytesText(int64(rate*plan.Seconds()))),
+			s.MaxSlotWALKeepSize, doctor.BytesText(int64(rate)), doctor.DurationText(info.Now.Sub(w.samples[0].at)), doctor.DurationText(left), doctor.DurationText(plan), doctor.BytesText(int64(rate*plan.Seconds()))),
 			zap.String("slot", r.cfg.Slot), zap.Int64("safe_wal_size", *info.SafeWALSize))
 	}
 }
@@ -328,7 +330,7 @@ func (r *Relay) beater(hb *heartbeatProducer) *heartbeat.Beater {
 		Connect: func(ctx context.Context, url string) (*pgx.Conn, error) {
 			conn, err := slot.Connect(ctx, url)
 			if err == nil && defaultAppName(ctx, conn) {
-				if err := nameConn(ctx, conn, slot.HeartbeatAppName(r.cfg.Slot)); err != nil {
+				if err := nameConn(ctx, conn, doctor.HeartbeatAppName(r.cfg.Slot)); err != nil {
 					conn.Close(context.Background())
 					return nil, err
 				}

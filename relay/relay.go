@@ -60,6 +60,7 @@ import (
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // Config configures a Relay. Start from DefaultConfig: a field holds the
@@ -85,7 +86,7 @@ type Config struct {
 	CreatePublication, CreateSlot bool
 	// AlterPublication adds missing outbox tables to a publication walrelay
 	// did not create; AllowRowFilter accepts a row filter on an outbox
-	// table (see slot.SetupConfig). Default false, both.
+	// table (see source.SetupConfig). Default false, both.
 	AlterPublication, AllowRowFilter bool
 	// NoFailoverSlot keeps the slot walrelay creates from being a failover
 	// slot (PostgreSQL 17+; by default, false, it is one, and an existing
@@ -101,7 +102,7 @@ type Config struct {
 	StandbyURLs []string
 	// RecordSchema is the schema of walrelay's record, in the source
 	// database, of what the slot streams from (default
-	// slot.DefaultRecordSchema, "walrelay"): with it walrelay refuses to
+	// source.DefaultRecordSchema, "walrelay"): with it walrelay refuses to
 	// replace a slot, publication or outbox table that changed under it.
 	RecordSchema string
 	// InitialSnapshot publishes the rows already in the outbox tables when
@@ -224,7 +225,7 @@ func DefaultConfig() Config {
 		Mapping:           decoder.DefaultMapping(),
 		CreatePublication: true,
 		CreateSlot:        true,
-		RecordSchema:      slot.DefaultRecordSchema,
+		RecordSchema:      source.DefaultRecordSchema,
 		InitialSnapshot:   true,
 		Read: slot.ReadOptions{
 			BufferBytes:        slot.DefaultReadBufferBytes,
@@ -353,11 +354,11 @@ type Relay struct {
 	slotSeen     bool
 	everStreamed atomic.Bool
 	// record is what the slot streams from, as prepare found and wrote it
-	// down (slot.Record); the publication watch checks it still holds.
-	record slot.Record
+	// down (source.Record); the publication watch checks it still holds.
+	record source.Record
 	// watch checks the publication still publishes what record says
 	// (watch.go); watchMu serialises its checks.
-	watch   *slot.Watch
+	watch   *source.Watch
 	watchMu sync.Mutex
 	// refused is set once the relay stopped on a change under it
 	// (refuse): nothing more is confirmed or refused again.
@@ -391,7 +392,7 @@ type Relay struct {
 	slotHolder slotHolder
 	// coverage says how the publication covers a table the relay does not
 	// map (session.go, unmapped): readCoverage, or a fake in unit tests.
-	coverage func(ctx context.Context, oid uint32) (slot.Coverage, error)
+	coverage func(ctx context.Context, oid uint32) (source.Coverage, error)
 
 	// unmapped holds the counter of each table whose inserts the
 	// publication sends but no outbox maps; a table is logged when it is
@@ -613,7 +614,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 		if r.cfg.InitialSnapshot {
 			setup.Snapshot = r.initialSnapshot(rt)
 		}
-		rec, err := slot.Prepare(ctx, setup, r.log)
+		rec, err := source.Prepare(ctx, setup, r.log)
 		if err == nil {
 			r.record = rec
 			r.backoff.Reset()
@@ -646,8 +647,8 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 
 // setupConfig is what the source database must provide, from the relay's
 // configuration.
-func (r *Relay) setupConfig() slot.SetupConfig {
-	return slot.SetupConfig{
+func (r *Relay) setupConfig() source.SetupConfig {
+	return source.SetupConfig{
 		URL: r.cfg.PGURL, Slot: r.cfg.Slot, Publication: r.cfg.Publication, Tables: r.cfg.Tables,
 		Columns: r.cfg.Mapping.Columns(), CreatePublication: r.cfg.CreatePublication, CreateSlot: r.cfg.CreateSlot,
 		AlterPublication: r.cfg.AlterPublication, AllowRowFilter: r.cfg.AllowRowFilter,
@@ -660,7 +661,7 @@ func (r *Relay) setupConfig() slot.SetupConfig {
 
 // startupDeadline is when the relay gives up if it has not streamed by
 // then; zero when it never does. A creation of the slot that still waits
-// for transactions at that time is cancelled (slot.SetupConfig.CreateDeadline):
+// for transactions at that time is cancelled (source.SetupConfig.CreateDeadline):
 // left waiting, it would hold the start past StartupTimeout without a
 // retry ever seeing it.
 func (r *Relay) startupDeadline() time.Time {

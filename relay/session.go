@@ -16,6 +16,7 @@ import (
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // errServerSilent means the replication connection carried nothing, not
@@ -70,7 +71,7 @@ type session struct {
 
 	// coverage is how the publication covers each table it streamed
 	// unmapped inserts of, by pg_class OID (see unmapped).
-	coverage map[uint32]slot.Coverage
+	coverage map[uint32]source.Coverage
 
 	nextTick time.Time
 	lastRecv time.Time // when the server was last known to have sent anything
@@ -352,7 +353,7 @@ func (s *session) handle(data []byte) error {
 // publication no longer covers, holds no events: counted, logged once.
 func (s *session) unmapped(t decoder.Table, oid uint32) error {
 	r := s.r
-	if t.Schema == r.cfg.RecordSchema && t.Name == slot.RecordTableName {
+	if t.Schema == r.cfg.RecordSchema && t.Name == source.RecordTableName {
 		return nil // walrelay's own record, in a FOR ALL TABLES publication
 	}
 	cov, ok := s.coverage[oid]
@@ -362,12 +363,12 @@ func (s *session) unmapped(t decoder.Table, oid uint32) error {
 			return fmt.Errorf("look up how publication %q covers table %s: %w", r.cfg.Publication, t, err)
 		}
 		if s.coverage == nil {
-			s.coverage = make(map[uint32]slot.Coverage)
+			s.coverage = make(map[uint32]source.Coverage)
 		}
 		s.coverage[oid] = cov
 	}
 	r.unmappedInsert(t, oid, cov)
-	if cov != slot.Listed {
+	if cov != source.Listed {
 		return nil
 	}
 	ident := pgx.Identifier{r.cfg.Publication}.Sanitize()
@@ -378,20 +379,20 @@ func (s *session) unmapped(t decoder.Table, oid uint32) error {
 
 // coverage is how the publication covers the table of pg_class OID oid,
 // read on a connection of its own (the replication connection streams).
-func (r *Relay) readCoverage(ctx context.Context, oid uint32) (slot.Coverage, error) {
+func (r *Relay) readCoverage(ctx context.Context, oid uint32) (source.Coverage, error) {
 	conn, err := slot.Connect(ctx, r.cfg.PGURL)
 	if err != nil {
-		return slot.NotCovered, err
+		return source.NotCovered, err
 	}
 	defer conn.Close(context.Background())
-	return slot.ReadCoverage(ctx, conn, r.cfg.Publication, oid)
+	return source.ReadCoverage(ctx, conn, r.cfg.Publication, oid)
 }
 
 // unmappedInsert counts an insert the publication sent for a table no
 // outbox maps (cov: how the publication covers it), and says so once per
 // table for the life of the process, so that such rows never look like a
 // quiet outbox.
-func (r *Relay) unmappedInsert(t decoder.Table, oid uint32, cov slot.Coverage) {
+func (r *Relay) unmappedInsert(t decoder.Table, oid uint32, cov source.Coverage) {
 	c, ok := r.unmapped[t]
 	if !ok {
 		if r.unmapped == nil {
@@ -401,9 +402,9 @@ func (r *Relay) unmappedInsert(t decoder.Table, oid uint32, cov slot.Coverage) {
 		r.unmapped[t] = c
 		fields := []zap.Field{zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", r.cfg.Publication)}
 		switch cov {
-		case slot.Broad:
+		case source.Broad:
 			r.log.Warn("the publication covers every table (FOR ALL TABLES or TABLES IN SCHEMA) and streams inserts of one that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); if it is an outbox, add it to relay.Config.Tables", fields...)
-		case slot.NotCovered:
+		case source.NotCovered:
 			r.log.Warn("the slot streams inserts of a table the publication no longer covers (it was removed from the publication, or dropped, after they were written): they are not published (counted in walrelay_unmapped_inserts_total)", fields...)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -201,7 +202,7 @@ func (r *Relay) startPosition(ctx context.Context) (decoder.LSN, int, error) {
 	case err != nil:
 		return 0, 0, err
 	case info.Invalidated():
-		gap := slot.ReadInvalidatedError(ctx, conn, info, r.Confirmed())
+		gap := doctor.ReadInvalidatedError(ctx, conn, info, r.Confirmed())
 		r.refuse(ctx, conn, gap)
 		return 0, 0, gap
 	}
@@ -230,7 +231,7 @@ func (r *Relay) warnResend(info slot.Info, known decoder.LSN, what string, promo
 		return false
 	}
 	msg := fmt.Sprintf("the slot's confirmed position %s is %s behind %s, %s: the stream resumes from the slot, so the events of that WAL are sent again",
-		info.ConfirmedLSN, slot.BytesText(int64(known-info.ConfirmedLSN)), what, known)
+		info.ConfirmedLSN, doctor.BytesText(int64(known-info.ConfirmedLSN)), what, known)
 	if r.cfg.ExactlyOnce {
 		msg += " (exactly-once skips those its checkpoint in Kafka covers)"
 	} else {

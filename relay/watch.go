@@ -18,14 +18,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // stuckCheckWarn is how long the publication watch may find a change to
 // the publication in progress before it says that confirming waits on it.
 const stuckCheckWarn = 10 * time.Second
 
-// watchPublication checks the publication (slot.Watch) whenever the
+// watchPublication checks the publication (source.Watch) whenever the
 // session has positions to confirm beyond the last one vouched for, at
 // most once per ConfirmDelay, and stops the relay with a *slot.GapError
 // when it no longer publishes an outbox table the slot streamed from. A
@@ -91,7 +93,7 @@ func (r *Relay) vouch(ctx context.Context, conn *pgx.Conn) (ok bool, err error) 
 	r.watchMu.Lock()
 	defer r.watchMu.Unlock()
 	if r.watch == nil {
-		r.watch = slot.NewWatch(r.setupConfig(), r.record, r.log)
+		r.watch = source.NewWatch(r.setupConfig(), r.record, r.log)
 	}
 	at, ok, err := r.watch.Check(ctx, conn)
 	var gap *slot.GapError
@@ -196,7 +198,7 @@ func (r *Relay) refuse(ctx context.Context, conn *pgx.Conn, gap *slot.GapError) 
 		defer c.Close(context.Background())
 		conn = c
 	}
-	if err := slot.RecordStop(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, gap.What, gap.Since); err != nil {
+	if err := source.RecordStop(ctx, conn, r.cfg.RecordSchema, r.cfg.Slot, gap.What, gap.Since); err != nil {
 		r.log.Error("cannot write the refusal into walrelay's record; a restart may not refuse", zap.Error(err))
 	}
 }
@@ -227,7 +229,7 @@ func (r *Relay) logFailover(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	f, err := slot.ReadFailover(ctx, conn, info, r.cfg.StandbyURLs)
+	f, err := doctor.ReadFailover(ctx, conn, info, r.cfg.StandbyURLs)
 	if err != nil {
 		r.log.Warn("cannot read the failover settings", zap.Error(err))
 		return
@@ -239,7 +241,7 @@ func (r *Relay) logFailover(ctx context.Context) {
 // do whenever that changes (the startup line, and then a standby whose
 // copy went stale, a switchover that left the old primary's slot behind):
 // a line per change, not per poll.
-func (r *Relay) recordFailover(f slot.Failover) {
+func (r *Relay) recordFailover(f doctor.Failover) {
 	r.metrics.SlotFailover.Set(b2f(f.Slot))
 	r.metrics.SlotFailoverProtected.Set(b2f(f.Protected()))
 	text, warn := f.Describe()

@@ -11,6 +11,10 @@ import (
 	"github.com/walrelay/walrelay/decoder"
 )
 
+// FailoverSlots is the first server_version_num with failover slots
+// (PostgreSQL 17).
+const FailoverSlots = 170000
+
 // ErrNoSlot is returned by ReadInfo when the slot does not exist.
 var ErrNoSlot = errors.New("replication slot does not exist")
 
