@@ -155,14 +155,14 @@ func listedOthers(ctx context.Context, conn *pgx.Conn, pubOID uint32, outbox []P
 type Coverage uint8
 
 const (
-	// NotCovered: the publication does not publish the table (any more):
-	// an operator took it out, or dropped it.
+	// NotCovered means the publication does not publish the table (any
+	// more): an operator took it out, or dropped it.
 	NotCovered Coverage = iota
-	// Listed: the publication names the table, or a partitioned table it
-	// is a partition of (FOR TABLE): someone made its rows part of what
-	// the slot streams, as an outbox's.
+	// Listed means the publication names the table, or a partitioned
+	// table it is a partition of (FOR TABLE): someone made its rows part
+	// of what the slot streams, as an outbox's.
 	Listed
-	// Broad: only FOR ALL TABLES or TABLES IN SCHEMA cover it: every
+	// Broad means only FOR ALL TABLES or TABLES IN SCHEMA cover it: every
 	// table's rows stream, and those walrelay does not map are not events.
 	Broad
 )
