@@ -55,7 +55,7 @@ func TestInvalidationReason(t *testing.T) {
 			tc.info.ConfirmedLSN = 0x1000
 			g := InvalidatedError(tc.info, s, 0x800)
 			msg := g.Error()
-			for _, w := range append(tc.want, "events committed after 0/1000 may be missing", "source.SetupConfig.AcceptGap", "relay.PublishSnapshot") {
+			for _, w := range append(tc.want, "events committed after 0/1000 may be missing", "walrelay setup --accept-gap", "relay.PublishSnapshot") {
 				if !strings.Contains(msg, w) {
 					t.Errorf("refusal lacks %q: %s", w, msg)
 				}

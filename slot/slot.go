@@ -91,7 +91,10 @@ func (e *GapError) Error() string {
 		b.WriteString("; ")
 		b.WriteString(e.Fix)
 	}
-	b.WriteString("; to go on without them, accept the gap (source.SetupConfig.AcceptGap, with the same database, slot, publication and tables), then publish the rows still in the outbox tables once (relay.PublishSnapshot)")
+	// The command, not source.SetupConfig.AcceptGap: accepting a gap is an
+	// operator's decision, made once with walrelay setup whatever embeds
+	// the library, never a setting a relay keeps (relay.Config has none).
+	b.WriteString("; to go on without them, run walrelay setup --accept-gap with the same database, slot, publication and tables, then publish the rows still in the outbox tables with relay.PublishSnapshot")
 	return b.String()
 }
 

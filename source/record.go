@@ -121,10 +121,7 @@ func recordDDL(schema string) []string {
 			created_at timestamptz NOT NULL DEFAULT now(),
 			updated_at timestamptz NOT NULL DEFAULT now()
 		)`,
-		// The command, not a field: the comment is read in the database
-		// (psql's \d+) by whoever finds the table, and nothing speaks
-		// flags there.
-		"COMMENT ON TABLE " + t + " IS 'walrelay: what each replication slot streamed from; walrelay refuses to replace a slot, publication or outbox table recorded here until told to (walrelay setup --accept-gap)'",
+		"COMMENT ON TABLE " + t + " IS 'walrelay: what each replication slot streamed from; walrelay refuses to replace a slot, publication or outbox table recorded here until an operator accepts the gap'",
 	}
 }
 

@@ -264,9 +264,9 @@ func TestLibrariesNameNoFlags(t *testing.T) {
 // (each the part that does), and why: everywhere else a library names the
 // field or function, and fieldFlags speaks it as the command.
 var commandsNamed = map[string]string{
-	"walrelay drop --slot ":                       "source/preflight.go: no library function drops a slot; walrelay drop counts what it holds and drops walrelay's record with it",
-	"walrelay snapshot --table ":                  "source/publication.go: the fix field of a log line, a command line to paste",
-	"until told to (walrelay setup --accept-gap)": "source/record.go: the record table's comment, read in the database, where nothing speaks flags",
+	"walrelay drop --slot ":                "source/preflight.go: no library function drops a slot; walrelay drop counts what it holds and drops walrelay's record with it",
+	"walrelay snapshot --table ":           "source/publication.go: the fix field of a log line, a command line to paste",
+	"run walrelay setup --accept-gap with": "slot/slot.go: accepting a gap is an operator's one-off decision, never a setting a relay keeps",
 }
 
 // TestLibrariesNameNoCommands: the libraries' messages name fields and
