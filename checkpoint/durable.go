@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
 	"github.com/walrelay/walrelay/decoder"
 )
 

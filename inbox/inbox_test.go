@@ -3,9 +3,10 @@ package inbox
 import (
 	"context"
 
-	"github.com/jackc/pgx/v5"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )

@@ -51,8 +51,8 @@ type Metrics struct {
 	UnconfirmedCommits    prometheus.Counter
 	SlotCreationWait      prometheus.Gauge
 
-	// What holds the slot (slot.Facts), read with the slot every
-	// --slot-poll-interval.
+	// What holds the slot (doctor.Facts), read with the slot every
+	// relay.Config.SlotPollInterval.
 	ServerWALRate               prometheus.Gauge
 	SlotTimeToInvalidation      *OptionalGauge
 	SlotRestartLag              prometheus.Gauge
@@ -113,7 +113,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	*m = Metrics{
 		EventsPublished: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_published_total",
-			Help: "Outbox events acknowledged by Kafka, by topic (topics past --max-topic-series under topic=\"other\"). Flat while walrelay_inflight_events is high means the broker is not accepting writes.",
+			Help: "Outbox events acknowledged by Kafka, by topic (topics past router.Config.MaxTopicSeries under topic=\"other\"). Flat while walrelay_inflight_events is high means the broker is not accepting writes.",
 		}, []string{"topic"}),
 		EventsDeadLettered: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_events_dead_lettered_total",
@@ -202,16 +202,16 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		KafkaCommit: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "walrelay_kafka_commit_seconds",
-			Help:    "Exactly-once: time to close a Kafka transaction (wait for its records, produce the checkpoint, commit), successful or not. It is most of the latency exactly-once adds; rising towards --txn-timeout means the broker's transaction coordinator struggles.",
+			Help:    "Exactly-once: time to close a Kafka transaction (wait for its records, produce the checkpoint, commit), successful or not. It is most of the latency exactly-once adds; rising towards router.Config.TransactionTimeout means the broker's transaction coordinator struggles.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		UnmappedInserts: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_unmapped_inserts_total",
-			Help: "Inserts the publication streamed for a table that is not a configured outbox table (--table), by table. One the publication lists by name stops the relay before the slot moves past it; those of a table only FOR ALL TABLES or TABLES IN SCHEMA covers, or no longer in the publication, are not published.",
+			Help: "Inserts the publication streamed for a table that is not a configured outbox table (relay.Config.Tables), by table. One the publication lists by name stops the relay before the slot moves past it; those of a table only FOR ALL TABLES or TABLES IN SCHEMA covers, or no longer in the publication, are not published.",
 		}, []string{"table"}),
 		SnapshotRows: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_snapshot_rows_total",
-			Help: "Rows read by snapshots (the initial snapshot when walrelay creates the slot, or walrelay snapshot) and handed to Kafka. Rows of a snapshot interrupted by a crash are counted again when it is redone.",
+			Help: "Rows read by snapshots (the initial snapshot when walrelay creates the slot, or relay.PublishSnapshot) and handed to Kafka. Rows of a snapshot interrupted by a crash are counted again when it is redone.",
 		}),
 		SlotFailover: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_failover",
@@ -219,7 +219,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		SlotFailoverProtected: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_failover_protected",
-			Help: "1 when a promoted standby keeps the slot, verified: a failover slot, synchronized_standby_slots naming only standbys that stream, and on every standby (read through --standby-url) a copy that slot synchronization keeps current (synced = true). 0 otherwise: a failover can lose the slot or events, or resume from a stale copy and send events again; also 0 when walrelay was not given the standbys' URLs, since the primary cannot see their copies.",
+			Help: "1 when a promoted standby keeps the slot, verified: a failover slot, synchronized_standby_slots naming only standbys that stream, and on every standby (read through relay.Config.StandbyURLs) a copy that slot synchronization keeps current (synced = true). 0 otherwise: a failover can lose the slot or events, or resume from a stale copy and send events again; also 0 when walrelay was not given the standbys' URLs, since the primary cannot see their copies.",
 		}),
 		UnconfirmedCommits: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_kafka_unconfirmed_commits_total",
@@ -231,7 +231,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		SlotCreationWait: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_creation_wait_seconds",
-			Help: "How long creating the slot has waited for transactions to end (PostgreSQL creates a logical slot only once every transaction that held an xid when the creation began has ended, prepared ones included), updated every --slot-poll-interval; 0 when no creation waits. The relay's WARN, and walrelay status --explain, name them.",
+			Help: "How long creating the slot has waited for transactions to end (PostgreSQL creates a logical slot only once every transaction that held an xid when the creation began has ended, prepared ones included), updated every relay.Config.SlotPollInterval; 0 when no creation waits. The relay's WARN, and doctor.StatusOptions.Explain, name them.",
 		}),
 		ServerWALRate: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_server_wal_bytes_per_second",
@@ -243,7 +243,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		})),
 		SlotRestartLag: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_restart_lag_bytes",
-			Help: "WAL the slot keeps beyond what the relay confirmed (confirmed_flush_lsn minus restart_lsn). Growing while the slot lag is small: an open or prepared transaction holds the slot (walrelay status --explain names it).",
+			Help: "WAL the slot keeps beyond what the relay confirmed (confirmed_flush_lsn minus restart_lsn). Growing while the slot lag is small: an open or prepared transaction holds the slot (doctor.StatusOptions.Explain names it).",
 		}),
 		SlotCatalogXminAge: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_catalog_xmin_age",
@@ -263,7 +263,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		SourceOldestSlotRetainedWAL: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_source_oldest_slot_retained_wal_bytes",
-			Help: "WAL the source server keeps for its oldest replication slot, this one or another (pg_wal keeps WAL for the oldest). Far above walrelay_slot_retained_wal_bytes: another slot fills the disk (walrelay status --explain names it).",
+			Help: "WAL the source server keeps for its oldest replication slot, this one or another (pg_wal keeps WAL for the oldest). Far above walrelay_slot_retained_wal_bytes: another slot fills the disk (doctor.StatusOptions.Explain names it).",
 		}),
 		SourceReplicationXminAge: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_source_replication_xmin_age",

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -28,7 +29,7 @@ func (r *Relay) beater(hb *heartbeatProducer) *heartbeat.Beater {
 		Connect: func(ctx context.Context, url string) (*pgx.Conn, error) {
 			conn, err := slot.Connect(ctx, url)
 			if err == nil && defaultAppName(ctx, conn) {
-				if err := nameConn(ctx, conn, slot.HeartbeatAppName(r.cfg.Slot)); err != nil {
+				if err := nameConn(ctx, conn, doctor.HeartbeatAppName(r.cfg.Slot)); err != nil {
 					conn.Close(context.Background())
 					return nil, err
 				}

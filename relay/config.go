@@ -12,6 +12,7 @@ import (
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // Config configures a Relay. Start from DefaultConfig: a field holds the
@@ -37,7 +38,7 @@ type Config struct {
 	CreatePublication, CreateSlot bool
 	// AlterPublication adds missing outbox tables to a publication walrelay
 	// did not create; AllowRowFilter accepts a row filter on an outbox
-	// table (see slot.SetupConfig). Default false, both.
+	// table (see source.SetupConfig). Default false, both.
 	AlterPublication, AllowRowFilter bool
 	// NoFailoverSlot keeps the slot walrelay creates from being a failover
 	// slot (PostgreSQL 17+; by default, false, it is one, and an existing
@@ -53,7 +54,7 @@ type Config struct {
 	StandbyURLs []string
 	// RecordSchema is the schema of walrelay's record, in the source
 	// database, of what the slot streams from (default
-	// slot.DefaultRecordSchema, "walrelay"): with it walrelay refuses to
+	// source.DefaultRecordSchema, "walrelay"): with it walrelay refuses to
 	// replace a slot, publication or outbox table that changed under it.
 	RecordSchema string
 	// InitialSnapshot publishes the rows already in the outbox tables when
@@ -176,7 +177,7 @@ func DefaultConfig() Config {
 		Mapping:           decoder.DefaultMapping(),
 		CreatePublication: true,
 		CreateSlot:        true,
-		RecordSchema:      slot.DefaultRecordSchema,
+		RecordSchema:      source.DefaultRecordSchema,
 		InitialSnapshot:   true,
 		Read: slot.ReadOptions{
 			BufferBytes:        slot.DefaultReadBufferBytes,
@@ -275,8 +276,8 @@ func (c *Config) validate() error {
 }
 
 // setupConfig is what the source database must provide, as configured.
-func (c *Config) setupConfig() slot.SetupConfig {
-	return slot.SetupConfig{
+func (c *Config) setupConfig() source.SetupConfig {
+	return source.SetupConfig{
 		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: c.Tables,
 		Columns: c.Mapping.Columns(), CreatePublication: c.CreatePublication, CreateSlot: c.CreateSlot,
 		AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,

@@ -8,8 +8,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/metrics"
-	"github.com/walrelay/walrelay/slot"
 )
 
 // TestFailoverLineLoggedOnChange: the slot watch reads the failover state
@@ -22,16 +22,16 @@ func TestFailoverLineLoggedOnChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := slot.Copy{Standby: "postgres@b:5432/app", SyncSlots: true, Exists: true, Synced: true, ConfirmedLSN: 0x1000, PrimaryConfirmed: 0x2000}
-	f := slot.Failover{Name: "walrelay", Supported: true, Slot: true, StandbySlots: []string{"sb"}, Standbys: 1, Checked: true, Copies: []slot.Copy{good}}
-	stale := func(ahead decoder.LSN) slot.Failover {
+	good := doctor.Copy{Standby: "postgres@b:5432/app", SyncSlots: true, Exists: true, Synced: true, ConfirmedLSN: 0x1000, PrimaryConfirmed: 0x2000}
+	f := doctor.Failover{Name: "walrelay", Supported: true, Slot: true, StandbySlots: []string{"sb"}, Standbys: 1, Checked: true, Copies: []doctor.Copy{good}}
+	stale := func(ahead decoder.LSN) doctor.Failover {
 		g, c := f, good
 		c.Synced, c.PrimaryConfirmed = false, c.ConfirmedLSN+ahead
-		g.Copies = []slot.Copy{c}
+		g.Copies = []doctor.Copy{c}
 		return g
 	}
 	for i, step := range []struct {
-		f      slot.Failover
+		f      doctor.Failover
 		logged bool
 		level  zapcore.Level
 	}{

@@ -25,9 +25,11 @@ import (
 
 	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // guard is the relay's guard over what the slot streams from.
@@ -42,12 +44,12 @@ type guard struct {
 	clearance *confirm.Clearance
 
 	// record is what the slot streams from, as prepare found and wrote it
-	// down (slot.Record); the publication watch checks it still holds.
-	record slot.Record
+	// down (source.Record); the publication watch checks it still holds.
+	record source.Record
 	// watch checks the publication still publishes what record says;
 	// watchMu serialises its checks (the watch's goroutine, a stopping
 	// session's last check).
-	watch   *slot.Watch
+	watch   *source.Watch
 	watchMu sync.Mutex
 	// refused is set once the relay stopped on a change under it
 	// (refuse): nothing more is confirmed or refused again.
@@ -71,14 +73,14 @@ type guard struct {
 	slotHolder slotHolder
 	// coverage says how the publication covers a table the relay does not
 	// map (session.go, unmapped): readCoverage, or a fake in unit tests.
-	coverage func(ctx context.Context, oid uint32) (slot.Coverage, error)
+	coverage func(ctx context.Context, oid uint32) (source.Coverage, error)
 }
 
 // stuckCheckWarn is how long the publication watch may find a change to
 // the publication in progress before it says that confirming waits on it.
 const stuckCheckWarn = 10 * time.Second
 
-// watchPublication checks the publication (slot.Watch) whenever the
+// watchPublication checks the publication (source.Watch) whenever the
 // session has positions to confirm beyond the last one vouched for, at
 // most once per ConfirmDelay, and stops the relay with a *slot.GapError
 // when it no longer publishes an outbox table the slot streamed from. A
@@ -144,7 +146,7 @@ func (g *guard) vouch(ctx context.Context, conn *pgx.Conn) (ok bool, err error) 
 	g.watchMu.Lock()
 	defer g.watchMu.Unlock()
 	if g.watch == nil {
-		g.watch = slot.NewWatch(g.cfg.setupConfig(), g.record, g.log)
+		g.watch = source.NewWatch(g.cfg.setupConfig(), g.record, g.log)
 	}
 	at, ok, err := g.watch.Check(ctx, conn)
 	var gap *slot.GapError
@@ -243,7 +245,7 @@ func (g *guard) refuse(ctx context.Context, conn *pgx.Conn, gap *slot.GapError) 
 		defer c.Close(context.Background())
 		conn = c
 	}
-	if err := slot.RecordStop(ctx, conn, g.cfg.RecordSchema, g.cfg.Slot, gap.What, gap.Since); err != nil {
+	if err := source.RecordStop(ctx, conn, g.cfg.RecordSchema, g.cfg.Slot, gap.What, gap.Since); err != nil {
 		g.log.Error("cannot write the refusal into walrelay's record; a restart may not refuse", zap.Error(err))
 	}
 }
@@ -264,7 +266,7 @@ func quoted(s string) string { return `"` + s + `"` }
 
 // prepared takes the record prepare found and wrote, and says what a
 // failover of the primary would do to the slot.
-func (g *guard) prepared(ctx context.Context, rec slot.Record) {
+func (g *guard) prepared(ctx context.Context, rec source.Record) {
 	g.record = rec
 	g.logFailover(ctx)
 }
@@ -281,7 +283,7 @@ func (g *guard) logFailover(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	f, err := slot.ReadFailover(ctx, conn, info, g.cfg.StandbyURLs)
+	f, err := doctor.ReadFailover(ctx, conn, info, g.cfg.StandbyURLs)
 	if err != nil {
 		g.log.Warn("cannot read the failover settings", zap.Error(err))
 		return
@@ -293,7 +295,7 @@ func (g *guard) logFailover(ctx context.Context) {
 // do whenever that changes (the startup line, and then a standby whose
 // copy went stale, a switchover that left the old primary's slot behind):
 // a line per change, not per poll.
-func (g *guard) recordFailover(f slot.Failover) {
+func (g *guard) recordFailover(f doctor.Failover) {
 	g.metrics.SlotFailover.Set(b2f(f.Slot))
 	g.metrics.SlotFailoverProtected.Set(b2f(f.Protected()))
 	text, warn := f.Describe()
@@ -428,7 +430,7 @@ func (g *guard) startPosition(ctx context.Context) (decoder.LSN, error) {
 	case err != nil:
 		return 0, err
 	case info.Invalidated():
-		gap := slot.ReadInvalidatedError(ctx, conn, info, g.progress.Confirmed())
+		gap := doctor.ReadInvalidatedError(ctx, conn, info, g.progress.Confirmed())
 		g.refuse(ctx, conn, gap)
 		return 0, gap
 	}
@@ -457,7 +459,7 @@ func (g *guard) warnResend(info slot.Info, known decoder.LSN, what string, promo
 		return false
 	}
 	msg := fmt.Sprintf("the slot's confirmed position %s is %s behind %s, %s: the stream resumes from the slot, so the events of that WAL are sent again",
-		info.ConfirmedLSN, slot.BytesText(int64(known-info.ConfirmedLSN)), what, known)
+		info.ConfirmedLSN, doctor.BytesText(int64(known-info.ConfirmedLSN)), what, known)
 	if g.cfg.ExactlyOnce {
 		msg += " (exactly-once skips those its checkpoint in Kafka covers)"
 	} else {
@@ -486,11 +488,11 @@ func currentTimeline(ctx context.Context, conn *pgx.Conn) (int32, error) {
 
 // coverage is how the publication covers the table of pg_class OID oid,
 // read on a connection of its own (the replication connection streams).
-func (g *guard) readCoverage(ctx context.Context, oid uint32) (slot.Coverage, error) {
+func (g *guard) readCoverage(ctx context.Context, oid uint32) (source.Coverage, error) {
 	conn, err := slot.Connect(ctx, g.cfg.PGURL)
 	if err != nil {
-		return slot.NotCovered, err
+		return source.NotCovered, err
 	}
 	defer conn.Close(context.Background())
-	return slot.ReadCoverage(ctx, conn, g.cfg.Publication, oid)
+	return source.ReadCoverage(ctx, conn, g.cfg.Publication, oid)
 }

@@ -51,6 +51,7 @@ import (
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // Relay runs the pipeline. Create it with New, then call Run once. It is
@@ -292,7 +293,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 		if r.cfg.InitialSnapshot {
 			setup.Snapshot = r.initialSnapshot(rt)
 		}
-		rec, err := slot.Prepare(ctx, setup, r.log)
+		rec, err := source.Prepare(ctx, setup, r.log)
 		if err == nil {
 			r.sup.backoff.Reset()
 			r.guard.prepared(ctx, rec)
@@ -325,7 +326,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 // setupConfig is what the source database must provide for this start:
 // the configuration's, with the startup deadline that bounds a slot
 // creation waiting for transactions.
-func (r *Relay) setupConfig() slot.SetupConfig {
+func (r *Relay) setupConfig() source.SetupConfig {
 	c := r.cfg.setupConfig()
 	c.CreateDeadline = r.sup.startupDeadline()
 	c.OnCreateWait = func(waited time.Duration) { r.metrics.SlotCreationWait.Set(waited.Seconds()) }

@@ -20,6 +20,7 @@ import (
 	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -106,7 +107,7 @@ func TestErrorClassification(t *testing.T) {
 		{"plain I/O", errors.New("connection reset"), "connection", false, false},
 		{"unsupported stream", fmt.Errorf("x: %w", decoder.ErrUnsupported), "connection", true, false},
 		{"setup refusal", &slot.SetupError{Msg: "wal_level"}, "connection", true, false},
-		{"invalidated slot", slot.InvalidatedError(slot.Info{Name: "s", WALStatus: "lost"}, slot.Settings{}, 0), "connection", true, false},
+		{"invalidated slot", doctor.InvalidatedError(slot.Info{Name: "s", WALStatus: "lost"}, doctor.Settings{}, 0), "connection", true, false},
 		{"invalid event with on-invalid=fail", fmt.Errorf("send: %w", &deadletter.InvalidEventError{}), "connection", true, false},
 		{"fatal inside a joined error", errors.Join(errors.New("a"), &fatalError{errors.New("b")}), "connection", true, false},
 	} {

@@ -17,6 +17,7 @@ import (
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // errServerSilent means the replication connection carried nothing, not
@@ -71,7 +72,7 @@ type session struct {
 
 	// coverage is how the publication covers each table it streamed
 	// unmapped inserts of, by pg_class OID (see unmapped).
-	coverage map[uint32]slot.Coverage
+	coverage map[uint32]source.Coverage
 
 	nextTick time.Time
 	lastRecv time.Time // when the server was last known to have sent anything
@@ -347,7 +348,7 @@ func (s *session) handle(data []byte) error {
 // publication no longer covers, holds no events: counted, logged once.
 func (s *session) unmapped(t decoder.Table, oid uint32) error {
 	r := s.r
-	if t.Schema == r.cfg.RecordSchema && t.Name == slot.RecordTableName {
+	if t.Schema == r.cfg.RecordSchema && t.Name == source.RecordTableName {
 		return nil // walrelay's own record, in a FOR ALL TABLES publication
 	}
 	cov, ok := s.coverage[oid]
@@ -357,12 +358,12 @@ func (s *session) unmapped(t decoder.Table, oid uint32) error {
 			return fmt.Errorf("look up how publication %q covers table %s: %w", r.cfg.Publication, t, err)
 		}
 		if s.coverage == nil {
-			s.coverage = make(map[uint32]slot.Coverage)
+			s.coverage = make(map[uint32]source.Coverage)
 		}
 		s.coverage[oid] = cov
 	}
 	r.tables.count(t, oid, cov)
-	if cov != slot.Listed {
+	if cov != source.Listed {
 		return nil
 	}
 	ident := pgx.Identifier{r.cfg.Publication}.Sanitize()
@@ -384,7 +385,7 @@ type tableCounts struct {
 
 // count counts an insert of t (pg_class OID oid), which the publication
 // covers as cov.
-func (c *tableCounts) count(t decoder.Table, oid uint32, cov slot.Coverage) {
+func (c *tableCounts) count(t decoder.Table, oid uint32, cov source.Coverage) {
 	n, ok := c.seen[t]
 	if !ok {
 		if c.seen == nil {
@@ -394,9 +395,9 @@ func (c *tableCounts) count(t decoder.Table, oid uint32, cov slot.Coverage) {
 		c.seen[t] = n
 		fields := []zap.Field{zap.String("table", t.String()), zap.Uint32("relation_oid", oid), zap.String("publication", c.cfg.Publication)}
 		switch cov {
-		case slot.Broad:
+		case source.Broad:
 			c.log.Warn("the publication covers every table (FOR ALL TABLES or TABLES IN SCHEMA) and streams inserts of one that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); if it is an outbox, add it to relay.Config.Tables", fields...)
-		case slot.NotCovered:
+		case source.NotCovered:
 			c.log.Warn("the slot streams inserts of a table the publication no longer covers (it was removed from the publication, or dropped, after they were written): they are not published (counted in walrelay_unmapped_inserts_total)", fields...)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 	pgo "github.com/walrelay/walrelay/test/pgoutputtest"
 )
 
@@ -583,14 +584,14 @@ func TestSessionMalformedStream(t *testing.T) {
 // confirmed, after confirming the transactions before it.
 func TestSessionUnmappedInserts(t *testing.T) {
 	for _, tc := range []struct {
-		cov  slot.Coverage
+		cov  source.Coverage
 		stop bool
-	}{{slot.Broad, false}, {slot.NotCovered, false}, {slot.Listed, true}} {
+	}{{source.Broad, false}, {source.NotCovered, false}, {source.Listed, true}} {
 		t.Run(fmt.Sprint(tc.cov), func(t *testing.T) {
 			p := &fakeProducer{autoAck: true}
 			var looked []uint32
 			h := startSessionWith(t, nil, p, nil, func(r *Relay, _ *session) {
-				r.guard.coverage = func(_ context.Context, oid uint32) (slot.Coverage, error) {
+				r.guard.coverage = func(_ context.Context, oid uint32) (source.Coverage, error) {
 					looked = append(looked, oid)
 					return tc.cov, nil
 				}

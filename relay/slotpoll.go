@@ -14,8 +14,10 @@ import (
 
 	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // walStatuses are the values pg_replication_slots.wal_status takes.
@@ -41,7 +43,7 @@ type slotPoller struct {
 // its missing WAL cannot be streamed, and recreating it would skip events.
 // It also moves the record's confirmed position forward, so that a
 // refusal after a failover names a recent one; reads what holds the slot
-// (slot.Facts) for the metrics; names its connection after what the relay
+// (doctor.Facts) for the metrics; names its connection after what the relay
 // does, for walrelay status --explain; and warns once, when it first
 // knows, that a setting of the server could invalidate the slot during a
 // relay outage of PlannedOutage.
@@ -75,18 +77,18 @@ func (p *slotPoller) watchSlot(ctx context.Context, stop context.CancelCauseFunc
 			case err == nil:
 				recordSlot(p.metrics, info)
 				if info.Invalidated() {
-					gap := slot.ReadInvalidatedError(ctx, conn, info, p.progress.Confirmed())
+					gap := doctor.ReadInvalidatedError(ctx, conn, info, p.progress.Confirmed())
 					p.guard.refuse(ctx, conn, gap)
 					stop(gap)
 					return
 				}
 				p.nameWatch(ctx, conn, w, info)
 				p.recordFacts(ctx, conn, w, info)
-				if f, err := slot.ReadFailover(ctx, conn, info, p.cfg.StandbyURLs); err == nil {
+				if f, err := doctor.ReadFailover(ctx, conn, info, p.cfg.StandbyURLs); err == nil {
 					p.guard.recordFailover(f)
 				}
 				if c := p.progress.Confirmed(); c > recorded {
-					if after, err := slot.RecordConfirmed(ctx, conn, p.cfg.RecordSchema, p.cfg.Slot, c); err != nil {
+					if after, err := source.RecordConfirmed(ctx, conn, p.cfg.RecordSchema, p.cfg.Slot, c); err != nil {
 						if ctx.Err() == nil {
 							p.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
 						}
@@ -148,34 +150,34 @@ func (w *slotWatch) rate(info slot.Info) (float64, bool) {
 }
 
 // relayState is what the relay does, in the words status reads back from
-// the watch connection's name (slot.Relay*).
+// the watch connection's name (doctor.Relay*).
 func (p *slotPoller) relayState(info slot.Info, w *slotWatch) string {
 	rt := p.live.router.Load()
 	if !p.live.streaming.Load() {
 		switch {
 		case info.Active:
-			return slot.RelayStandby
+			return doctor.RelayStandby
 		case !p.sup.streamed.Load():
-			return slot.RelayStarting
+			return doctor.RelayStarting
 		case rt == nil:
-			return slot.RelayConnectingKafka
+			return doctor.RelayConnectingKafka
 		default:
-			return slot.RelayRestarting
+			return doctor.RelayRestarting
 		}
 	}
 	if rt == nil {
-		return slot.RelayStreaming
+		return doctor.RelayStreaming
 	}
 	acks := sumCounter(p.metrics.EventsPublished) + sumCounter(p.metrics.EventsDeadLettered)
 	stuck := w.acksSeen && acks == w.acks
 	w.acks, w.acksSeen = acks, true
 	switch n := rt.Inflight(); {
 	case n >= p.cfg.Router.MaxInflightEvents:
-		return slot.RelayBackpressure
+		return doctor.RelayBackpressure
 	case n > 0 && stuck:
-		return slot.RelayWaitingForKafka
+		return doctor.RelayWaitingForKafka
 	}
-	return slot.RelayStreaming
+	return doctor.RelayStreaming
 }
 
 // sumCounter adds up a counter vector's series.
@@ -217,7 +219,7 @@ func (p *slotPoller) nameWatch(ctx context.Context, conn *pgx.Conn, w *slotWatch
 	if !w.nameable || state == w.named {
 		return
 	}
-	if err := nameConn(ctx, conn, slot.RelayAppName(p.cfg.Slot, state)); err == nil {
+	if err := nameConn(ctx, conn, doctor.RelayAppName(p.cfg.Slot, state)); err == nil {
 		w.named = state
 	}
 }
@@ -246,7 +248,7 @@ func (p *slotPoller) recordFacts(ctx context.Context, conn *pgx.Conn, w *slotWat
 	if info.CatalogXminAge != nil {
 		m.SlotCatalogXminAge.Set(float64(*info.CatalogXminAge))
 	}
-	f, err := slot.ReadFacts(ctx, conn, info)
+	f, err := doctor.ReadFacts(ctx, conn, info)
 	if err != nil {
 		if ctx.Err() == nil && !w.warnedFacts {
 			w.warnedFacts = true
@@ -291,7 +293,7 @@ func (p *slotPoller) recordFacts(ctx context.Context, conn *pgx.Conn, w *slotWat
 // max_slot_wal_keep_size (at the WAL rate measured) would invalidate the
 // slot during a relay outage of PlannedOutage: the slot would be lost,
 // and events with it, before the relay is back.
-func (p *slotPoller) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, rate float64, known bool) {
+func (p *slotPoller) warnOutage(w *slotWatch, s doctor.Settings, info slot.Info, rate float64, known bool) {
 	plan := p.cfg.PlannedOutage
 	if plan <= 0 {
 		return
@@ -299,7 +301,7 @@ func (p *slotPoller) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, r
 	if d := s.IdleSlotTimeoutDur; d > 0 && d < plan && !w.warnedIdle {
 		w.warnedIdle = true
 		p.log.Warn(fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay has streamed from it that long, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage the slot and the events it holds are lost. Set idle_replication_slot_timeout to 0 or above %s (ALTER SYSTEM SET idle_replication_slot_timeout = ...; SELECT pg_reload_conf())",
-			s.IdleSlotTimeout, slot.DurationText(plan), slot.DurationText(plan)), zap.String("slot", p.cfg.Slot))
+			s.IdleSlotTimeout, doctor.DurationText(plan), doctor.DurationText(plan)), zap.String("slot", p.cfg.Slot))
 	}
 	if info.SafeWALSize == nil || !known || rate <= 0 || w.warnedKeep {
 		return
@@ -307,7 +309,7 @@ func (p *slotPoller) warnOutage(w *slotWatch, s slot.Settings, info slot.Info, r
 	if left := time.Duration(float64(*info.SafeWALSize) / rate * float64(time.Second)); left < plan {
 		w.warnedKeep = true
 		p.log.Warn(fmt.Sprintf("max_slot_wal_keep_size = %s: at the server's WAL rate (%s/s over the last %s) the slot survives about %s without a relay confirming, less than the outage to plan for (relay.Config.PlannedOutage %s): after a longer outage it is invalidated and the events it holds are lost. Raise max_slot_wal_keep_size to at least %s if the disk holds it (or -1)",
-			s.MaxSlotWALKeepSize, slot.BytesText(int64(rate)), slot.DurationText(info.Now.Sub(w.samples[0].at)), slot.DurationText(left), slot.DurationText(plan), slot.BytesText(int64(rate*plan.Seconds()))),
+			s.MaxSlotWALKeepSize, doctor.BytesText(int64(rate)), doctor.DurationText(info.Now.Sub(w.samples[0].at)), doctor.DurationText(left), doctor.DurationText(plan), doctor.BytesText(int64(rate*plan.Seconds()))),
 			zap.String("slot", p.cfg.Slot), zap.Int64("safe_wal_size", *info.SafeWALSize))
 	}
 }

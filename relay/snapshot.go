@@ -17,7 +17,7 @@ import (
 	"github.com/walrelay/walrelay/snapshot"
 )
 
-// initialSnapshot is slot.SetupConfig.Snapshot for the relay: it publishes
+// initialSnapshot is source.SetupConfig.Snapshot for the relay: it publishes
 // the rows present at the new slot's consistent point through rt, the
 // relay's router, and returns once Kafka acknowledged all of them (with
 // exactly-once delivery: once their Kafka transactions committed). Until

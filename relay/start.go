@@ -36,7 +36,7 @@ func (r *Relay) session(ctx context.Context, rt *router.Router) (err error) {
 	// the slot busy waits as a standby without fencing the active one.
 	stream, err := slot.Start(ctx, r.cfg.PGURL, start, slot.StreamOptions{
 		Slot: r.cfg.Slot, Publication: r.cfg.Publication, Binary: r.cfg.Binary,
-		Read:     r.cfg.Read,
+		Read: r.cfg.Read,
 		// Another relay on the same publication sees the topics from it.
 		TopicTemplate: r.cfg.Router.TopicTemplate,
 	})

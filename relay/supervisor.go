@@ -95,7 +95,7 @@ func (v *supervisor) retry(ctx context.Context, cause RestartCause, err error) e
 
 // startupDeadline is when the relay gives up if it has not streamed by
 // then; zero when it never does. A creation of the slot that still waits
-// for transactions at that time is cancelled (slot.SetupConfig.CreateDeadline):
+// for transactions at that time is cancelled (source.SetupConfig.CreateDeadline):
 // left waiting, it would hold the start past StartupTimeout without a
 // retry ever seeing it.
 func (v *supervisor) startupDeadline() time.Time {

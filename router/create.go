@@ -5,8 +5,9 @@ import (
 	"errors"
 	"time"
 
-	"github.com/walrelay/walrelay/router/internal/topics"
 	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/router/internal/topics"
 )
 
 // prepareTimeout bounds one attempt at preparing a topic; a broker that

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/router/internal/topics"
 )

@@ -1,6 +1,7 @@
 package slot
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,14 +12,15 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// DefaultSSLMode is the sslmode used when neither the connection string nor
+// defaultSSLMode is the sslmode used when neither the connection string nor
 // PGSSLMODE sets one. pgx's own default, prefer, accepts any certificate and
 // falls back to plaintext: a man in the middle would see the password and
 // every streamed row.
-const DefaultSSLMode = "verify-full"
+const defaultSSLMode = "verify-full"
 
 // unparseable is what Redact prints for a connection string that does not
 // parse: its text may hold the password anywhere.
@@ -61,7 +63,7 @@ func CheckURL(conn string) error {
 	return err
 }
 
-// parseConfig parses conn with DefaultSSLMode applied; a string that does
+// parseConfig parses conn with defaultSSLMode applied; a string that does
 // not parse is a *SetupError whose text holds none of conn.
 func parseConfig(conn string) (*pgconn.Config, error) {
 	orig, err := pgconn.ParseConfig(conn)
@@ -84,8 +86,8 @@ func parseConfig(conn string) (*pgconn.Config, error) {
 	// move where the query starts).
 	cfg, err := pgconn.ParseConfig(withMode)
 	if err != nil || !sameTarget(orig, cfg) {
-		return nil, setupErrorf("cannot add walrelay's default sslmode=%s to the PostgreSQL connection string (slot.SetupConfig.URL; not shown, as it may hold a password): "+
-			"set sslmode in it explicitly, and percent-encode reserved characters in a URL's password (%%3F for ?, %%40 for @, %%23 for #, %%25 for %%)", DefaultSSLMode)
+		return nil, setupErrorf("cannot add walrelay's default sslmode=%s to the PostgreSQL connection string (source.SetupConfig.URL; not shown, as it may hold a password): "+
+			"set sslmode in it explicitly, and percent-encode reserved characters in a URL's password (%%3F for ?, %%40 for @, %%23 for #, %%25 for %%)", defaultSSLMode)
 	}
 	return cfg, nil
 }
@@ -125,10 +127,10 @@ func parseError(err error, conn string) error {
 		// The string parses; a file it names does not load. The files
 		// are read at each connection: one rotated half-way or replaced
 		// by a broken pair shows here.
-		return setupErrorf("the TLS files that the PostgreSQL connection string (slot.SetupConfig.URL) names, sslrootcert, sslcert and sslkey, do not load%s: "+
+		return setupErrorf("the TLS files that the PostgreSQL connection string (source.SetupConfig.URL) names, sslrootcert, sslcert and sslkey, do not load%s: "+
 			"fix or replace them (a certificate with its own key, PEM); they are read again at each connection", reason)
 	}
-	return setupErrorf("the PostgreSQL connection string (slot.SetupConfig.URL) does not parse%s; it is not shown, as it may hold a password. "+
+	return setupErrorf("the PostgreSQL connection string (source.SetupConfig.URL) does not parse%s; it is not shown, as it may hold a password. "+
 		"Write postgres://user@host:port/database?sslmode=verify-full or key=value pairs (host=… user=… dbname=…), "+
 		"percent-encode reserved characters in a URL's password (%%23 for #, %%40 for @, %%3A for :, %%2F for /, %%3F for ?, %%25 for %%), "+
 		"or leave the password out and set PGPASSWORD or a passfile (~/.pgpass)", reason)
@@ -151,10 +153,10 @@ func SSLMode(conn string) (mode string, explicit bool) {
 	if env := os.Getenv("PGSSLMODE"); env != "" {
 		return env, true
 	}
-	return DefaultSSLMode, false
+	return defaultSSLMode, false
 }
 
-// withDefaultSSLMode adds sslmode=DefaultSSLMode to conn when no sslmode
+// withDefaultSSLMode adds sslmode=defaultSSLMode to conn when no sslmode
 // is chosen.
 func withDefaultSSLMode(conn string) string {
 	if _, explicit := SSLMode(conn); explicit {
@@ -166,13 +168,13 @@ func withDefaultSSLMode(conn string) string {
 		rest := conn[strings.LastIndex(conn, "@")+1:]
 		switch {
 		case strings.HasSuffix(rest, "?"):
-			return conn + "sslmode=" + DefaultSSLMode
+			return conn + "sslmode=" + defaultSSLMode
 		case strings.Contains(rest, "?"):
-			return conn + "&sslmode=" + DefaultSSLMode
+			return conn + "&sslmode=" + defaultSSLMode
 		}
-		return conn + "?sslmode=" + DefaultSSLMode
+		return conn + "?sslmode=" + defaultSSLMode
 	}
-	return strings.TrimSpace(conn + " sslmode=" + DefaultSSLMode)
+	return strings.TrimSpace(conn + " sslmode=" + defaultSSLMode)
 }
 
 // TLSWarning is a warning for logs when conn's sslmode lets a man in the
@@ -285,8 +287,8 @@ func redactText(text, conn string) string {
 	return text
 }
 
-// redactErr removes any trace of a password of conn from err's text.
-func redactErr(err error, conn string) error {
+// RedactError removes any trace of a password of conn from err's text.
+func RedactError(err error, conn string) error {
 	if err == nil {
 		return nil
 	}
@@ -302,10 +304,38 @@ func connectError(err error, conn string) error {
 		// A parameter of the connection string (options=-c …) the server
 		// does not know or takes no such value of: every attempt fails
 		// alike.
-		return setupErrorf("PostgreSQL at %s refused a setting of the connection string (slot.SetupConfig.URL): %s: correct or remove it", Redact(conn), pgErr.Message)
+		return setupErrorf("PostgreSQL at %s refused a setting of the connection string (source.SetupConfig.URL): %s: correct or remove it", Redact(conn), pgErr.Message)
 	}
 	if mode, _ := SSLMode(conn); strings.Contains(err.Error(), "server refused TLS connection") && mode != "prefer" && mode != "allow" && mode != "disable" {
-		return setupErrorf("PostgreSQL at %s does not accept TLS, and sslmode=%s requires it (verify-full is walrelay's default when slot.SetupConfig.URL sets no sslmode): turn ssl on in the server, or, on a trusted network only, set sslmode=disable in slot.SetupConfig.URL", Redact(conn), mode)
+		return setupErrorf("PostgreSQL at %s does not accept TLS, and sslmode=%s requires it (verify-full is walrelay's default when source.SetupConfig.URL sets no sslmode): turn ssl on in the server, or, on a trusted network only, set sslmode=disable in source.SetupConfig.URL", Redact(conn), mode)
 	}
-	return redactErr(passwordSourceHint(err), conn)
+	return RedactError(passwordSourceHint(err), conn)
+}
+
+// Connect opens a normal (non-replication) connection for checks and
+// queries, with the password kept out of any error. A string that does not
+// parse is a *SetupError, before any connection attempt; without sslmode
+// the connection uses defaultSSLMode.
+func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
+	if _, err := parseConfig(url); err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(withDefaultSSLMode(url))
+	if err != nil {
+		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), RedactError(err, url))
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		cfg.RuntimeParams["application_name"] = "walrelay"
+	}
+	cfg.RuntimeParams["client_encoding"] = clientEncoding
+	cfg.AfterConnect = applySettings
+	usePasswordSource(&cfg.Config)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		if err := connectError(err, url); IsSetupError(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", Redact(url), RedactError(passwordSourceHint(err), url))
+	}
+	return conn, nil
 }

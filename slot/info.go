@@ -8,8 +8,13 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
 	"github.com/walrelay/walrelay/decoder"
 )
+
+// FailoverSlots is the first server_version_num with failover slots
+// (PostgreSQL 17).
+const FailoverSlots = 170000
 
 // ErrNoSlot is returned by ReadInfo when the slot does not exist.
 var ErrNoSlot = errors.New("replication slot does not exist")

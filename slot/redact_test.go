@@ -54,8 +54,8 @@ func TestRedactPrintsTheTargetOnly(t *testing.T) {
 func TestRedactErrRemovesEveryPassword(t *testing.T) {
 	for _, tc := range secretURLs {
 		// An error that quotes the string whole, as url.Parse's does.
-		err := redactErr(errors.New("parse "+tc.conn+": bad"), tc.conn)
-		assertNoSecret(t, "redactErr", err.Error())
+		err := RedactError(errors.New("parse "+tc.conn+": bad"), tc.conn)
+		assertNoSecret(t, "RedactError", err.Error())
 	}
 }
 

@@ -29,6 +29,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// clientEncoding is the client_encoding of every connection walrelay
+// opens, the replication connection included: PostgreSQL then converts
+// text from the database's encoding (LATIN1, WIN1252, EUC_JP, …) to
+// UTF-8, in the walsender as in the snapshot's queries, so records carry
+// UTF-8 whatever the database stores. pgx relies on UTF-8 as well.
+const clientEncoding = "UTF8"
+
 // sessionSettings are the settings, and why each.
 var sessionSettings = []struct{ name, value string }{
 	// A snapshot's FETCH on a large table, CREATE_REPLICATION_SLOT waiting

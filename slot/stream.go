@@ -2,7 +2,9 @@ package slot
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -28,8 +30,8 @@ type StreamOptions struct {
 	// Read tunes how the socket is read.
 	Read ReadOptions
 	// TopicTemplate, when set, tags the connection's application_name
-	// (when --pg-url sets none) so that another relay can see which topics
-	// this one streams to (see SetupConfig.TopicTemplate).
+	// (when the connection string sets none) so that another relay can see
+	// which topics this one streams to (TopicsAppName).
 	TopicTemplate string
 }
 
@@ -121,6 +123,33 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 	return s, nil
 }
 
+// topicsTagPrefix starts the application_name of walrelay's streaming
+// connection when the connection string sets none: "walrelay
+// topics=<tag>", the tag naming the topic template. Another relay starting
+// on the same publication reads it in pg_stat_activity (TopicsAppName).
+const topicsTagPrefix = "walrelay topics="
+
+// TopicsAppName is the application_name of a stream to topicTemplate, as
+// Start names it when the connection string names none.
+func TopicsAppName(topicTemplate string) string { return topicsTagPrefix + topicsTag(topicTemplate) }
+
+// topicsTag is the tag of a topic template: the first 8 bytes of its
+// SHA-256 in hex. It only tells templates apart, and fits
+// application_name (63 bytes of printable ASCII) whatever the template.
+func topicsTag(template string) string {
+	sum := sha256.Sum256([]byte(template))
+	return hex.EncodeToString(sum[:8])
+}
+
+// tagApplicationName puts the topic template's tag in the application_name
+// of a replication connection when walrelay chose the name (the connection
+// string and PGAPPNAME set none): an operator's name is left alone.
+func tagApplicationName(cfg *pgconn.Config, topicTemplate string) {
+	if topicTemplate != "" && cfg.RuntimeParams["application_name"] == "walrelay" {
+		cfg.RuntimeParams["application_name"] = TopicsAppName(topicTemplate)
+	}
+}
+
 // senderTimeout reads the connection's wal_sender_timeout (in ms; a
 // replication connection of the database kind runs SQL before streaming).
 // A failure reads as 0: the relay then keeps its own status interval.
@@ -145,7 +174,7 @@ func (s *Stream) PID() uint32 { return s.conn.PID() }
 // own: the cluster's system identifier, timeline and WAL flush position,
 // for callers that have no stream open.
 func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemResult, error) {
-	conn, err := replicationConn(ctx, url)
+	conn, err := ReplicationConn(ctx, url)
 	if err != nil {
 		return pglogrepl.IdentifySystemResult{}, err
 	}
@@ -158,7 +187,7 @@ func IdentifySystem(ctx context.Context, url string) (pglogrepl.IdentifySystemRe
 }
 
 // ReplicationConfig derives the replication connection's configuration from
-// a normal connection URL or DSN (DefaultSSLMode when it sets no sslmode).
+// a normal connection URL or DSN (defaultSSLMode when it sets no sslmode).
 // A string that does not parse is a *SetupError that does not quote it.
 func ReplicationConfig(url string) (*pgconn.Config, error) {
 	cfg, err := parseConfig(url)
@@ -179,9 +208,9 @@ func ReplicationConfig(url string) (*pgconn.Config, error) {
 	return cfg, nil
 }
 
-// replicationConn opens a replication connection (replication=database)
+// ReplicationConn opens a replication connection (replication=database)
 // for one command or two: slot commands, IDENTIFY_SYSTEM, TIMELINE_HISTORY.
-func replicationConn(ctx context.Context, url string) (*pgconn.PgConn, error) {
+func ReplicationConn(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	cfg, err := ReplicationConfig(url)
 	if err != nil {
 		return nil, err
@@ -349,7 +378,7 @@ func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''
 // WAL forked from its old primary's. Timeline from must be an ancestor of
 // to.
 func TimelineSwitch(ctx context.Context, url string, from, to int32) (decoder.LSN, error) {
-	conn, err := replicationConn(ctx, url)
+	conn, err := ReplicationConn(ctx, url)
 	if err != nil {
 		return 0, err
 	}

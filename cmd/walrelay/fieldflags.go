@@ -9,15 +9,17 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// The libraries (relay, router, slot, …) name the configuration field to
-// change in their errors and logs, as go doc spells it (package.Type.Field,
-// e.g. relay.Config.StartupTimeout), or a setting of one
-// (slot.SetupConfig.Snapshot=nil): an embedder has no flags. The command
-// line speaks flags, so every message walrelay prints or logs goes through
-// speakFlags, which puts each field's flag in its place. This table is the
-// one place that knows which flag sets which field; TestFieldFlags checks
-// that every field in it exists, that every flag in it is a flag of
-// walrelay, and that the libraries name no field it lacks.
+// The libraries (relay, router, source, doctor, …) name the configuration
+// field to change in their errors and logs, as go doc spells it
+// (package.Type.Field, e.g. relay.Config.StartupTimeout), or a setting of
+// one (source.SetupConfig.Snapshot=nil), and the function to run where
+// walrelay runs a command (relay.PublishSnapshot): an embedder has no
+// flags. The command line speaks flags, so every message walrelay prints
+// or logs goes through speakFlags, which puts each field's flag (each
+// function's command) in its place. This table is the one place that
+// knows which flag sets which field; TestFieldFlags checks that every field
+// and function in it exists, that every flag and command in it is one of
+// walrelay's, and that the libraries name none it lacks.
 var fieldFlags = map[string]string{
 	"relay.Config.PGURL":                     "--pg-url",
 	"relay.Config.Tables":                    "--table",
@@ -60,19 +62,27 @@ var fieldFlags = map[string]string{
 	"router.Config.CreateTopics":             "--create-topics",
 	"router.Config.TransactionTimeout":       "--txn-timeout",
 	"router.Config.CheckpointTopic":          "--checkpoint-topic",
-	"slot.SetupConfig.URL":                   "--pg-url",
-	"slot.SetupConfig.Slot":                  "--slot",
-	"slot.SetupConfig.Snapshot=nil":          "--snapshot never",
-	"slot.SetupConfig.Publication":           "--publication",
-	"slot.SetupConfig.Tables":                "--table",
-	"slot.SetupConfig.CreatePublication":     "--create-publication",
-	"slot.SetupConfig.AlterPublication":      "--alter-publication",
-	"slot.SetupConfig.AllowRowFilter":        "--allow-row-filter",
-	"slot.SetupConfig.CreateSlot":            "--create-slot",
-	"slot.SetupConfig.Failover":              "--failover-slot",
-	"slot.SetupConfig.RecordSchema":          "--record-schema",
-	"slot.SetupConfig.Binary":                "--binary",
-	"slot.SetupConfig.TopicTemplate":         "--topic-template",
+	"source.SetupConfig.URL":                 "--pg-url",
+	"source.SetupConfig.Slot":                "--slot",
+	"source.SetupConfig.Snapshot=nil":        "--snapshot never",
+	"source.SetupConfig.Publication":         "--publication",
+	"source.SetupConfig.Tables":              "--table",
+	"source.SetupConfig.CreatePublication":   "--create-publication",
+	"source.SetupConfig.AlterPublication":    "--alter-publication",
+	"source.SetupConfig.AllowRowFilter":      "--allow-row-filter",
+	"source.SetupConfig.CreateSlot":          "--create-slot",
+	"source.SetupConfig.Failover":            "--failover-slot",
+	"source.SetupConfig.RecordSchema":        "--record-schema",
+	"source.SetupConfig.Binary":              "--binary",
+	"source.SetupConfig.TopicTemplate":       "--topic-template",
+	"source.SetupConfig.AcceptGap":           "walrelay setup --accept-gap",
+	"source.Prepare":                         "walrelay setup",
+	"relay.Relay.Run":                        "walrelay run",
+	"relay.PublishSnapshot":                  "walrelay snapshot",
+	"doctor.StatusOptions.MaxLagBytes":       "--max-lag-bytes",
+	"doctor.StatusOptions.PlannedOutage":     "--planned-outage",
+	"doctor.StatusOptions.Explain":           "walrelay status --explain",
+	"router.Config.MaxTopicSeries":           "--max-topic-series",
 	"slot.ReadOptions.MaxMessageBytes":       "--max-message-bytes",
 	"snapshot.Config.Order":                  "--snapshot-order (walrelay snapshot: --order)",
 	"decoder.Mapping":                        "the matching --column-* or --header-column flag",

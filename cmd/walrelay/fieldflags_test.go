@@ -20,27 +20,39 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/kafkaauth"
 	"github.com/walrelay/walrelay/pgauth"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 	"github.com/walrelay/walrelay/snapshot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // configTypes are the types whose fields the libraries name.
 var configTypes = map[string]reflect.Type{
-	"relay.Config":       reflect.TypeFor[relay.Config](),
-	"router.Config":      reflect.TypeFor[router.Config](),
-	"slot.SetupConfig":   reflect.TypeFor[slot.SetupConfig](),
-	"slot.ReadOptions":   reflect.TypeFor[slot.ReadOptions](),
-	"snapshot.Config":    reflect.TypeFor[snapshot.Config](),
-	"decoder.Mapping":    reflect.TypeFor[decoder.Mapping](),
-	"kafkaauth.OAuth":    reflect.TypeFor[kafkaauth.OAuth](),
-	"kafkaauth.TLSFiles": reflect.TypeFor[kafkaauth.TLSFiles](),
-	"kafkaauth.MSKIAM":   reflect.TypeFor[kafkaauth.MSKIAM](),
-	"pgauth.Command":     reflect.TypeFor[pgauth.Command](),
-	"pgauth.RDSIAM":      reflect.TypeFor[pgauth.RDSIAM](),
+	"relay.Config":         reflect.TypeFor[relay.Config](),
+	"router.Config":        reflect.TypeFor[router.Config](),
+	"source.SetupConfig":   reflect.TypeFor[source.SetupConfig](),
+	"slot.ReadOptions":     reflect.TypeFor[slot.ReadOptions](),
+	"snapshot.Config":      reflect.TypeFor[snapshot.Config](),
+	"decoder.Mapping":      reflect.TypeFor[decoder.Mapping](),
+	"doctor.StatusOptions": reflect.TypeFor[doctor.StatusOptions](),
+	"kafkaauth.OAuth":      reflect.TypeFor[kafkaauth.OAuth](),
+	"kafkaauth.TLSFiles":   reflect.TypeFor[kafkaauth.TLSFiles](),
+	"kafkaauth.MSKIAM":     reflect.TypeFor[kafkaauth.MSKIAM](),
+	"pgauth.Command":       reflect.TypeFor[pgauth.Command](),
+	"pgauth.RDSIAM":        reflect.TypeFor[pgauth.RDSIAM](),
+}
+
+// commandFuncs are the library functions the libraries name where walrelay
+// runs a command (relay.PublishSnapshot: walrelay snapshot); the values
+// make the compiler check that each exists.
+var commandFuncs = map[string]any{
+	"relay.PublishSnapshot": relay.PublishSnapshot,
+	"relay.Relay.Run":       (*relay.Relay).Run,
+	"source.Prepare":        source.Prepare,
 }
 
 // unflagged are fields the libraries name that no flag sets: their names
@@ -54,6 +66,9 @@ var unflagged = map[string]string{
 // decoder.Mapping, kgo.SeedBrokers) is a field, type or option that exists.
 func realField(t *testing.T, name string) bool {
 	name, _, _ = strings.Cut(name, "=") // a setting: its field
+	if commandFuncs[name] != nil {
+		return true
+	}
 	if opt, ok := strings.CutPrefix(name, "kgo."); ok {
 		cl, err := kgo.NewClient()
 		if err != nil {
@@ -106,20 +121,44 @@ func allFlags(t *testing.T) map[string]bool {
 
 var flagToken = regexp.MustCompile(`--([a-z][a-z0-9-]*)(\*?)`)
 
+// allCommands are walrelay's commands.
+func allCommands(t *testing.T) map[string]bool {
+	t.Helper()
+	var c cli
+	k, err := kong.New(&c, parserOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commands := map[string]bool{}
+	for _, n := range k.Model.Node.Children {
+		commands[n.Name] = true
+	}
+	return commands
+}
+
+// commandToken is a walrelay command in a message ("walrelay setup").
+var commandToken = regexp.MustCompile(`\bwalrelay ([a-z]+)\b`)
+
 // TestFieldFlags: every field the table maps exists, every flag it maps
 // to is a flag of walrelay, and every field the libraries name in a
 // message is in the table (or has no flag, said why), so that renaming a
 // field or a flag fails here rather than leaving messages that name
 // neither.
 func TestFieldFlags(t *testing.T) {
-	flags := allFlags(t)
+	flags, commands := allFlags(t), allCommands(t)
 	for field, flag := range fieldFlags {
 		if !realField(t, field) {
 			t.Errorf("fieldFlags maps %s, which is no field", field)
 		}
 		tokens := flagToken.FindAllStringSubmatch(flag, -1)
-		if len(tokens) == 0 {
+		named := commandToken.FindAllStringSubmatch(flag, -1)
+		if len(tokens) == 0 && len(named) == 0 {
 			t.Errorf("fieldFlags maps %s to %q, which names no flag", field, flag)
+		}
+		for _, cmd := range named {
+			if !commands[cmd[1]] {
+				t.Errorf("fieldFlags maps %s to %s, which is no command of walrelay", field, cmd[0])
+			}
 		}
 		for _, tok := range tokens {
 			if tok[2] == "*" {
@@ -158,14 +197,14 @@ func TestFieldFlags(t *testing.T) {
 }
 
 // fieldName is how a library names a field in a message.
-var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|snapshot|decoder|kgo|kafkaauth|pgauth)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
+var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|source|doctor|snapshot|decoder|kgo|kafkaauth|pgauth)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
 
 // libraryStrings calls f with each string literal of the libraries' code
 // (tests aside) and where it is.
 func libraryStrings(t *testing.T, f func(s, where string)) {
 	t.Helper()
 	var files []string
-	for _, dir := range []string{"relay", "router", "slot", "checkpoint", "snapshot", "decoder", "heartbeat", "deadletter", "kafkaauth", "pgauth"} {
+	for _, dir := range []string{"relay", "router", "slot", "source", "doctor", "checkpoint", "confirm", "snapshot", "decoder", "heartbeat", "deadletter", "metrics", "kafkaauth", "pgauth"} {
 		err := filepath.WalkDir(filepath.Join("../..", dir), func(path string, d fs.DirEntry, err error) error {
 			if err == nil && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
 				files = append(files, path)
@@ -229,6 +268,47 @@ func TestLibrariesNameNoFlags(t *testing.T) {
 	})
 }
 
+// commandsNamed are the only library strings that name a walrelay command
+// (each the part that does), and why: everywhere else a library names the
+// field or function, and fieldFlags speaks it as the command.
+var commandsNamed = map[string]string{
+	"walrelay drop --slot ":                "source/preflight.go: no library function drops a slot; walrelay drop counts what it holds and drops walrelay's record with it",
+	"walrelay snapshot --table ":           "source/publication.go: the fix field of a log line, a command line to paste",
+	"run walrelay setup --accept-gap with": "slot/slot.go: accepting a gap is an operator's one-off decision, never a setting a relay keeps",
+}
+
+// TestLibrariesNameNoCommands: the libraries' messages name fields and
+// functions, not walrelay's commands, but in the few strings
+// commandsNamed lists.
+func TestLibrariesNameNoCommands(t *testing.T) {
+	if len(commandsNamed) > 3 {
+		t.Errorf("%d library strings may name a command, want at most 3: name fields and functions, and map them in fieldFlags", len(commandsNamed))
+	}
+	commands := allCommands(t)
+	seen := map[string]bool{}
+	libraryStrings(t, func(s, where string) {
+		for _, cmd := range commandToken.FindAllStringSubmatch(s, -1) {
+			if !commands[cmd[1]] {
+				continue // "walrelay streams", not a command
+			}
+			allowed := false
+			for part := range commandsNamed {
+				if strings.Contains(s, part) {
+					allowed, seen[part] = true, true
+				}
+			}
+			if !allowed {
+				t.Errorf("%s names the command %q: name the field or function, and map it in fieldFlags", where, cmd[0])
+			}
+		}
+	})
+	for part, why := range commandsNamed {
+		if !seen[part] {
+			t.Errorf("commandsNamed lists %q (%s), which no library string holds: remove it", part, why)
+		}
+	}
+}
+
 // TestSpeakFlags: what walrelay prints and logs names flags where the
 // libraries named fields, and the library's error is still under it.
 func TestSpeakFlags(t *testing.T) {
@@ -242,7 +322,7 @@ func TestSpeakFlags(t *testing.T) {
 	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&buf), zap.DebugLevel)
 	log := zap.New(flagCore{core}).With(zap.String("hint", "raise router.Config.MaxTopics"))
 	cause := errors.New("relay.Config.Read.MaxMessageBytes too small")
-	log.Warn("reached router.Config.MaxTopics", zap.String("fix", "turn on slot.SetupConfig.CreateSlot"), zap.Error(cause), zap.Int("n", 3))
+	log.Warn("reached router.Config.MaxTopics", zap.String("fix", "turn on source.SetupConfig.CreateSlot"), zap.Error(cause), zap.Int("n", 3))
 	line := buf.String()
 	for _, w := range []string{`"msg":"reached --max-topics"`, `"hint":"raise --max-topics"`, `"fix":"turn on --create-slot"`, `"error":"--max-message-bytes too small"`, `"n":3`} {
 		if !strings.Contains(line, w) {

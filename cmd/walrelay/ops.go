@@ -14,7 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // statusCmd is `walrelay status`: the slot at a glance, for people, cron
@@ -44,63 +46,6 @@ func (c *statusCmd) Validate() error {
 	return validateSource(c.PGURL, c.Slot, nil)
 }
 
-// notStreamed is status's warning (or, with --require-active, problem) for
-// a slot no client reads: it holds WAL and nothing is published.
-const notStreamed = "no relay is streaming from this slot: it keeps WAL and nothing is published until one does (start walrelay run, or remove the slot with walrelay drop)"
-
-// slotStatus is what status prints.
-type slotStatus struct {
-	Slot              string `json:"slot"`
-	Plugin            string `json:"plugin"`
-	Database          string `json:"database"`
-	Active            bool   `json:"active"`
-	ActivePID         *int32 `json:"active_pid"`
-	RestartLSN        string `json:"restart_lsn"`
-	ConfirmedFlushLSN string `json:"confirmed_flush_lsn"`
-	CurrentLSN        string `json:"current_lsn"`
-	RetainedWALBytes  int64  `json:"retained_wal_bytes"`
-	ConfirmedLagBytes int64  `json:"confirmed_lag_bytes"`
-	WALStatus         string `json:"wal_status"`
-	SafeWALSize       *int64 `json:"safe_wal_size"`
-	// WALRate is the server's WAL rate over --rate-window, and
-	// TimeToInvalidation how long safe_wal_size lasts at it; both are
-	// measured only when max_slot_wal_keep_size limits the slot.
-	WALRate            *float64 `json:"wal_rate_bytes_per_second"`
-	TimeToInvalidation *float64 `json:"time_to_invalidation_seconds"`
-	// InactiveSince is PostgreSQL 17+'s inactive_since; RecordUpdatedAt
-	// when walrelay last moved its record, the nearest an older server has.
-	InactiveSince   *time.Time `json:"inactive_since"`
-	RecordUpdatedAt *time.Time `json:"record_updated_at"`
-	// InvalidationReason is why PostgreSQL invalidated the slot (empty
-	// when it is not), InvalidationSource where the reason comes from.
-	InvalidationReason string `json:"invalidation_reason"`
-	InvalidationSource string `json:"invalidation_source"`
-	// Failover says what a failover of the primary does to the slot.
-	Failover string `json:"failover"`
-	// Creating is, while a relay creates the slot, what the creation waits
-	// for (null otherwise): the slot's figures are then empty.
-	Creating *slotCreation `json:"creating"`
-	// Explain is what holds the slot, with --explain (null without).
-	Explain  []slot.Cause `json:"explain"`
-	Healthy  bool         `json:"healthy"`
-	Problems []string     `json:"problems"`
-	// Warnings need a look but do not make the slot unhealthy.
-	Warnings []string `json:"warnings"`
-}
-
-// slotCreation is a creation of the slot under way (slot.Creation).
-type slotCreation struct {
-	WalsenderPID int32 `json:"walsender_pid"`
-	// CreatingSlot is the slot the walsender creates: the slot, or the
-	// initial snapshot's temporary slot.
-	CreatingSlot  string  `json:"creating_slot"`
-	WaitedSeconds float64 `json:"waited_seconds"`
-	// WaitXid is the xid it waits on now (0 between two rounds).
-	WaitXid    int64  `json:"wait_xid"`
-	WaitingFor string `json:"waiting_for"`
-	Fix        string `json:"fix"`
-}
-
 func (c *statusCmd) Run(ctx context.Context, lf *LogFlags) error {
 	log, err := lf.logger()
 	if err != nil {
@@ -121,120 +66,28 @@ func (c *statusCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return &exitError{code: exitFailed, err: err}
 	}
 	defer conn.Close(context.Background())
-	rec, recorded, err := slot.ReadRecord(ctx, conn, c.RecordSchema, c.Slot)
+	opts := doctor.StatusOptions{
+		Slot: c.Slot, MaxLagBytes: c.MaxLagBytes, RequireActive: c.RequireActive, StandbyURLs: c.StandbyURL,
+		Explain: c.Explain, RateWindow: c.RateWindow, PlannedOutage: c.PlannedOutage,
+	}
+	rec, recorded, err := source.ReadRecord(ctx, conn, c.RecordSchema, c.Slot)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
-	}
-	info, err := slot.ReadInfo(ctx, conn, c.Slot)
-	if errors.Is(err, slot.ErrNoSlot) || err == nil && info.Active && info.ConfirmedLSN == 0 {
-		// Missing, or in pg_replication_slots without a consistent point
-		// yet: a relay may be creating it, waiting for transactions.
-		cr, err := slot.ReadCreation(ctx, conn, c.Slot)
-		if err != nil {
-			return &exitError{code: exitFailed, err: err}
-		}
-		if cr != nil {
-			return c.creating(cr)
-		}
-	}
-	if errors.Is(err, slot.ErrNoSlot) && recorded {
-		return &exitError{code: exitFailed, err: &slot.GapError{
-			What:  fmt.Sprintf("replication slot %q does not exist, though walrelay streamed from it (recorded in %s.slots, confirmed at %s on %s)", c.Slot, c.RecordSchema, rec.ConfirmedLSN, rec.UpdatedAt.UTC().Format(time.RFC3339)),
-			Since: rec.ConfirmedLSN,
-			Fix:   "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+)",
-		}}
-	}
-	if err != nil {
-		return &exitError{code: exitFailed, err: err}
-	}
-	failover, err := slot.ReadFailover(ctx, conn, info, c.StandbyURL)
-	if err != nil {
-		return &exitError{code: exitFailed, err: err}
-	}
-	settings, err := slot.ReadSettings(ctx, conn)
-	if err != nil {
-		return &exitError{code: exitFailed, err: err}
-	}
-	st := slotStatus{
-		Slot: info.Name, Plugin: info.Plugin, Database: info.Database, Active: info.Active, ActivePID: info.ActivePID,
-		RestartLSN: info.RestartLSN.String(), ConfirmedFlushLSN: info.ConfirmedLSN.String(), CurrentLSN: info.CurrentLSN.String(),
-		RetainedWALBytes: info.RetainedWALBytes, ConfirmedLagBytes: info.LagBytes, WALStatus: info.WALStatus,
-		SafeWALSize: info.SafeWALSize, InactiveSince: info.InactiveSince, Problems: []string{}, Warnings: []string{},
 	}
 	if recorded {
-		st.RecordUpdatedAt = &rec.UpdatedAt
+		r := rec.Recorded(c.RecordSchema)
+		opts.Record = &r
 	}
-	if !info.Active && !info.Invalidated() {
-		if c.RequireActive {
-			st.Problems = append(st.Problems, notStreamed)
-		} else {
-			st.Warnings = append(st.Warnings, notStreamed)
-		}
-	}
-	if info.Invalidated() {
-		inv := info.Invalidation(settings)
-		st.InvalidationReason, st.InvalidationSource = inv.Reason, inv.Source
-		since := info.ConfirmedLSN
-		if recorded {
-			since = max(since, rec.ConfirmedLSN)
-		}
-		st.Problems = append(st.Problems, slot.InvalidatedError(info, settings, since).Error())
-	} else if recorded && rec.Stopped != "" {
-		st.Problems = append(st.Problems, fmt.Sprintf("walrelay stopped at %s because %s: it refuses to go on until the gap is accepted (walrelay setup --accept-gap)", rec.StoppedAt, rec.Stopped))
-	}
-	if info.WALStatus == "unreserved" {
-		st.Problems = append(st.Problems, fmt.Sprintf("wal_status = unreserved: the slot needs WAL past max_slot_wal_keep_size = %s, which PostgreSQL removes at its next checkpoint, invalidating the slot, unless the relay confirms first; get the relay confirming now, or raise max_slot_wal_keep_size (ALTER SYSTEM SET max_slot_wal_keep_size = ...; SELECT pg_reload_conf())", settings.MaxSlotWALKeepSize))
-	}
-	if err := c.timeLeft(ctx, conn, info, settings, &st); err != nil {
+	st, err := doctor.ReadStatus(ctx, conn, opts)
+	if err != nil {
 		return &exitError{code: exitFailed, err: err}
-	}
-	text, warn := failover.Describe()
-	st.Failover = text
-	if warn {
-		st.Warnings = append(st.Warnings, text)
-	}
-	if c.Explain {
-		facts, err := slot.ReadFacts(ctx, conn, info)
-		if err != nil {
-			return &exitError{code: exitFailed, err: err}
-		}
-		opts := slot.ExplainOptions{}
-		if recorded {
-			opts.Record = &rec
-		}
-		st.Explain = append(facts.Explain(opts), failover.Causes()...)
-		if st.Explain == nil {
-			st.Explain = []slot.Cause{}
-		}
-	}
-	if c.MaxLagBytes > 0 && info.LagBytes > c.MaxLagBytes {
-		st.Problems = append(st.Problems, fmt.Sprintf("confirmed lag %s exceeds --max-lag-bytes %s", bytesText(info.LagBytes), bytesText(c.MaxLagBytes)))
-	}
-	return c.report(st)
-}
-
-// creating reports a creation of the slot under way: like a slot no relay
-// streams from, a warning, or with --require-active a problem.
-func (c *statusCmd) creating(cr *slot.Creation) error {
-	st := slotStatus{Slot: c.Slot, Problems: []string{}, Warnings: []string{}, Creating: &slotCreation{
-		WalsenderPID: cr.PID, CreatingSlot: cr.Creating, WaitedSeconds: cr.Waited.Seconds(), WaitXid: cr.WaitXid,
-		WaitingFor: cr.WaitingFor(), Fix: cr.Fix(),
-	}}
-	msg := fmt.Sprintf("the slot is not created yet: walrelay is creating it and has waited %s for transactions to end (see waiting_for)", slot.DurationText(cr.Waited))
-	if c.RequireActive {
-		st.Problems = append(st.Problems, msg)
-	} else {
-		st.Warnings = append(st.Warnings, msg)
-	}
-	if c.Explain {
-		st.Explain = cr.Causes()
 	}
 	return c.report(st)
 }
 
 // report prints st and exits 1 when it has problems.
-func (c *statusCmd) report(st slotStatus) error {
-	// The slot package names configuration fields; status speaks flags.
+func (c *statusCmd) report(st doctor.Status) error {
+	// The doctor names configuration fields; status speaks flags.
 	st.Failover = speakFlags(st.Failover)
 	for _, list := range [][]string{st.Problems, st.Warnings} {
 		for i := range list {
@@ -245,7 +98,6 @@ func (c *statusCmd) report(st slotStatus) error {
 		c := &st.Explain[i]
 		c.Holds, c.Text, c.Fix = speakFlags(c.Holds), speakFlags(c.Text), speakFlags(c.Fix)
 	}
-	st.Healthy = len(st.Problems) == 0
 	if c.JSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -261,57 +113,7 @@ func (c *statusCmd) report(st slotStatus) error {
 	return nil
 }
 
-// timeLeft measures the WAL rate over --rate-window when
-// max_slot_wal_keep_size limits the slot, and warns when the slot's safe
-// WAL, or idle_replication_slot_timeout, lasts less than --planned-outage.
-func (c *statusCmd) timeLeft(ctx context.Context, conn *pgx.Conn, info slot.Info, s slot.Settings, st *slotStatus) error {
-	plan := c.PlannedOutage
-	if d := s.IdleSlotTimeoutDur; d > 0 && !info.Invalidated() {
-		switch {
-		case !info.Active && info.InactiveSince != nil:
-			st.Warnings = append(st.Warnings, fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot, inactive since %s, at the first checkpoint after %s (in %s) unless a relay streams from it first",
-				s.IdleSlotTimeout, info.InactiveSince.UTC().Format(time.RFC3339), info.InactiveSince.Add(d).UTC().Format(time.RFC3339), slot.DurationText(max(info.InactiveSince.Add(d).Sub(info.Now), 0))))
-		case plan > 0 && d < plan:
-			st.Warnings = append(st.Warnings, fmt.Sprintf("idle_replication_slot_timeout = %s invalidates the slot once no relay streams from it that long, less than --planned-outage %s: set it to 0 or above %s", s.IdleSlotTimeout, slot.DurationText(plan), slot.DurationText(plan)))
-		}
-	}
-	if info.SafeWALSize == nil || info.Invalidated() || c.RateWindow <= 0 {
-		return nil
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(c.RateWindow):
-	}
-	var at string
-	var now time.Time
-	err := conn.QueryRow(ctx, "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text, now()").Scan(&at, &now)
-	if err != nil {
-		return fmt.Errorf("read the WAL position: %w", err)
-	}
-	lsn, err := slot.ParseLSN(at)
-	if err != nil {
-		return err
-	}
-	dt := now.Sub(info.Now).Seconds()
-	if dt <= 0 || lsn < info.CurrentLSN {
-		return nil
-	}
-	rate := float64(lsn-info.CurrentLSN) / dt
-	st.WALRate = &rate
-	if rate == 0 {
-		return nil
-	}
-	left := float64(*info.SafeWALSize) / rate
-	st.TimeToInvalidation = &left
-	if d := time.Duration(left * float64(time.Second)); plan > 0 && d < plan {
-		st.Warnings = append(st.Warnings, fmt.Sprintf("at the server's WAL rate (%s/s over %s) the slot's safe_wal_size of %s lasts about %s: max_slot_wal_keep_size = %s invalidates it that soon if it stops moving, less than --planned-outage %s; keep the relay confirming, and raise max_slot_wal_keep_size to at least %s if the disk holds it",
-			bytesText(int64(rate)), slot.DurationText(c.RateWindow), bytesText(*info.SafeWALSize), slot.DurationText(d), s.MaxSlotWALKeepSize, slot.DurationText(plan), bytesText(int64(rate*plan.Seconds()))))
-	}
-	return nil
-}
-
-func printStatus(w io.Writer, st slotStatus) {
+func printStatus(w io.Writer, st doctor.Status) {
 	health := "ok"
 	if len(st.Warnings) > 0 {
 		health = "ok, but WARNING: " + strings.Join(st.Warnings, "; ")
@@ -320,7 +122,7 @@ func printStatus(w io.Writer, st slotStatus) {
 		health = "UNHEALTHY: " + strings.Join(st.Problems, "; ")
 	}
 	if cr := st.Creating; cr != nil {
-		creating := fmt.Sprintf("yes: walsender pid %d, waiting %s", cr.WalsenderPID, slot.DurationText(time.Duration(cr.WaitedSeconds*float64(time.Second))))
+		creating := fmt.Sprintf("yes: walsender pid %d, waiting %s", cr.WalsenderPID, doctor.DurationText(time.Duration(cr.WaitedSeconds*float64(time.Second))))
 		if cr.CreatingSlot != "" && cr.CreatingSlot != st.Slot {
 			creating += fmt.Sprintf(" (first the initial snapshot's temporary slot %q)", cr.CreatingSlot)
 		}
@@ -379,7 +181,7 @@ func printStatus(w io.Writer, st slotStatus) {
 		rows = append(rows, [2]string{"wal_rate", bytesText(int64(*st.WALRate)) + "/s"})
 	}
 	if st.TimeToInvalidation != nil {
-		rows = append(rows, [2]string{"time_left", fmt.Sprintf("about %s at this WAL rate before max_slot_wal_keep_size invalidates the slot, if it stops moving", slot.DurationText(time.Duration(*st.TimeToInvalidation*float64(time.Second))))})
+		rows = append(rows, [2]string{"time_left", fmt.Sprintf("about %s at this WAL rate before max_slot_wal_keep_size invalidates the slot, if it stops moving", doctor.DurationText(time.Duration(*st.TimeToInvalidation*float64(time.Second))))})
 	}
 	rows = append(rows, [2]string{"inactive_since", inactive}, [2]string{"invalidated", invalidated},
 		[2]string{"failover", st.Failover}, [2]string{"health", health})
@@ -390,7 +192,7 @@ func printStatus(w io.Writer, st slotStatus) {
 }
 
 // printExplain prints what --explain found.
-func printExplain(w io.Writer, st slotStatus) {
+func printExplain(w io.Writer, st doctor.Status) {
 	if st.Explain == nil {
 		return
 	}
@@ -405,7 +207,7 @@ func printExplain(w io.Writer, st slotStatus) {
 }
 
 // bytesText prints a byte count for people, with the exact figure.
-func bytesText(n int64) string { return slot.BytesText(n) }
+func bytesText(n int64) string { return doctor.BytesText(n) }
 
 // setupCmd is `walrelay setup`: print the outbox DDL, check the database,
 // create the publication and slot.
@@ -474,7 +276,7 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 			}
 		}
 	}
-	rec, err := slot.Prepare(ctx, slot.SetupConfig{
+	rec, err := source.Prepare(ctx, source.SetupConfig{
 		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: m.Columns(),
 		CreatePublication: true, CreateSlot: true, AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,
 		Failover: c.FailoverSlot, RecordSchema: c.RecordSchema, AcceptGap: c.AcceptGap,
@@ -491,7 +293,7 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return &exitError{code: exitFailed, err: err}
 	}
 	defer conn.Close(context.Background())
-	pub, err := slot.ReadPublication(ctx, conn, c.Publication, tabs)
+	pub, err := source.ReadPublication(ctx, conn, c.Publication, tabs)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
@@ -512,7 +314,7 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 
 // publicationSummary says what the publication publishes, one line for it
 // and one per outbox table: what `setup` checked, in words.
-func publicationSummary(p slot.Publication) []string {
+func publicationSummary(p source.Publication) []string {
 	owner := "not created by walrelay: walrelay adds tables to it only with --alter-publication"
 	if p.Owned {
 		owner = "created by walrelay"
@@ -625,7 +427,7 @@ func (c *dropCmd) dropSlot(ctx context.Context, conn *pgx.Conn, info slot.Info, 
 	case err != nil:
 		return &exitError{code: exitFailed, err: fmt.Errorf("drop slot %q: %w", c.Slot, err)}
 	}
-	if err := slot.DropRecord(ctx, conn, c.RecordSchema, c.Slot); err != nil {
+	if err := source.DropRecord(ctx, conn, c.RecordSchema, c.Slot); err != nil {
 		return &exitError{code: exitFailed, err: fmt.Errorf("dropped slot %q, but cannot remove walrelay's record of it (the next start refuses as if the slot had been lost): %w", c.Slot, err)}
 	}
 	fmt.Printf("dropped slot %q, discarding %s: PostgreSQL no longer keeps WAL for it; events written from now on are not captured until a new slot exists\n", c.Slot, discards)
@@ -639,7 +441,7 @@ func (c *dropCmd) dropSlot(ctx context.Context, conn *pgx.Conn, info slot.Info, 
 // it to deliver it, so drop neither counts nor asks for --force: it says
 // what may be missing and the way on.
 func (c *dropCmd) dropInvalidated(ctx context.Context, conn *pgx.Conn, info slot.Info, log *zap.Logger) error {
-	gap := slot.ReadInvalidatedError(ctx, conn, info, 0)
+	gap := doctor.ReadInvalidatedError(ctx, conn, info, 0)
 	if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", c.Slot); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42704" {
@@ -648,7 +450,7 @@ func (c *dropCmd) dropInvalidated(ctx context.Context, conn *pgx.Conn, info slot
 		}
 		return &exitError{code: exitFailed, err: fmt.Errorf("drop slot %q: %w", c.Slot, err)}
 	}
-	if err := slot.DropRecord(ctx, conn, c.RecordSchema, c.Slot); err != nil {
+	if err := source.DropRecord(ctx, conn, c.RecordSchema, c.Slot); err != nil {
 		return &exitError{code: exitFailed, err: fmt.Errorf("dropped slot %q, but cannot remove walrelay's record of it (the next start refuses as if the slot had been lost): %w", c.Slot, err)}
 	}
 	fmt.Printf("dropped slot %q without counting its pending rows: %s, and PostgreSQL kept no WAL for it, so what it had not delivered can be neither counted nor read; events committed after %s may be missing from Kafka. Next: walrelay run creates a new slot and, with --snapshot initial (the default), first publishes the rows still in the outbox tables (or: walrelay setup, then walrelay snapshot)\n",

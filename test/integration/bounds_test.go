@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/walrelay/walrelay/deadletter"
 )
 

@@ -17,13 +17,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // explain runs walrelay status --explain, as text and as JSON, and
 // returns the text and the causes.
-func (e *env) explain() (string, []slot.Cause) {
+func (e *env) explain() (string, []doctor.Cause) {
 	e.t.Helper()
 	args := []string{"status", "--pg-url", e.url, "--slot", e.name, "--explain", "--rate-window", "0"}
 	text, code := runOutput(e.t, args...)
@@ -32,7 +34,7 @@ func (e *env) explain() (string, []slot.Cause) {
 	}
 	out, _ := runOutput(e.t, append(args, "--json")...)
 	var st struct {
-		Explain []slot.Cause `json:"explain"`
+		Explain []doctor.Cause `json:"explain"`
 	}
 	// An unhealthy slot's error follows the JSON on stderr.
 	if err := json.NewDecoder(strings.NewReader(out[max(strings.Index(out, "{"), 0):])).Decode(&st); err != nil {
@@ -46,12 +48,12 @@ func (e *env) explain() (string, []slot.Cause) {
 
 // waitCause waits until status --explain names a cause of kind, and
 // returns its text output and the cause.
-func (e *env) waitCause(kind string, timeout time.Duration) (string, slot.Cause) {
+func (e *env) waitCause(kind string, timeout time.Duration) (string, doctor.Cause) {
 	e.t.Helper()
 	var text string
-	var found slot.Cause
+	var found doctor.Cause
 	e.waitFor("status --explain naming "+kind, timeout, func() (bool, error) {
-		var causes []slot.Cause
+		var causes []doctor.Cause
 		text, causes = e.explain()
 		var kinds []string
 		for _, c := range causes {
@@ -420,7 +422,7 @@ func TestExplainRelayStopped(t *testing.T) {
 			return false, err
 		}
 		defer conn.Close(context.Background())
-		_, ok, err := slot.ReadRecord(e.ctx, conn, slot.DefaultRecordSchema, e.name)
+		_, ok, err := source.ReadRecord(e.ctx, conn, source.DefaultRecordSchema, e.name)
 		return ok, err
 	})
 	stopProc(t, p)
@@ -457,11 +459,11 @@ func TestExplainRelayWaitingForKafka(t *testing.T) {
 	relayNamed := func(state string) {
 		e.waitFor("the relay's connection named "+state, 30*time.Second, func() (bool, error) {
 			var n int
-			err := e.conn().QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, slot.AppNameAsShown(slot.RelayAppName(e.name, state))).Scan(&n)
+			err := e.conn().QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, doctor.AppNameAsShown(doctor.RelayAppName(e.name, state))).Scan(&n)
 			return n == 1, err
 		})
 	}
-	relayNamed(slot.RelayStreaming)
+	relayNamed(doctor.RelayStreaming)
 	if text, causes := e.explain(); len(causes) != 0 {
 		t.Errorf("explain of a healthy relay blames %+v:\n%s", causes, text)
 	} else {
@@ -477,20 +479,20 @@ func TestExplainRelayWaitingForKafka(t *testing.T) {
 
 	b.stop()
 	e.insertOutbox("o", 2)
-	relayNamed(slot.RelayWaitingForKafka)
+	relayNamed(doctor.RelayWaitingForKafka)
 	text, cause := e.waitCause("relay_waiting_for_kafka", 30*time.Second)
 	t.Logf("status --explain, broker down, 2 events in flight:\n%s", explainSection(text))
 	mustContain(t, "the cause", cause.Text+" fix: "+cause.Fix, `says "waiting for kafka"`, "Kafka acknowledged none of the events in flight", "make Kafka accept writes")
 
 	e.insertOutbox("o", 10)
-	relayNamed(slot.RelayBackpressure)
+	relayNamed(doctor.RelayBackpressure)
 	text, cause = e.waitCause("relay_waiting_for_kafka", 30*time.Second)
 	t.Logf("status --explain, broker down, in-flight limit reached:\n%s", explainSection(text))
 	mustContain(t, "the cause", cause.Text, `says "backpressure"`, "--max-inflight-events")
 
 	b.start()
 	c.waitIDs(13, 60*time.Second)
-	relayNamed(slot.RelayStreaming)
+	relayNamed(doctor.RelayStreaming)
 	e.waitFor("explain no longer blaming the relay", 30*time.Second, func() (bool, error) {
 		_, causes := e.explain()
 		return len(causes) == 0, fmt.Errorf("%+v", causes)
@@ -540,7 +542,7 @@ func TestExplainQuietOutbox(t *testing.T) {
 			if tc.heartbeat > 0 {
 				e.waitFor("the heartbeat's connection", 30*time.Second, func() (bool, error) {
 					var n int
-					err := conn.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, slot.AppNameAsShown(slot.HeartbeatAppName(e.name))).Scan(&n)
+					err := conn.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, doctor.AppNameAsShown(doctor.HeartbeatAppName(e.name))).Scan(&n)
 					return n == 1, err
 				})
 			}
@@ -555,7 +557,7 @@ func TestExplainQuietOutbox(t *testing.T) {
 				text, c := e.waitCause("quiet_outbox", 30*time.Second)
 				t.Logf("status --explain:\n%s", explainSection(text))
 				mustContain(t, "the quiet outbox's cause", c.Text+" fix: "+c.Fix, "the outbox is quiet and the relay sends no heartbeats",
-					slot.HeartbeatAppName(e.name), "--heartbeat-interval", "--idle-advance")
+					doctor.HeartbeatAppName(e.name), "--heartbeat-interval", "--idle-advance")
 				return
 			}
 			// The heartbeat moves the slot past the noise.

@@ -25,7 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // useDatabase moves the test to a database of its own created with
@@ -213,7 +213,7 @@ func TestOddStartupRefusals(t *testing.T) {
 				t.Errorf("publication %s was created before the refusal", e.name)
 			}
 			var record *string
-			if err := e.conn().QueryRow(e.ctx, "SELECT to_regclass($1)::text", pgx.Identifier{slot.DefaultRecordSchema, slot.RecordTableName}.Sanitize()).Scan(&record); err != nil || record != nil {
+			if err := e.conn().QueryRow(e.ctx, "SELECT to_regclass($1)::text", pgx.Identifier{source.DefaultRecordSchema, source.RecordTableName}.Sanitize()).Scan(&record); err != nil || record != nil {
 				t.Errorf("walrelay's record table %v was created before the refusal (%v)", record, err)
 			}
 			if _, err := e.slotInfoErr(); err == nil {

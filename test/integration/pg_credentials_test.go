@@ -161,8 +161,8 @@ func TestPGPasswordCommand(t *testing.T) {
 		}
 		r := e.runCLI(90*time.Second, env, withFlag(withFlag(args, "--startup-timeout", "5s"), "--slot", e.name+"_x")...)
 		last := lastLines(r.output(), 1)
-		if r.code != 2 || !strings.Contains(last, "--pg-password-command") || !strings.Contains(last, "--startup-timeout") {
-			t.Errorf("exit %d, last line %s; want 2 naming --pg-password-command and --startup-timeout", r.code, last)
+		if r.code != 4 || !strings.Contains(last, "--pg-password-command") || !strings.Contains(last, "--startup-timeout") {
+			t.Errorf("exit %d, last line %s; want 4 (the startup timeout's) naming --pg-password-command and --startup-timeout", r.code, last)
 		}
 		if n := strings.Count(r.output(), "no PostgreSQL password from its source"); n != 1 {
 			t.Errorf("%d WARN lines, want 1", n)

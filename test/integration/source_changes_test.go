@@ -19,6 +19,7 @@ import (
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 )
 
 // insertRows commits n outbox rows, one transaction each, and returns
@@ -354,14 +355,14 @@ func TestDropForgetsTheRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn := e.conn()
-	if _, ok, err := slot.ReadRecord(context.Background(), conn, slot.DefaultRecordSchema, e.name); err != nil || !ok {
+	if _, ok, err := source.ReadRecord(context.Background(), conn, source.DefaultRecordSchema, e.name); err != nil || !ok {
 		t.Fatalf("no record of the slot after a start: ok %v, %v", ok, err)
 	}
 	out, code := runOutput(t, "drop", "--pg-url", e.url, "--slot", e.name, "--publication", e.name, "--drop-publication")
 	if code != 0 {
 		t.Fatalf("drop exit %d:\n%s", code, out)
 	}
-	if _, ok, err := slot.ReadRecord(context.Background(), conn, slot.DefaultRecordSchema, e.name); err != nil || ok {
+	if _, ok, err := source.ReadRecord(context.Background(), conn, source.DefaultRecordSchema, e.name); err != nil || ok {
 		t.Fatalf("the record of the dropped slot is still there (ok %v, %v)", ok, err)
 	}
 	e.startRelay(e.config())

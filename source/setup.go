@@ -1,4 +1,4 @@
-package slot
+package source
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
+	"github.com/walrelay/walrelay/slot"
 )
 
 // SetupConfig says what the source database must provide.
@@ -81,44 +83,16 @@ type SetupConfig struct {
 	OnCreateWait func(waited time.Duration)
 }
 
-// Connect opens a normal (non-replication) connection for checks and
-// queries, with the password kept out of any error. A string that does not
-// parse is a *SetupError, before any connection attempt; without sslmode
-// the connection uses DefaultSSLMode.
-func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
-	if _, err := parseConfig(url); err != nil {
-		return nil, err
-	}
-	cfg, err := pgx.ParseConfig(withDefaultSSLMode(url))
-	if err != nil {
-		return nil, fmt.Errorf("parse PostgreSQL URL %s: %w", Redact(url), redactErr(err, url))
-	}
-	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
-		cfg.RuntimeParams["application_name"] = "walrelay"
-	}
-	cfg.RuntimeParams["client_encoding"] = clientEncoding
-	cfg.AfterConnect = applySettings
-	usePasswordSource(&cfg.Config)
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		if err := connectError(err, url); IsSetupError(err) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", Redact(url), redactErr(passwordSourceHint(err), url))
-	}
-	return conn, nil
-}
-
 // Prepare checks the source database and creates the publication and slot
 // when allowed, then returns walrelay's record of what the slot streams
-// from. A *SetupError means walrelay must not start, and a *GapError that
-// something it streamed from was replaced or removed; other errors
-// (connection failures) may go away on retry.
+// from. A *slot.SetupError means walrelay must not start, and a
+// *slot.GapError that something it streamed from was replaced or removed;
+// other errors (connection failures) may go away on retry.
 func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, error) {
 	if cfg.RecordSchema == "" {
 		cfg.RecordSchema = DefaultRecordSchema
 	}
-	conn, err := Connect(ctx, cfg.URL)
+	conn, err := slot.Connect(ctx, cfg.URL)
 	if err != nil {
 		return Record{}, err
 	}
@@ -155,7 +129,7 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 			return Record{}, err
 		}
 	}
-	var accepted *GapError
+	var accepted *slot.GapError
 	if recorded {
 		gap, err := checkRecord(ctx, conn, cfg, rec, log)
 		if err != nil {
@@ -253,7 +227,7 @@ func currentRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) (Record
 	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&rec.SystemID); err != nil {
 		return rec, fmt.Errorf("read the system identifier: %w", err)
 	}
-	info, err := ReadInfo(ctx, conn, cfg.Slot)
+	info, err := slot.ReadInfo(ctx, conn, cfg.Slot)
 	if err != nil {
 		return rec, err
 	}
@@ -262,11 +236,11 @@ func currentRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) (Record
 }
 
 // checkRecord compares what the database holds now with the record of
-// what the slot streamed from: a *GapError names the first thing replaced
-// or removed since.
-func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Record, log *zap.Logger) (*GapError, error) {
+// what the slot streamed from: a *slot.GapError names the first thing
+// replaced or removed since.
+func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Record, log *zap.Logger) (*slot.GapError, error) {
 	if rec.Stopped != "" {
-		return &GapError{What: rec.Stopped, Since: rec.StoppedAt}, nil
+		return &slot.GapError{What: rec.Stopped, Since: rec.StoppedAt}, nil
 	}
 	if rec.SnapshotPending != 0 {
 		// Written by a start that died during its initial snapshot: the
@@ -275,26 +249,24 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 		return nil, nil
 	}
 	since := rec.ConfirmedLSN
-	info, err := ReadInfo(ctx, conn, cfg.Slot)
+	info, err := slot.ReadInfo(ctx, conn, cfg.Slot)
 	switch {
-	case errors.Is(err, ErrNoSlot):
+	case errors.Is(err, slot.ErrNoSlot):
 		var system string
 		if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&system); err != nil {
 			return nil, fmt.Errorf("read the system identifier: %w", err)
 		}
-		what := fmt.Sprintf("replication slot %q is gone, though walrelay streamed from it (its record in %s, written %s, has it confirmed at %s)",
-			cfg.Slot, recordTable(cfg.RecordSchema), rec.UpdatedAt.UTC().Format(time.RFC3339), rec.ConfirmedLSN)
+		gap := doctor.SlotGoneError(cfg.Slot, rec.Recorded(cfg.RecordSchema))
 		if system != rec.SystemID {
-			what += fmt.Sprintf("; the record was written on PostgreSQL system %s and this server is system %s: a copy or restore of another cluster?", rec.SystemID, system)
+			gap.What += fmt.Sprintf("; the record was written on PostgreSQL system %s and this server is system %s: a copy or restore of another cluster?", rec.SystemID, system)
 		}
-		return &GapError{What: what, Since: since,
-			Fix: "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: slot.SetupConfig.Failover, sync_replication_slots on the standby, synchronized_standby_slots on the primary)"}, nil
+		return gap, nil
 	case err != nil:
 		return nil, err
 	}
 	since = max(since, info.ConfirmedLSN)
 	if info.Invalidated() {
-		return ReadInvalidatedError(ctx, conn, info, since), nil
+		return doctor.ReadInvalidatedError(ctx, conn, info, since), nil
 	}
 	if rec.Publication != cfg.Publication {
 		// The operator moved the slot to another publication: what it
@@ -318,17 +290,17 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 
 // publicationGap compares the publication as it is now with the record of
 // the one the slot streamed from (recorded: its outbox tables still
-// configured): a *GapError names the first thing replaced or removed since,
-// nil means none.
-func publicationGap(cfg SetupConfig, rec Record, recorded map[decoder.Table]RecordedTable, pub Publication, since decoder.LSN, log *zap.Logger) *GapError {
+// configured): a *slot.GapError names the first thing replaced or removed
+// since, nil means none.
+func publicationGap(cfg SetupConfig, rec Record, recorded map[decoder.Table]RecordedTable, pub Publication, since decoder.LSN, log *zap.Logger) *slot.GapError {
 	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	switch {
 	case !pub.Exists:
-		return &GapError{What: fmt.Sprintf("publication %q was dropped after walrelay streamed from it", cfg.Publication), Since: since}
+		return &slot.GapError{What: fmt.Sprintf("publication %q was dropped after walrelay streamed from it", cfg.Publication), Since: since}
 	case pub.OID != rec.PublicationOID:
-		return &GapError{What: fmt.Sprintf("publication %q was dropped and created again after walrelay streamed from it (OID %d, now %d)", cfg.Publication, rec.PublicationOID, pub.OID), Since: since}
+		return &slot.GapError{What: fmt.Sprintf("publication %q was dropped and created again after walrelay streamed from it (OID %d, now %d)", cfg.Publication, rec.PublicationOID, pub.OID), Since: since}
 	case !pub.Insert:
-		return &GapError{What: fmt.Sprintf("publication %q no longer publishes inserts", cfg.Publication), Since: since,
+		return &slot.GapError{What: fmt.Sprintf("publication %q no longer publishes inserts", cfg.Publication), Since: since,
 			Fix: fmt.Sprintf("restore it with ALTER PUBLICATION %s SET (publish = 'insert')", ident)}
 	}
 	if rec.PublicationXmin != "" && pub.xmin != rec.PublicationXmin {
@@ -342,28 +314,28 @@ func publicationGap(cfg SetupConfig, rec Record, recorded map[decoder.Table]Reco
 		t := recorded[pt.Table]
 		switch {
 		case pt.OID != t.OID:
-			return &GapError{What: fmt.Sprintf("outbox table %s was dropped and created again after walrelay streamed from it (OID %d, now %d): PostgreSQL takes a dropped table out of its publications, so inserts into the new table were not published", pt.Table, t.OID, pt.OID), Since: since}
+			return &slot.GapError{What: fmt.Sprintf("outbox table %s was dropped and created again after walrelay streamed from it (OID %d, now %d): PostgreSQL takes a dropped table out of its publications, so inserts into the new table were not published", pt.Table, t.OID, pt.OID), Since: since}
 		case !pt.Published && !pt.AsPartitions:
-			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}
+			return &slot.GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}
 		case t.MemberOID != 0 && pt.MemberOID != 0 && pt.MemberOID != t.MemberOID:
-			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}
+			return &slot.GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again after walrelay streamed from it", pt.Table, cfg.Publication), Since: since}
 		}
 	}
 	return nil
 }
 
 // advanceSlot moves the slot's confirmed position to the server's WAL end.
-func advanceSlot(ctx context.Context, conn *pgx.Conn, slot string) (decoder.LSN, error) {
+func advanceSlot(ctx context.Context, conn *pgx.Conn, slotName string) (decoder.LSN, error) {
 	var end string
-	err := conn.QueryRow(ctx, "SELECT end_lsn::text FROM pg_replication_slot_advance($1, pg_current_wal_lsn())", slot).Scan(&end)
+	err := conn.QueryRow(ctx, "SELECT end_lsn::text FROM pg_replication_slot_advance($1, pg_current_wal_lsn())", slotName).Scan(&end)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
-		return 0, setupErrorf("replication slot %q is in use (%s): stop the relay streaming from it, then accept the gap", slot, pgErr.Message)
+		return 0, setupErrorf("replication slot %q is in use (%s): stop the relay streaming from it, then accept the gap", slotName, pgErr.Message)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("advance replication slot %q: %w", slot, err)
+		return 0, fmt.Errorf("advance replication slot %q: %w", slotName, err)
 	}
-	return ParseLSN(end)
+	return slot.ParseLSN(end)
 }
 
 // checkServer refuses a server walrelay cannot stream from and returns
@@ -399,7 +371,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 		return fmt.Errorf("look up table %s: %w", t, err)
 	}
 	if oid == nil {
-		return setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one in slot.SetupConfig.Tables", t)
+		return setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one in source.SetupConfig.Tables", t)
 	}
 	rows, err := conn.Query(ctx, "SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped", *oid)
 	if err != nil {
@@ -417,26 +389,23 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 	return nil
 }
 
-// failoverSlots is the first version with failover slots (PostgreSQL 17).
-const failoverSlots = 170000
-
 // ensureSlot checks the slot, creating it when allowed; replaced is the
 // gap accepted when it dropped an invalidated slot to create a new one.
 // snapshotPending says the record marks the slot's initial snapshot as
 // unfinished (Record.SnapshotPending).
-func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version int, snapshotPending bool, log *zap.Logger) (replaced *GapError, err error) {
-	failover := cfg.Failover && version >= failoverSlots
-	info, err := ReadInfo(ctx, conn, cfg.Slot)
-	create := func() (*GapError, error) {
+func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version int, snapshotPending bool, log *zap.Logger) (replaced *slot.GapError, err error) {
+	failover := cfg.Failover && version >= slot.FailoverSlots
+	info, err := slot.ReadInfo(ctx, conn, cfg.Slot)
+	create := func() (*slot.GapError, error) {
 		if !cfg.CreateSlot {
-			return nil, setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or turn on slot.SetupConfig.CreateSlot", cfg.Slot, cfg.Slot)
+			return nil, setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or turn on source.SetupConfig.CreateSlot", cfg.Slot, cfg.Slot)
 		}
 		if cfg.Snapshot != nil {
 			return replaced, createSlotWithSnapshot(ctx, conn, cfg, failover, log)
 		}
 		return replaced, createSlot(ctx, cfg, failover, log)
 	}
-	if errors.Is(err, ErrNoSlot) {
+	if errors.Is(err, slot.ErrNoSlot) {
 		return create()
 	}
 	if err != nil {
@@ -453,7 +422,7 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 		if cfg.Snapshot != nil {
 			return create() // under its lock: drops the slot, snapshots again
 		}
-		log.Warn("the initial snapshot of an earlier start did not finish, and this start takes none: the slot streams from its consistent point; rows present then that the snapshot did not publish are not published (walrelay snapshot publishes the current rows)",
+		log.Warn("the initial snapshot of an earlier start did not finish, and this start takes none: the slot streams from its consistent point; rows present then that the snapshot did not publish are not published (relay.PublishSnapshot publishes the current rows)",
 			zap.String("slot", cfg.Slot))
 		if err := snapshotDone(ctx, conn, cfg.RecordSchema, cfg.Slot); err != nil {
 			return nil, err
@@ -475,14 +444,14 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 // checkSlotInfo refuses an existing slot walrelay cannot stream from: not
 // a logical pgoutput slot of database db. (An invalidated one is replaced,
 // not refused: ensureSlot.)
-func checkSlotInfo(cfg SetupConfig, info Info, db string) error {
+func checkSlotInfo(cfg SetupConfig, info slot.Info, db string) error {
 	switch {
 	case info.SlotType != "logical":
-		return setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another slot.SetupConfig.Slot", cfg.Slot, info.SlotType)
+		return setupErrorf("replication slot %q is a %s slot: walrelay needs a logical pgoutput slot; choose another source.SetupConfig.Slot", cfg.Slot, info.SlotType)
 	case info.Plugin != "pgoutput":
-		return setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another slot.SetupConfig.Slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
+		return setupErrorf("replication slot %q uses plugin %q, not pgoutput: choose another source.SetupConfig.Slot, or drop it if nothing else uses it", cfg.Slot, info.Plugin)
 	case info.Database != db:
-		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another slot.SetupConfig.Slot", cfg.Slot, info.Database, db)
+		return setupErrorf("replication slot %q belongs to database %q, not %q: choose another source.SetupConfig.Slot", cfg.Slot, info.Database, db)
 	}
 	return nil
 }
@@ -490,7 +459,7 @@ func checkSlotInfo(cfg SetupConfig, info Info, db string) error {
 // makeFailoverSlot turns an existing slot into a failover slot. A slot in
 // use is left alone: the relay streaming from it does this at its start.
 func makeFailoverSlot(ctx context.Context, cfg SetupConfig, log *zap.Logger) error {
-	rconn, err := replicationConn(ctx, cfg.URL)
+	rconn, err := slot.ReplicationConn(ctx, cfg.URL)
 	if err != nil {
 		return err
 	}
@@ -519,7 +488,7 @@ func createSlotCommand(name string, failover bool) string {
 }
 
 func createSlot(ctx context.Context, cfg SetupConfig, failover bool, log *zap.Logger) error {
-	rconn, err := replicationConn(ctx, cfg.URL)
+	rconn, err := slot.ReplicationConn(ctx, cfg.URL)
 	if err != nil {
 		return err
 	}
@@ -577,13 +546,13 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 	if done, err := unfinishedSnapshot(ctx, conn, cfg, log); done || err != nil {
 		return err
 	}
-	rcfg, err := ReplicationConfig(cfg.URL)
+	rcfg, err := slot.ReplicationConfig(cfg.URL)
 	if err != nil {
 		return err
 	}
 	rconn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
-		return fmt.Errorf("replication connection: %w", redactErr(err, cfg.URL))
+		return fmt.Errorf("replication connection: %w", slot.RedactError(err, cfg.URL))
 	}
 	// Closing the connection drops the temporary slot, whatever happened.
 	defer rconn.Close(context.Background())
@@ -664,7 +633,7 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 // died publishing its snapshot, it drops the slot that start created,
 // never streamed from, so that this one snapshots again.
 func unfinishedSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) (done bool, err error) {
-	if _, err := ReadInfo(ctx, conn, cfg.Slot); errors.Is(err, ErrNoSlot) {
+	if _, err := slot.ReadInfo(ctx, conn, cfg.Slot); errors.Is(err, slot.ErrNoSlot) {
 		return false, nil
 	} else if err != nil {
 		return false, err
@@ -683,4 +652,36 @@ func unfinishedSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, lo
 		return false, fmt.Errorf("drop replication slot %q, left by an unfinished initial snapshot: %w", cfg.Slot, err)
 	}
 	return false, nil
+}
+
+// replaceInvalidated drops an invalidated slot when the gap was accepted
+// (SetupConfig.AcceptGap), so that ensureSlot creates a new one, and
+// returns the gap; without AcceptGap it is the refusal.
+func replaceInvalidated(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, info slot.Info, log *zap.Logger) (*slot.GapError, error) {
+	gap := doctor.ReadInvalidatedError(ctx, conn, info, 0)
+	if !cfg.AcceptGap {
+		return nil, gap
+	}
+	_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42704":
+		// Dropped meanwhile: ensureSlot creates it.
+	case err != nil:
+		return nil, fmt.Errorf("drop the invalidated replication slot %q: %w", cfg.Slot, err)
+	}
+	log.Warn("accepting a gap: dropped the invalidated replication slot to create a new one; events committed after its confirmed position are not published through it",
+		zap.String("slot", cfg.Slot), zap.String("what", gap.What), zap.Stringer("missing_after_lsn", gap.Since))
+	return gap, nil
+}
+
+// quoteIdent quotes a PostgreSQL identifier.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// quoteLiteral quotes a PostgreSQL string literal.
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+
+// setupErrorf is a *slot.SetupError: a reason not to start, naming the fix.
+func setupErrorf(format string, args ...any) error {
+	return &slot.SetupError{Msg: fmt.Sprintf(format, args...)}
 }

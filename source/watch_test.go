@@ -1,4 +1,4 @@
-package slot
+package source
 
 import (
 	"strings"
@@ -94,18 +94,5 @@ func TestWatchJudge(t *testing.T) {
 	r.memberOID, r.schemaMember = nil, u32(400)
 	if gap := w.judge([]watchRow{r}); gap != nil {
 		t.Errorf("TABLES IN SCHEMA judged changed: %v", gap)
-	}
-}
-
-func TestParseSwitch(t *testing.T) {
-	h := "1\t0/3000158\tno recovery target specified\n\n2\t0/5000000\tno recovery target specified\n"
-	if l, err := parseSwitch(h, 2, 3); err != nil || l != 0x5000000 {
-		t.Errorf("switch of timeline 2: %s, %v", l, err)
-	}
-	if l, err := parseSwitch(h, 1, 3); err != nil || l != 0x3000158 {
-		t.Errorf("switch of timeline 1: %s, %v", l, err)
-	}
-	if _, err := parseSwitch(h, 4, 5); err == nil {
-		t.Error("a timeline missing from the history gave a switch point")
 	}
 }

@@ -1,4 +1,4 @@
-package slot
+package source
 
 // setup_test.go: the decisions of setup.go that need no database: which
 // records describe the same source, what a changed publication means for
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
 
 func TestSameSource(t *testing.T) {
@@ -118,19 +119,19 @@ func TestPublicationGap(t *testing.T) {
 
 func TestCheckSlotInfo(t *testing.T) {
 	cfg := SetupConfig{Slot: "walrelay"}
-	good := Info{Name: "walrelay", SlotType: "logical", Plugin: "pgoutput", Database: "shop", WALStatus: "reserved"}
+	good := slot.Info{Name: "walrelay", SlotType: "logical", Plugin: "pgoutput", Database: "shop", WALStatus: "reserved"}
 	if err := checkSlotInfo(cfg, good, "shop"); err != nil {
 		t.Fatalf("a usable slot refused: %v", err)
 	}
 	for _, tc := range []struct {
 		name   string
-		change func(*Info)
+		change func(*slot.Info)
 		db     string
 		want   string
 	}{
-		{"physical", func(i *Info) { i.SlotType, i.Plugin = "physical", "" }, "shop", "is a physical slot"},
-		{"another plugin", func(i *Info) { i.Plugin = "wal2json" }, "shop", `uses plugin "wal2json", not pgoutput`},
-		{"another database", func(i *Info) { i.Database = "billing" }, "shop", `belongs to database "billing", not "shop"`},
+		{"physical", func(i *slot.Info) { i.SlotType, i.Plugin = "physical", "" }, "shop", "is a physical slot"},
+		{"another plugin", func(i *slot.Info) { i.Plugin = "wal2json" }, "shop", `uses plugin "wal2json", not pgoutput`},
+		{"another database", func(i *slot.Info) { i.Database = "billing" }, "shop", `belongs to database "billing", not "shop"`},
 	} {
 		info := good
 		tc.change(&info)

@@ -1,8 +1,10 @@
-package slot
+package source
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/walrelay/walrelay/slot"
 )
 
 func TestVersionErrorRefusesBelowMinimum(t *testing.T) {
@@ -29,7 +31,7 @@ func TestVersionErrorRefusesBelowMinimum(t *testing.T) {
 			t.Errorf("PostgreSQL %s accepted, want a refusal below 14", c.version)
 			continue
 		}
-		if !IsSetupError(err) {
+		if !slot.IsSetupError(err) {
 			t.Errorf("PostgreSQL %s: %T is not a SetupError (exit 2, no retry)", c.version, err)
 		}
 		msg := err.Error()

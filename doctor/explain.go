@@ -1,4 +1,4 @@
-package slot
+package doctor
 
 // explain.go: why a slot holds WAL, and why PostgreSQL invalidated one.
 //
@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
 
 // Relay states, as the relay names its slot watch connection (see
@@ -55,7 +56,7 @@ const (
 	RelayStarting = "starting"
 	// RelayCreatingSlot names the replication connection creating the
 	// slot (or the initial snapshot's temporary slot): status reads what
-	// the creation waits for from it (slotwait.go).
+	// the creation waits for from it (creation.go).
 	RelayCreatingSlot = "creating slot"
 	// relayHeartbeat names the relay's heartbeat connection.
 	relayHeartbeat = "heartbeat"
@@ -93,8 +94,8 @@ type Settings struct {
 	IdleInTransactionTimeout string
 }
 
-// ReadSettings reads the settings of the server conn is connected to.
-func ReadSettings(ctx context.Context, conn *pgx.Conn) (Settings, error) {
+// readSettings reads the settings of the server conn is connected to.
+func readSettings(ctx context.Context, conn *pgx.Conn) (Settings, error) {
 	var s Settings
 	var idleSeconds *int64
 	err := conn.QueryRow(ctx, `
@@ -117,9 +118,9 @@ func ReadSettings(ctx context.Context, conn *pgx.Conn) (Settings, error) {
 	return s, nil
 }
 
-// Walsender is the walsender streaming a slot, as pg_stat_replication
+// sender is the walsender streaming a slot, as pg_stat_replication
 // shows it.
-type Walsender struct {
+type sender struct {
 	PID        int32
 	ClientAddr string
 	State      string
@@ -128,8 +129,8 @@ type Walsender struct {
 	SentLSN, FlushLSN decoder.LSN
 }
 
-// RelayConn is a connection a relay of the slot named (RelayAppName).
-type RelayConn struct {
+// relayConn is a connection a relay of the slot named (RelayAppName).
+type relayConn struct {
 	PID        int32
 	ClientAddr string
 	// State is what the relay said it does; empty when its name was cut.
@@ -185,14 +186,14 @@ type Standby struct {
 
 // Facts are what PostgreSQL shows about a slot and what holds it.
 type Facts struct {
-	Info     Info
+	Info     slot.Info
 	Settings Settings
-	// Walsender is nil when no client streams from the slot.
-	Walsender *Walsender
-	// Relays are the connections relays of this slot named; Heartbeat
+	// walsender is nil when no client streams from the slot.
+	walsender *sender
+	// relays are the connections relays of this slot named; heartbeat
 	// tells whether one of them is a relay's heartbeat.
-	Relays    []RelayConn
-	Heartbeat bool
+	relays    []relayConn
+	heartbeat bool
 	// Xacts are the cluster's oldest open transactions with an xid,
 	// oldest first.
 	Xacts    []Xact
@@ -205,14 +206,14 @@ type Facts struct {
 const maxXacts = 5
 
 // ReadFacts reads what holds the slot of info, on conn.
-func ReadFacts(ctx context.Context, conn *pgx.Conn, info Info) (Facts, error) {
+func ReadFacts(ctx context.Context, conn *pgx.Conn, info slot.Info) (Facts, error) {
 	f := Facts{Info: info}
 	var err error
-	if f.Settings, err = ReadSettings(ctx, conn); err != nil {
+	if f.Settings, err = readSettings(ctx, conn); err != nil {
 		return f, err
 	}
 	if info.ActivePID != nil {
-		var w Walsender
+		var w sender
 		var sent, flush *string
 		// pg_stat_replication shows a walsender's columns but its pid only
 		// to superusers and pg_read_all_stats, not even to the walsender's
@@ -230,12 +231,12 @@ func ReadFacts(ctx context.Context, conn *pgx.Conn, info Info) (Facts, error) {
 				lsn *decoder.LSN
 			}{{sent, &w.SentLSN}, {flush, &w.FlushLSN}} {
 				if p.s != nil {
-					if *p.lsn, err = ParseLSN(*p.s); err != nil {
+					if *p.lsn, err = slot.ParseLSN(*p.s); err != nil {
 						return f, err
 					}
 				}
 			}
-			f.Walsender = &w
+			f.walsender = &w
 		}
 	}
 	if err := f.readRelays(ctx, conn); err != nil {
@@ -265,7 +266,7 @@ func (f *Facts) readRelays(ctx context.Context, conn *pgx.Conn) error {
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var c RelayConn
+		var c relayConn
 		var name string
 		if err := rows.Scan(&c.PID, &c.ClientAddr, &name); err != nil {
 			return err
@@ -275,7 +276,7 @@ func (f *Facts) readRelays(ctx context.Context, conn *pgx.Conn) error {
 			c.State = uncut(c.State)
 		}
 		if c.State == relayHeartbeat {
-			f.Heartbeat = true
+			f.heartbeat = true
 			continue
 		}
 		if c.State == RelayCreatingSlot {
@@ -284,7 +285,7 @@ func (f *Facts) readRelays(ctx context.Context, conn *pgx.Conn) error {
 			// state (a creation under way is ReadCreation's).
 			continue
 		}
-		f.Relays = append(f.Relays, c)
+		f.relays = append(f.relays, c)
 	}
 	return rows.Err()
 }
@@ -406,7 +407,7 @@ func (f *Facts) readSlots(ctx context.Context, conn *pgx.Conn) error {
 			&o.Xmin, &o.XminAge, &o.CatalogXmin, &o.CatalogXminAge, &o.InactiveSince, &o.Standby); err != nil {
 			return err
 		}
-		if o.RestartLSN, err = ParseLSN(restart); err != nil {
+		if o.RestartLSN, err = slot.ParseLSN(restart); err != nil {
 			return err
 		}
 		f.Slots = append(f.Slots, o)
@@ -447,14 +448,29 @@ type Cause struct {
 	Fix   string `json:"fix"`
 }
 
-// ExplainOptions are what Explain knows beyond the database's views.
-type ExplainOptions struct {
+// explainOptions are what explain knows beyond the database's views.
+type explainOptions struct {
 	// Record is walrelay's record of the slot, if any: its last move is
 	// the nearest to inactive_since a server before 17 has.
-	Record *Record
+	Record *Recorded
 }
 
-// Thresholds of Explain.
+// Recorded is what walrelay's record of a slot (source.Record, in the
+// record table) says, as far as the doctor needs it.
+type Recorded struct {
+	// Table is the record table's qualified, quoted name.
+	Table string
+	// ConfirmedLSN is the last position walrelay confirmed, as recorded;
+	// UpdatedAt when the record last moved.
+	ConfirmedLSN decoder.LSN
+	UpdatedAt    time.Time
+	// Stopped is why a running relay stopped, and StoppedAt where, when it
+	// refused to go on; empty when it did not.
+	Stopped   string
+	StoppedAt decoder.LSN
+}
+
+// Thresholds of explain.
 const (
 	// behindBytes is confirmed lag past which a streaming relay counts as
 	// behind: a WAL segment. Under it the lag is what status updates and
@@ -469,18 +485,18 @@ const (
 
 const holdsSlot = "the slot's restart_lsn and catalog_xmin"
 
-// Explain names what holds the slot, most to blame first: the relay,
+// explain names what holds the slot, most to blame first: the relay,
 // the oldest open transactions, prepared transactions, a quiet outbox
 // without heartbeats; then what holds the cluster's WAL or xmin without
 // holding this slot (other slots, standbys). An invalidated slot has one
 // cause: its invalidation.
-func (f Facts) Explain(opts ExplainOptions) []Cause {
+func (f Facts) explain(opts explainOptions) []Cause {
 	info := f.Info
 	if info.Invalidated() {
 		g := InvalidatedError(info, f.Settings, 0)
 		return []Cause{{Kind: "invalidated", Holds: "nothing: PostgreSQL keeps no WAL for it",
 			Text: g.What + fmt.Sprintf("; events committed after %s may be missing from Kafka", g.Since),
-			Fix:  "run walrelay setup --accept-gap with the same database, slot, publication and tables (it drops the invalidated slot, creates a new one and records the gap), then publish the rows still in the outbox tables with walrelay snapshot; " + f.Settings.prevent(info)}}
+			Fix:  "accept the gap (source.SetupConfig.AcceptGap, with the same database, slot, publication and tables: it drops the invalidated slot, creates a new one and records the gap), then publish the rows still in the outbox tables once (relay.PublishSnapshot); " + f.Settings.prevent(info)}}
 	}
 	var causes []Cause
 	causes = append(causes, f.relayCauses(opts)...)
@@ -514,24 +530,24 @@ func (f Facts) Explain(opts ExplainOptions) []Cause {
 }
 
 // prevent is the setting to change so that a slot is not invalidated.
-func (s Settings) prevent(info Info) string {
-	return "so that the next slot lasts, " + info.Invalidation(s).Prevent
+func (s Settings) prevent(info slot.Info) string {
+	return "so that the next slot lasts, " + invalidationOf(info, s).Prevent
 }
 
 // relay is the first relay connection's state, "" without one.
-func (f Facts) relay() (RelayConn, bool) {
-	for _, r := range f.Relays {
+func (f Facts) relay() (relayConn, bool) {
+	for _, r := range f.relays {
 		if r.State != RelayStandby {
 			return r, true
 		}
 	}
-	if len(f.Relays) > 0 {
-		return f.Relays[0], true
+	if len(f.relays) > 0 {
+		return f.relays[0], true
 	}
-	return RelayConn{}, false
+	return relayConn{}, false
 }
 
-func (f Facts) relayCauses(opts ExplainOptions) []Cause {
+func (f Facts) relayCauses(opts explainOptions) []Cause {
 	info := f.Info
 	lag := fmt.Sprintf("it keeps %s of WAL from its confirmed_flush_lsn %s on", BytesText(info.LagBytes), info.ConfirmedLSN)
 	r, connected := f.relay()
@@ -540,7 +556,7 @@ func (f Facts) relayCauses(opts ExplainOptions) []Cause {
 		if !connected {
 			return []Cause{{Kind: "relay_stopped", Holds: holdsSlot,
 				Text: fmt.Sprintf("no relay streams from the slot%s, and no walrelay process of this slot is connected to the server: %s", since, lag),
-				Fix:  "start walrelay run: it resumes from confirmed_flush_lsn (if it exited, its last log line says why; exit 2 needs you first)" + f.idleWarning()}}
+				Fix:  "start relay.Relay.Run: it resumes from confirmed_flush_lsn (if it exited, its last log line says why; exit 2 needs you first)" + f.idleWarning()}}
 		}
 		what := map[string]string{
 			RelayConnectingKafka: "it cannot reach Kafka, or Kafka refused it, so it does not read the slot",
@@ -559,7 +575,7 @@ func (f Facts) relayCauses(opts ExplainOptions) []Cause {
 			Text: fmt.Sprintf("no relay streams from the slot%s; walrelay is connected (pid %d, from %s) and says %q: %s; %s", since, r.PID, r.ClientAddr, r.State, what, lag),
 			Fix:  fix + f.idleWarning()}}
 	}
-	w := f.Walsender
+	w := f.walsender
 	sender := fmt.Sprintf("walsender pid %d", *info.ActivePID)
 	var sent decoder.LSN
 	if w != nil {
@@ -585,7 +601,7 @@ func (f Facts) relayCauses(opts ExplainOptions) []Cause {
 			Text: fmt.Sprintf("the relay streams (%s) but the walsender has decoded only up to %s, %s behind the server: it is decoding a large transaction, or the relay reads slowly; %s",
 				sender, sent, BytesText(int64(info.CurrentLSN-sent)), lag),
 			Fix: "wait for it if a large transaction is being decoded; otherwise see the relay's throughput (walrelay_received_bytes_total) against the WAL rate"}}
-	case !f.Heartbeat:
+	case !f.heartbeat:
 		return nil // quietOutbox names it
 	default:
 		return []Cause{{Kind: "relay_behind", Holds: holdsSlot,
@@ -599,15 +615,15 @@ func (f Facts) relayCauses(opts ExplainOptions) []Cause {
 // relay a position to confirm.
 func (f Facts) quietOutbox() (Cause, bool) {
 	info := f.Info
-	if !info.Active || f.Heartbeat || info.LagBytes < behindBytes || info.LagBytes < int64(info.ConfirmedLSN-info.RestartLSN) {
+	if !info.Active || f.heartbeat || info.LagBytes < behindBytes || info.LagBytes < int64(info.ConfirmedLSN-info.RestartLSN) {
 		return Cause{}, false
 	}
 	if r, ok := f.relay(); ok && r.State != RelayStreaming {
 		return Cause{}, false
 	}
 	sent := info.CurrentLSN
-	if f.Walsender != nil && f.Walsender.SentLSN != 0 {
-		sent = f.Walsender.SentLSN
+	if f.walsender != nil && f.walsender.SentLSN != 0 {
+		sent = f.walsender.SentLSN
 	}
 	if int64(info.CurrentLSN-sent) >= behindBytes && info.CurrentLSN-sent >= sent-info.ConfirmedLSN {
 		return Cause{}, false // relayCauses: the walsender is behind
@@ -621,7 +637,7 @@ func (f Facts) quietOutbox() (Cause, bool) {
 // inactiveSince says since when no client streamed from the slot:
 // inactive_since on PostgreSQL 17+, before that the nearest walrelay has,
 // its record's last move.
-func (f Facts) inactiveSince(opts ExplainOptions) string {
+func (f Facts) inactiveSince(opts explainOptions) string {
 	info := f.Info
 	if info.InactiveSince != nil {
 		return fmt.Sprintf(" (inactive_since %s, %s ago)", info.InactiveSince.UTC().Format(time.RFC3339), DurationText(info.Now.Sub(*info.InactiveSince)))
@@ -812,3 +828,6 @@ func BytesText(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %s (%d bytes)", f, units[i], n)
 }
+
+// quoteLiteral quotes a PostgreSQL string literal.
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

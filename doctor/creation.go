@@ -1,6 +1,6 @@
-package slot
+package doctor
 
-// slotwait.go: what creating a slot waits for.
+// creation.go: what creating a slot waits for, as PostgreSQL shows it.
 //
 // PostgreSQL creates a logical slot only at a consistent point: once every
 // transaction that held an xid when the creation began has ended (and, in
@@ -11,20 +11,14 @@ package slot
 // prepared transaction whose XA manager crashed, holds a first start for
 // as long as it lives.
 //
-// So the command runs under a watch (createWatched): every
-// SetupConfig.CreateWarnInterval a second, normal connection reads what
-// the creating walsender waits for (pg_stat_activity, pg_locks,
-// pg_prepared_xacts) and walrelay warns, naming each transaction and its
-// fix. The creating connection is named RelayAppName(slot,
-// RelayCreatingSlot), so that walrelay status finds a creation under way
-// from anywhere (ReadCreation), even while the slot itself does not exist
-// yet (the initial snapshot creates a temporary slot first).
-//
-// A deadline (SetupConfig.CreateDeadline) or the end of the caller's
-// context cancels the command on the server with a cancel request:
-// closing the connection alone would leave the walsender waiting, holding
-// the slot's name, until the transactions end. A cancelled creation leaves
-// no slot: PostgreSQL drops a slot whose creation failed.
+// This reads such a creation and the transactions it waits for
+// (pg_stat_activity, pg_locks, pg_prepared_xacts) and words each with its
+// fix: for the warnings of the relay that creates the slot (package
+// source's creation watch reads its own walsender, ReadCreationBy), and
+// for status from anywhere (ReadCreation), which finds the creating
+// connection by the name the relay gives it (RelayAppName(slot,
+// RelayCreatingSlot)) even while the slot itself does not exist yet (the
+// initial snapshot creates a temporary slot first).
 
 import (
 	"context"
@@ -34,19 +28,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
 )
-
-// DefaultCreateWarnInterval is what SetupConfig.CreateWarnInterval 0
-// stands for.
-const DefaultCreateWarnInterval = 10 * time.Second
-
-// createWaitMessage is the warning logged while creating the slot waits.
-const createWaitMessage = "creating the replication slot waits for transactions to end: PostgreSQL creates a logical slot only once every transaction that held an xid when the creation began has ended, prepared transactions included; the relay streams once it exists"
-
-// cancelTimeout bounds the wait for a cancelled creation to end.
-const cancelTimeout = 10 * time.Second
 
 // maxBlockers bounds how many open transactions are read to find those a
 // creation waits for.
@@ -81,6 +63,17 @@ type Creation struct {
 func ReadCreation(ctx context.Context, conn *pgx.Conn, slot string) (*Creation, error) {
 	c, err := readCreation(ctx, conn, "(a.application_name = $1 OR s.slot_name = $2)",
 		AppNameAsShown(RelayAppName(slot, RelayCreatingSlot)), slot)
+	if err != nil || c == nil {
+		return nil, err
+	}
+	c.Slot = slot
+	return c, c.readBlockers(ctx, conn)
+}
+
+// ReadCreationBy reads, on conn, the creation of slot that the walsender
+// of pid runs, and what it waits for; nil when the command no longer runs.
+func ReadCreationBy(ctx context.Context, conn *pgx.Conn, slot string, pid int32) (*Creation, error) {
+	c, err := readCreation(ctx, conn, "a.pid = $1", pid)
 	if err != nil || c == nil {
 		return nil, err
 	}
@@ -254,183 +247,4 @@ func (c Creation) Causes() []Cause {
 			Fix:  "end them (pg_stat_activity, backend_xid IS NOT NULL, oldest xact_start first)"})
 	}
 	return causes
-}
-
-// CreateWaitError is a creation of the slot given up at
-// SetupConfig.CreateDeadline while PostgreSQL still waited for
-// transactions to end. Retrying may help once they have: it is not a
-// *SetupError.
-type CreateWaitError struct {
-	Waited time.Duration
-	// Creation is what it waited for at the end; nil when that could not
-	// be read.
-	Creation *Creation
-}
-
-func (e *CreateWaitError) Error() string {
-	s := fmt.Sprintf("waited %s for the transactions that held an xid when the creation began to end, then cancelled it, leaving no slot (PostgreSQL creates a logical slot only once they have all ended, prepared transactions included)",
-		DurationText(e.Waited))
-	if c := e.Creation; c != nil && len(c.blockers()) > 0 {
-		s += "; it waited for " + c.WaitingFor() + "; fix: " + c.Fix()
-	}
-	return s
-}
-
-// createWatched runs create, the CREATE_REPLICATION_SLOT of slot creating
-// on rconn, under the watch this file's comment describes.
-func createWatched(ctx context.Context, cfg SetupConfig, rconn *pgconn.PgConn, creating string, log *zap.Logger, create func(context.Context) error) error {
-	nameCreating(ctx, rconn, cfg.Slot)
-	interval := cfg.CreateWarnInterval
-	if interval <= 0 {
-		interval = DefaultCreateWarnInterval
-	}
-	began := time.Now()
-	stop := ctx
-	if !cfg.CreateDeadline.IsZero() {
-		// At least one interval, so that a last attempt started at the
-		// deadline still creates a slot nothing holds.
-		deadline := cfg.CreateDeadline
-		if earliest := began.Add(interval); deadline.Before(earliest) {
-			deadline = earliest
-		}
-		var cancel context.CancelFunc
-		stop, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	// The command runs on a context of its own: pgconn answers the end of
-	// one by closing the connection, and the walsender would wait on.
-	runCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
-	defer abandon()
-	done := make(chan error, 1)
-	go func() { done <- create(runCtx) }()
-	w := &createWatch{cfg: cfg, pid: int32(rconn.PID()), creating: creating, log: log}
-	defer w.close()
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case err := <-done:
-			return err
-		case <-tick.C:
-			w.warn(ctx, time.Since(began))
-		case <-stop.Done():
-			var last *Creation
-			if ctx.Err() == nil {
-				readCtx, cancel := context.WithTimeout(ctx, cancelTimeout)
-				last, _ = w.read(readCtx)
-				cancel()
-			}
-			err := cancelCreate(rconn, done, abandon, log)
-			var pgErr *pgconn.PgError
-			switch {
-			case err == nil: // it ended before the cancel arrived
-				return nil
-			case errors.As(err, &pgErr) && pgErr.Code != "57014": // not the cancel's query_canceled
-				return err
-			case ctx.Err() != nil:
-				return ctx.Err()
-			}
-			return &CreateWaitError{Waited: time.Since(began), Creation: last}
-		}
-	}
-}
-
-// nameCreating names the creating connection for walrelay status, unless
-// the connection string chose a name: an operator's is left alone. A
-// logical replication connection runs SQL too.
-func nameCreating(ctx context.Context, rconn *pgconn.PgConn, slot string) {
-	if rconn.ParameterStatus("application_name") != "walrelay" {
-		return
-	}
-	// Unnamed, status finds only a creation without the snapshot (by its
-	// slot): nothing worse.
-	_, _ = rconn.Exec(ctx, "SET application_name = "+quoteLiteral(AppNameAsShown(RelayAppName(slot, RelayCreatingSlot)))).ReadAll()
-}
-
-// cancelCreate cancels the command create runs on the server and returns
-// its result; the connection is abandoned (closed) if the server does
-// not answer within cancelTimeout.
-func cancelCreate(rconn *pgconn.PgConn, done <-chan error, abandon context.CancelFunc, log *zap.Logger) error {
-	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
-	defer cancel()
-	cerr := rconn.CancelRequest(ctx)
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-	}
-	abandon()
-	log.Warn("PostgreSQL did not cancel creating the replication slot: its walsender may wait on, holding the slot's name, until the transactions it waits for end",
-		zap.Uint32("walsender_pid", rconn.PID()), zap.NamedError("cancel_error", cerr))
-	return <-done
-}
-
-// createWatch is what createWatched keeps between warnings.
-type createWatch struct {
-	cfg      SetupConfig
-	pid      int32
-	creating string
-	log      *zap.Logger
-	conn     *pgx.Conn
-	reported bool // OnCreateWait was called
-}
-
-// read reads the creation and what it waits for; nil when the command is
-// no longer running.
-func (w *createWatch) read(ctx context.Context) (*Creation, error) {
-	if w.conn == nil {
-		c, err := Connect(ctx, w.cfg.URL)
-		if err != nil {
-			return nil, err
-		}
-		w.conn = c
-	}
-	c, err := readCreation(ctx, w.conn, "a.pid = $1", w.pid)
-	if err == nil && c != nil {
-		c.Slot = w.cfg.Slot
-		err = c.readBlockers(ctx, w.conn)
-	}
-	if err != nil {
-		w.conn.Close(context.Background())
-		w.conn = nil
-		return nil, err
-	}
-	return c, nil
-}
-
-// warn logs what the creation waits for, after waited.
-func (w *createWatch) warn(ctx context.Context, waited time.Duration) {
-	if w.cfg.OnCreateWait != nil {
-		w.cfg.OnCreateWait(waited)
-		w.reported = true
-	}
-	readCtx, cancel := context.WithTimeout(ctx, cancelTimeout)
-	c, err := w.read(readCtx)
-	cancel()
-	fields := []zap.Field{zap.String("slot", w.cfg.Slot)}
-	if w.creating != w.cfg.Slot {
-		fields = append(fields, zap.String("temporary_slot", w.creating))
-	}
-	fields = append(fields, zap.String("waited", DurationText(waited)), zap.Int32("walsender_pid", w.pid))
-	switch {
-	case err != nil:
-		if ctx.Err() == nil {
-			w.log.Warn(createWaitMessage+"; what it waits for cannot be read", append(fields, zap.Error(err))...)
-		}
-	case c != nil:
-		fields = append(fields, zap.String("waiting_for", c.WaitingFor()))
-		if fix := c.Fix(); fix != "" {
-			fields = append(fields, zap.String("fix", fix))
-		}
-		w.log.Warn(createWaitMessage, fields...)
-	}
-}
-
-func (w *createWatch) close() {
-	if w.conn != nil {
-		w.conn.Close(context.Background())
-	}
-	if w.reported {
-		w.cfg.OnCreateWait(0)
-	}
 }

@@ -1,4 +1,4 @@
-package slot
+package source
 
 // publication_test.go: the decisions of publication.go that need no
 // database (what is refused, what is said, the SQL each refusal names);
@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
 
 var (
@@ -29,11 +30,11 @@ func observed() (*zap.Logger, *observer.ObservedLogs) {
 	return zap.New(core), logs
 }
 
-// wantRefusal fails unless err is a *SetupError whose text holds every
+// wantRefusal fails unless err is a *slot.SetupError whose text holds every
 // part of want.
 func wantRefusal(t *testing.T, err error, want ...string) {
 	t.Helper()
-	if !IsSetupError(err) {
+	if !slot.IsSetupError(err) {
 		t.Fatalf("got %v (%T), want a setup refusal", err, err)
 	}
 	for _, w := range want {
@@ -204,7 +205,7 @@ func TestPublicationError(t *testing.T) {
 
 	for _, other := range []error{&pgconn.PgError{Code: "40P01", Message: "deadlock detected"}, errors.New("conn closed")} {
 		err := publicationError(context.Background(), nil, cfg, "alter", sql, other)
-		if IsSetupError(err) || !errors.Is(err, other) || !strings.Contains(err.Error(), `alter publication "pub"`) {
+		if slot.IsSetupError(err) || !errors.Is(err, other) || !strings.Contains(err.Error(), `alter publication "pub"`) {
 			t.Errorf("publicationError(%v) = %v, want it wrapped, not a refusal", other, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package slot
+package source
 
 import (
 	"context"
@@ -7,12 +7,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// MinServerVersion is the oldest PostgreSQL walrelay supports, as
+// minServerVersion is the oldest PostgreSQL walrelay supports, as
 // server_version_num: 14, the oldest release the version matrix (`make
 // test-pg`) tests. Older servers are refused at setup.
-const MinServerVersion = 140000
+const minServerVersion = 140000
 
-// checkServerVersion refuses a server older than MinServerVersion.
+// checkServerVersion refuses a server older than minServerVersion.
 func checkServerVersion(ctx context.Context, conn *pgx.Conn) error {
 	var num int
 	var version string
@@ -25,8 +25,8 @@ func checkServerVersion(ctx context.Context, conn *pgx.Conn) error {
 // versionError is the refusal of server version num (server_version
 // version), or nil.
 func versionError(num int, version string) error {
-	if num >= MinServerVersion {
+	if num >= minServerVersion {
 		return nil
 	}
-	return setupErrorf("PostgreSQL %s is older than %d, the oldest version walrelay supports: upgrade the server to PostgreSQL %d or later", version, MinServerVersion/10000, MinServerVersion/10000)
+	return setupErrorf("PostgreSQL %s is older than %d, the oldest version walrelay supports: upgrade the server to PostgreSQL %d or later", version, minServerVersion/10000, minServerVersion/10000)
 }

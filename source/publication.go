@@ -1,4 +1,4 @@
-package slot
+package source
 
 // publication.go: what the publication publishes of the outbox tables, and
 // making it publish them.
@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
 
 // ownerMark starts the comment walrelay puts on the publications it
@@ -154,14 +155,14 @@ func listedOthers(ctx context.Context, conn *pgx.Conn, pubOID uint32, outbox []P
 type Coverage uint8
 
 const (
-	// NotCovered is a table the publication does not publish (any more):
-	// an operator took it out, or dropped it.
+	// NotCovered means the publication does not publish the table (any
+	// more): an operator took it out, or dropped it.
 	NotCovered Coverage = iota
-	// Listed is a table the publication names, or a partitioned table it
-	// is a partition of (FOR TABLE): someone made its rows part of what
-	// the slot streams, as an outbox's.
+	// Listed means the publication names the table, or a partitioned
+	// table it is a partition of (FOR TABLE): someone made its rows part
+	// of what the slot streams, as an outbox's.
 	Listed
-	// Broad is a table only FOR ALL TABLES or TABLES IN SCHEMA cover: every
+	// Broad means only FOR ALL TABLES or TABLES IN SCHEMA cover it: every
 	// table's rows stream, and those walrelay does not map are not events.
 	Broad
 )
@@ -210,7 +211,7 @@ func readPublishedTable(ctx context.Context, conn *pgx.Conn, pub *Publication, p
 			(SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND `+generated+`)
 		FROM pg_class c WHERE c.oid = to_regclass($1)`, ident).Scan(&oid, &pt.Partitioned, &pt.Partitions, &visible)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return pt, setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one in slot.SetupConfig.Tables", t)
+		return pt, setupErrorf("outbox table %s does not exist: create it (see the README's DDL) or name the right one in source.SetupConfig.Tables", t)
 	}
 	if err != nil {
 		return pt, fmt.Errorf("look up table %s: %w", t, err)
@@ -306,7 +307,7 @@ func publicationRefusal(cfg SetupConfig, pub Publication, log *zap.Logger) error
 		for i, t := range pub.Others {
 			names[i] = t.String()
 		}
-		return setupErrorf("publication %q lists tables that are not outbox tables of this relay: %s; walrelay would stream their inserts and could publish none of them. If they are outbox tables, add them to slot.SetupConfig.Tables; if not, remove them from the publication (ALTER PUBLICATION %s DROP TABLE %s)",
+		return setupErrorf("publication %q lists tables that are not outbox tables of this relay: %s; walrelay would stream their inserts and could publish none of them. If they are outbox tables, add them to source.SetupConfig.Tables; if not, remove them from the publication (ALTER PUBLICATION %s DROP TABLE %s)",
 			cfg.Publication, strings.Join(names, ", "), ident, tableList(pub.Others))
 	}
 	if pub.AllTables {
@@ -330,9 +331,9 @@ func publicationRefusal(cfg SetupConfig, pub Publication, log *zap.Logger) error
 	sql := addTablesSQL(cfg, missing)
 	switch {
 	case pub.Owned && !cfg.CreatePublication:
-		return setupErrorf("publication %q lacks outbox tables: run %s, or turn on slot.SetupConfig.CreatePublication", cfg.Publication, sql)
+		return setupErrorf("publication %q lacks outbox tables: run %s, or turn on source.SetupConfig.CreatePublication", cfg.Publication, sql)
 	case !pub.Owned && !cfg.AlterPublication:
-		return setupErrorf("publication %q lacks outbox tables and was not created by walrelay (it may be shared with other subscribers): run %s yourself, or turn on slot.SetupConfig.AlterPublication to let walrelay do it", cfg.Publication, sql)
+		return setupErrorf("publication %q lacks outbox tables and was not created by walrelay (it may be shared with other subscribers): run %s yourself, or turn on source.SetupConfig.AlterPublication to let walrelay do it", cfg.Publication, sql)
 	}
 	return nil
 }
@@ -373,10 +374,10 @@ func checkPublished(cfg SetupConfig, t PublishedTable, log *zap.Logger) error {
 	}
 	if t.RowFilter != "" {
 		if !cfg.AllowRowFilter {
-			return setupErrorf("publication %q has a row filter on outbox table %s (WHERE %s): rows it filters out are never published and the slot moves past them; remove it (ALTER PUBLICATION %s DROP TABLE %s, then ALTER PUBLICATION %s ADD TABLE %s), or accept it with slot.SetupConfig.AllowRowFilter",
+			return setupErrorf("publication %q has a row filter on outbox table %s (WHERE %s): rows it filters out are never published and the slot moves past them; remove it (ALTER PUBLICATION %s DROP TABLE %s, then ALTER PUBLICATION %s ADD TABLE %s), or accept it with source.SetupConfig.AllowRowFilter",
 				cfg.Publication, t.Table, t.RowFilter, ident, table, ident, table)
 		}
-		log.Warn("publication row filter: outbox rows it filters out are never published (slot.SetupConfig.AllowRowFilter)",
+		log.Warn("publication row filter: outbox rows it filters out are never published (source.SetupConfig.AllowRowFilter)",
 			zap.String("publication", cfg.Publication), zap.String("table", t.Table.String()), zap.String("row_filter", t.RowFilter))
 	}
 	return nil
@@ -386,7 +387,7 @@ func createPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, pub
 	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)", ident, tableList(cfg.Tables), createOptions(pub.version))
 	if !cfg.CreatePublication {
-		return setupErrorf("publication %q does not exist: create it with %s, or turn on slot.SetupConfig.CreatePublication", cfg.Publication, sql)
+		return setupErrorf("publication %q does not exist: create it with %s, or turn on source.SetupConfig.CreatePublication", cfg.Publication, sql)
 	}
 	// The mark goes in with the publication, so that no publication
 	// walrelay created is ever without it.
@@ -433,7 +434,7 @@ func addTables(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, sql string,
 		return publicationError(ctx, conn, cfg, "alter", sql, err)
 	}
 	log.Info("added tables to publication", zap.String("publication", cfg.Publication), zap.String("sql", sql))
-	if _, err := ReadInfo(ctx, conn, cfg.Slot); errors.Is(err, ErrNoSlot) {
+	if _, err := slot.ReadInfo(ctx, conn, cfg.Slot); errors.Is(err, slot.ErrNoSlot) {
 		// The slot is created after this: its first start is when rows
 		// already present are dealt with, as for a new publication.
 		return nil
@@ -442,6 +443,10 @@ func addTables(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, sql string,
 		if counts[i] == 0 {
 			continue
 		}
+		// A command line, not the field a library names elsewhere: a fix
+		// field is for an operator to paste into a shell, and the rows of
+		// one table are published once by walrelay snapshot (an embedder
+		// calls relay.PublishSnapshot with relay.Config.Tables).
 		fix := "walrelay snapshot --table " + t.Table.String()
 		log.Warn("added table to the publication: the rows it already holds will not be streamed, only rows written from now on; publish them once with the fix",
 			zap.String("publication", cfg.Publication), zap.String("table", t.Table.String()),

@@ -1,11 +1,13 @@
-package slot
+package doctor
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -16,27 +18,27 @@ func TestInvalidationReason(t *testing.T) {
 	s := Settings{MaxSlotWALKeepSize: "1GB", IdleSlotTimeout: "10min", WALLevel: "replica", HotStandbyFeedback: "off"}
 	for _, tc := range []struct {
 		name   string
-		info   Info
+		info   slot.Info
 		reason string
 		want   []string
 	}{
-		{"17: wal_removed", Info{ServerVersion: 170004, WALStatus: "lost", InvalidationReason: "wal_removed", Conflicting: ptr(false)},
+		{"17: wal_removed", slot.Info{ServerVersion: 170004, WALStatus: "lost", InvalidationReason: "wal_removed", Conflicting: ptr(false)},
 			"wal_removed", []string{"invalidation_reason = wal_removed", "max_slot_wal_keep_size = 1GB"}},
-		{"18: idle_timeout", Info{ServerVersion: 180000, WALStatus: "lost", InvalidationReason: "idle_timeout", Conflicting: ptr(false)},
+		{"18: idle_timeout", slot.Info{ServerVersion: 180000, WALStatus: "lost", InvalidationReason: "idle_timeout", Conflicting: ptr(false)},
 			"idle_timeout", []string{"invalidation_reason = idle_timeout", "idle_replication_slot_timeout = 10min", "set idle_replication_slot_timeout to 0"}},
-		{"17: rows_removed", Info{ServerVersion: 170000, WALStatus: "lost", InvalidationReason: "rows_removed", Conflicting: ptr(true)},
+		{"17: rows_removed", slot.Info{ServerVersion: 170000, WALStatus: "lost", InvalidationReason: "rows_removed", Conflicting: ptr(true)},
 			"rows_removed", []string{"hot_standby_feedback = off", "hot_standby_feedback = on"}},
-		{"17: wal_level_insufficient", Info{ServerVersion: 170000, WALStatus: "lost", InvalidationReason: "wal_level_insufficient", Conflicting: ptr(true)},
+		{"17: wal_level_insufficient", slot.Info{ServerVersion: 170000, WALStatus: "lost", InvalidationReason: "wal_level_insufficient", Conflicting: ptr(true)},
 			"wal_level_insufficient", []string{"wal_level = replica", "wal_level = logical"}},
-		{"16: standby, restart_lsn kept", Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true), RestartLSN: 0x500}, // with s.InRecovery below
+		{"16: standby, restart_lsn kept", slot.Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true), RestartLSN: 0x500}, // with s.InRecovery below
 			"rows_removed or wal_level_insufficient", []string{"PostgreSQL 16 reports wal_status = lost on a standby with restart_lsn kept", "hot_standby_feedback = on"}},
-		{"16: primary", Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true), RestartLSN: 0x500},
+		{"16: primary", slot.Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true), RestartLSN: 0x500},
 			"wal_removed", []string{"PostgreSQL 16 reports wal_status = lost", "max_slot_wal_keep_size = 1GB"}},
-		{"16: standby, restart_lsn cleared", Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true)},
+		{"16: standby, restart_lsn cleared", slot.Info{ServerVersion: 160003, WALStatus: "lost", Conflicting: ptr(true)},
 			"wal_removed", []string{"with restart_lsn cleared", "max_slot_wal_keep_size = 1GB"}},
-		{"17: lost before the checkpoint", Info{ServerVersion: 170000, WALStatus: "lost", RestartLSN: 0x500},
+		{"17: lost before the checkpoint", slot.Info{ServerVersion: 170000, WALStatus: "lost", RestartLSN: 0x500},
 			"wal_removed", []string{"before PostgreSQL set invalidation_reason", "max_slot_wal_keep_size = 1GB"}},
-		{"15", Info{ServerVersion: 150010, WALStatus: "lost"},
+		{"15", slot.Info{ServerVersion: 150010, WALStatus: "lost"},
 			"wal_removed", []string{"before 16 reports wal_status = lost", "max_slot_wal_keep_size = 1GB"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -46,24 +48,24 @@ func TestInvalidationReason(t *testing.T) {
 			}
 			s := s
 			s.InRecovery = strings.Contains(tc.name, "standby")
-			inv := tc.info.Invalidation(s)
+			inv := invalidationOf(tc.info, s)
 			if inv.Reason != tc.reason {
 				t.Errorf("reason %q, want %q", inv.Reason, tc.reason)
 			}
 			tc.info.ConfirmedLSN = 0x1000
 			g := InvalidatedError(tc.info, s, 0x800)
 			msg := g.Error()
-			for _, w := range append(tc.want, "events committed after 0/1000 may be missing", "walrelay setup --accept-gap", "walrelay snapshot") {
+			for _, w := range append(tc.want, "events committed after 0/1000 may be missing", "walrelay setup --accept-gap", "relay.PublishSnapshot") {
 				if !strings.Contains(msg, w) {
 					t.Errorf("refusal lacks %q: %s", w, msg)
 				}
 			}
-			if !IsGap(g) || !g.Fatal() {
+			if gap := new(slot.GapError); !errors.As(error(g), &gap) || !g.Fatal() {
 				t.Error("the refusal is not a fatal gap")
 			}
 		})
 	}
-	if (Info{WALStatus: "unreserved"}).Invalidated() {
+	if (slot.Info{WALStatus: "unreserved"}).Invalidated() {
 		t.Error("an unreserved slot counts as invalidated")
 	}
 }
@@ -72,11 +74,11 @@ func TestInvalidationReason(t *testing.T) {
 func facts() Facts {
 	const cur = decoder.LSN(100 << 20)
 	return Facts{
-		Info: Info{Name: "s", Active: true, ActivePID: ptr(int32(42)), CurrentLSN: cur, ConfirmedLSN: cur, RestartLSN: cur - 1000, RetainedWALBytes: 1000,
+		Info: slot.Info{Name: "s", Active: true, ActivePID: ptr(int32(42)), CurrentLSN: cur, ConfirmedLSN: cur, RestartLSN: cur - 1000, RetainedWALBytes: 1000,
 			CatalogXmin: ptr(int64(600)), CatalogXminAge: ptr(int64(105)), ServerVersion: 170000, Now: time.Unix(1000, 0)},
-		Walsender: &Walsender{PID: 42, ClientAddr: "10.0.0.5", SentLSN: cur, FlushLSN: cur},
-		Relays:    []RelayConn{{PID: 7, ClientAddr: "10.0.0.5", State: RelayStreaming}},
-		Heartbeat: true,
+		walsender: &sender{PID: 42, ClientAddr: "10.0.0.5", SentLSN: cur, FlushLSN: cur},
+		relays:    []relayConn{{PID: 7, ClientAddr: "10.0.0.5", State: RelayStreaming}},
+		heartbeat: true,
 		Settings:  Settings{IdleInTransactionTimeout: "0", MaxSlotWALKeepSize: "-1"},
 	}
 }
@@ -102,31 +104,31 @@ func TestExplainBranches(t *testing.T) {
 	}{
 		{"healthy", func(*Facts) {}, "", nil},
 		{"relay connecting to kafka", func(f *Facts) {
-			f.Info.Active, f.Info.ActivePID, f.Walsender = false, nil, nil
+			f.Info.Active, f.Info.ActivePID, f.walsender = false, nil, nil
 			f.Info.InactiveSince = ptr(time.Unix(940, 0))
-			f.Relays[0].State = RelayConnectingKafka
+			f.relays[0].State = RelayConnectingKafka
 			f.Settings.IdleSlotTimeout, f.Settings.IdleSlotTimeoutDur = "10min", 10*time.Minute
 		}, "relay_not_streaming", []string{`says "connecting to kafka"`, "cannot reach Kafka", "inactive_since 1970-01-01T00:15:40Z, 1m ago", "kgo.SeedBrokers",
 			"idle_replication_slot_timeout = 10min invalidates the slot", "1970-01-01T00:25:40Z"}},
 		{"relay stopped before 17, with a record", func(f *Facts) {
-			f.Info.Active, f.Info.ActivePID, f.Walsender, f.Relays = false, nil, nil, nil
+			f.Info.Active, f.Info.ActivePID, f.walsender, f.relays = false, nil, nil, nil
 		}, "relay_stopped", []string{"no walrelay process of this slot is connected", "walrelay last moved its record of the slot at 1970-01-01T00:15:00Z, 1m40s ago"}},
 		{"walsender behind", func(f *Facts) {
 			f.Info.ConfirmedLSN = 10 << 20
 			f.Info.RestartLSN = 10<<20 - 100
 			f.Info.LagBytes = 90 << 20
-			f.Walsender.SentLSN = 20 << 20
+			f.walsender.SentLSN = 20 << 20
 		}, "relay_behind", []string{"decoded only up to 0/1400000, 80.0 MiB", "large transaction"}},
 		{"behind with heartbeats", func(f *Facts) {
 			f.Info.ConfirmedLSN, f.Info.RestartLSN, f.Info.LagBytes = 10<<20, 10<<20-100, 90<<20
 		}, "relay_behind", []string{"sends heartbeats but has confirmed only 0/A00000"}},
 		{"quiet outbox", func(f *Facts) {
 			f.Info.ConfirmedLSN, f.Info.RestartLSN, f.Info.LagBytes = 10<<20, 10<<20-100, 90<<20
-			f.Heartbeat = false
+			f.heartbeat = false
 		}, "quiet_outbox", []string{"passed 90.0 MiB", "relay.Config.HeartbeatInterval"}},
 		{"small lag blames nothing", func(f *Facts) {
 			f.Info.LagBytes = 1 << 20
-			f.Heartbeat = false
+			f.heartbeat = false
 		}, "", nil},
 		{"open transactions", func(f *Facts) {
 			f.Xacts = []Xact{
@@ -161,7 +163,7 @@ func TestExplainBranches(t *testing.T) {
 			f := facts()
 			f.Info.LagBytes = int64(f.Info.CurrentLSN - f.Info.ConfirmedLSN)
 			tc.edit(&f)
-			causes := f.Explain(ExplainOptions{Record: &Record{UpdatedAt: time.Unix(900, 0)}})
+			causes := f.explain(explainOptions{Record: &Recorded{UpdatedAt: time.Unix(900, 0)}})
 			if got := strings.Join(kinds(causes), " "); got != tc.kinds {
 				t.Fatalf("causes %q, want %q: %+v", got, tc.kinds, causes)
 			}

@@ -1,4 +1,4 @@
-package slot
+package doctor
 
 import (
 	"strings"
@@ -57,24 +57,5 @@ func TestCreationCauses(t *testing.T) {
 	if len(causes) != 1 || !strings.Contains(causes[0].Text, "no transaction it waits for is open at this moment") ||
 		!strings.Contains(causes[0].Fix, "not published") || strings.Contains(causes[0].Text, "temporary slot") {
 		t.Errorf("a creation without the snapshot, between two rounds: %+v", causes)
-	}
-}
-
-// TestCreateWaitError: the give-up names what the creation waited for and
-// each fix, on one line.
-func TestCreateWaitError(t *testing.T) {
-	c := creation()
-	msg := (&CreateWaitError{Waited: 2 * time.Minute, Creation: &c}).Error()
-	for _, w := range []string{"waited 2m for the transactions", "leaving no slot", "pid 11", "(waited on now)",
-		"pid 11: end it", "'xa''1': finish it", "ROLLBACK PREPARED 'xa''1'"} {
-		if !strings.Contains(msg, w) {
-			t.Errorf("error lacks %q: %s", w, msg)
-		}
-	}
-	if strings.Contains(msg, "\n") {
-		t.Errorf("error spans lines: %s", msg)
-	}
-	if msg := (&CreateWaitError{Waited: time.Minute}).Error(); strings.Contains(msg, "waited for") || strings.Contains(msg, "fix") {
-		t.Errorf("without a reading, the error names no transaction: %s", msg)
 	}
 }

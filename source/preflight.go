@@ -1,4 +1,4 @@
-package slot
+package source
 
 // preflight.go: what walrelay checks before it creates anything, for
 // mistakes that would otherwise show up late, or never: an endpoint that
@@ -8,14 +8,12 @@ package slot
 // too few free replication slots for the initial snapshot, and another
 // walrelay already streaming the same publication to the same topics.
 //
-// Each refusal is a *SetupError naming the fix, found within the first
+// Each refusal is a *slot.SetupError naming the fix, found within the first
 // queries of a start: before the publication or a slot exists, so a
 // refused start leaves nothing behind, and before any retry loop.
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -28,14 +26,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
-
-// clientEncoding is the client_encoding of every connection walrelay
-// opens, the replication connection included: PostgreSQL then converts
-// text from the database's encoding (LATIN1, WIN1252, EUC_JP, …) to
-// UTF-8, in the walsender as in the snapshot's queries, so records carry
-// UTF-8 whatever the database stores. pgx relies on UTF-8 as well.
-const clientEncoding = "UTF8"
 
 // checkEndpoint refuses an endpoint walrelay cannot stream from: a
 // connection pooler in front of PostgreSQL that cannot pass a replication
@@ -56,12 +48,12 @@ func checkEndpoint(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 	if err != nil {
 		return fmt.Errorf("read server state: %w", err)
 	}
-	target := Redact(cfg.URL)
+	target := slot.Redact(cfg.URL)
 	if inRecovery {
 		if version < 160000 {
-			return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): PostgreSQL %d cannot decode logically on a standby, nor create a publication there; point slot.SetupConfig.URL at the primary", target, version/10000)
+			return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): PostgreSQL %d cannot decode logically on a standby, nor create a publication there; point source.SetupConfig.URL at the primary", target, version/10000)
 		}
-		return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): walrelay streams from the primary; point slot.SetupConfig.URL at it. (PostgreSQL 16+ can decode on a standby, but only with the publication created on the primary, hot_standby_feedback = on, and no WAL written by the relay, which its heartbeats need; walrelay does not stream from a standby)", target)
+		return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): walrelay streams from the primary; point source.SetupConfig.URL at it. (PostgreSQL 16+ can decode on a standby, but only with the publication created on the primary, hot_standby_feedback = on, and no WAL written by the relay, which its heartbeats need; walrelay does not stream from a standby)", target)
 	}
 	if encoding == "SQL_ASCII" {
 		return setupErrorf("database %q has encoding SQL_ASCII: PostgreSQL stores its text as bytes of no known encoding, which walrelay cannot convert to the UTF-8 its records carry; move the outbox to a database created with ENCODING 'UTF8' (or any encoding PostgreSQL converts to UTF-8, such as LATIN1)", db)
@@ -77,7 +69,7 @@ func checkEndpoint(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
 // IDENTIFY_SYSTEM. Any other failure is left to the checks and the stream
 // that follow, which say what they find.
 func checkReplicationConnection(ctx context.Context, url string) error {
-	rconn, err := replicationConn(ctx, url)
+	rconn, err := slot.ReplicationConn(ctx, url)
 	var why string
 	switch {
 	case err != nil && strings.Contains(err.Error(), "unsupported startup parameter"):
@@ -97,7 +89,7 @@ func checkReplicationConnection(ctx context.Context, url string) error {
 		}
 		why = "its replication connection is a normal session, which does not know IDENTIFY_SYSTEM"
 	}
-	return setupErrorf("the endpoint of slot.SetupConfig.URL (%s) is a connection pooler, not PostgreSQL: %s. Logical replication cannot pass through a pooler such as pgbouncer: point slot.SetupConfig.URL at PostgreSQL itself (its own host and port), bypassing the pooler", Redact(url), why)
+	return setupErrorf("the endpoint of source.SetupConfig.URL (%s) is a connection pooler, not PostgreSQL: %s. Logical replication cannot pass through a pooler such as pgbouncer: point source.SetupConfig.URL at PostgreSQL itself (its own host and port), bypassing the pooler", slot.Redact(url), why)
 }
 
 // checkOutbox refuses outbox tables and a configuration that could never
@@ -140,7 +132,7 @@ func checkRelKind(ctx context.Context, conn *pgx.Conn, t decoder.Table) error {
 	case what == "":
 		what = fmt.Sprintf("not a table (relkind %q)", kind)
 	}
-	return setupErrorf("outbox table %s is %s: a publication publishes only tables' rows, so none of its rows could ever stream; name the table the writers insert into in slot.SetupConfig.Tables (for a view, SELECT pg_get_viewdef('%s'::regclass) shows the table it reads)", t, what, ident)
+	return setupErrorf("outbox table %s is %s: a publication publishes only tables' rows, so none of its rows could ever stream; name the table the writers insert into in source.SetupConfig.Tables (for a view, SELECT pg_get_viewdef('%s'::regclass) shows the table it reads)", t, what, ident)
 }
 
 // checkColumns refuses mapped columns the stream cannot carry: a generated
@@ -179,7 +171,7 @@ func checkColumns(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, t decode
 			}
 		}
 		if cfg.Binary && !decoder.BinaryRenders(c.oid) {
-			return setupErrorf("slot.SetupConfig.Binary: column %q of outbox table %s has type %s (OID %d), whose binary form walrelay cannot render as text; start without slot.SetupConfig.Binary, or make the column text, varchar, bytea, json, jsonb, uuid or an integer type",
+			return setupErrorf("source.SetupConfig.Binary: column %q of outbox table %s has type %s (OID %d), whose binary form walrelay cannot render as text; start without source.SetupConfig.Binary, or make the column text, varchar, bytea, json, jsonb, uuid or an integer type",
 				c.name, t, c.typ, c.oid)
 		}
 	}
@@ -211,6 +203,13 @@ func checkGenerated(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, t deco
 		column, t, cfg.Publication, pub, fix)
 }
 
+// dropSlotCommand, then a slot's name, drops a slot nothing reads. A
+// command, not a field, where the library names fields: no library
+// function drops a slot, and walrelay drop (cmd/walrelay) does it as a
+// slot must be dropped, after counting the rows it still holds and with
+// walrelay's record of it (source.DropRecord).
+const dropSlotCommand = "walrelay drop --slot "
+
 // checkFreeSlots refuses to start when the slot must be created and the
 // server has too few free replication slots for it: creating it with the
 // initial snapshot takes two at once (a temporary slot exports the
@@ -221,7 +220,7 @@ func checkFreeSlots(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error 
 	if !cfg.CreateSlot {
 		return nil
 	}
-	if _, err := ReadInfo(ctx, conn, cfg.Slot); !errors.Is(err, ErrNoSlot) {
+	if _, err := slot.ReadInfo(ctx, conn, cfg.Slot); !errors.Is(err, slot.ErrNoSlot) {
 		return nil // it exists (or the slot checks that follow say why not)
 	}
 	need := 1
@@ -245,34 +244,11 @@ func checkFreeSlots(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error 
 	if need == 2 {
 		what = fmt.Sprintf("creating replication slot %q with its initial snapshot needs 2 free at once (a temporary slot for the snapshot, then the slot)", cfg.Slot)
 	}
-	fix := "drop slots nothing reads (walrelay drop --slot <name>), or raise max_replication_slots and restart PostgreSQL"
+	fix := "drop slots nothing reads (" + dropSlotCommand + "<name>), or raise max_replication_slots and restart PostgreSQL"
 	if need == 2 {
-		fix += ", or start with slot.SetupConfig.Snapshot=nil (no snapshot of the rows already there)"
+		fix += ", or start with source.SetupConfig.Snapshot=nil (no snapshot of the rows already there)"
 	}
 	return setupErrorf("max_replication_slots is %d and %d slots exist (%s): %s; %s", limit, used, strings.Join(names, ", "), what, fix)
-}
-
-// topicsTagPrefix starts the application_name of walrelay's streaming
-// connection when --pg-url sets none: "walrelay topics=<tag>", the tag
-// naming the topic template. Another relay starting on the same
-// publication reads it in pg_stat_activity (warnSameTopics).
-const topicsTagPrefix = "walrelay topics="
-
-// topicsTag is the tag of a topic template: the first 8 bytes of its
-// SHA-256 in hex. It only tells templates apart, and fits
-// application_name (63 bytes of printable ASCII) whatever the template.
-func topicsTag(template string) string {
-	sum := sha256.Sum256([]byte(template))
-	return hex.EncodeToString(sum[:8])
-}
-
-// tagApplicationName puts the topic template's tag in the application_name
-// of a replication connection when walrelay chose the name (--pg-url and
-// PGAPPNAME set none): an operator's name is left alone.
-func tagApplicationName(cfg *pgconn.Config, topicTemplate string) {
-	if topicTemplate != "" && cfg.RuntimeParams["application_name"] == "walrelay" {
-		cfg.RuntimeParams["application_name"] = topicsTagPrefix + topicsTag(topicTemplate)
-	}
 }
 
 // publicationNames finds the publication_names option in the text of a
@@ -304,7 +280,7 @@ func warnSameTopics(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *z
 		log.Debug("cannot read the other replication slots' walsenders", zap.Error(err))
 		return
 	}
-	tag := topicsTagPrefix + topicsTag(cfg.TopicTemplate)
+	tag := slot.TopicsAppName(cfg.TopicTemplate)
 	for _, o := range others {
 		if o.App != tag {
 			continue
@@ -313,9 +289,9 @@ func warnSameTopics(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *z
 		if m == nil || !slices.Contains(splitPublicationNames(strings.ReplaceAll(m[1], "''", "'")), cfg.Publication) {
 			continue
 		}
-		log.Warn("another walrelay streams the same publication to the same topics from another slot: both publish every event, so consumers receive each one twice; stop one of the relays and drop its slot, or give them different publications (slot.SetupConfig.Publication) or topic templates (slot.SetupConfig.TopicTemplate)",
+		log.Warn("another walrelay streams the same publication to the same topics from another slot: both publish every event, so consumers receive each one twice; stop one of the relays and drop its slot, or give them different publications (source.SetupConfig.Publication) or topic templates (source.SetupConfig.TopicTemplate)",
 			zap.String("slot", cfg.Slot), zap.String("other_slot", o.Slot), zap.String("publication", cfg.Publication),
-			zap.String("topic_template", cfg.TopicTemplate), zap.String("fix", "walrelay drop --slot "+o.Slot))
+			zap.String("topic_template", cfg.TopicTemplate), zap.String("fix", dropSlotCommand+o.Slot))
 	}
 }
 

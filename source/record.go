@@ -1,4 +1,4 @@
-package slot
+package source
 
 // record.go: walrelay's record, in the source database, of what it streams
 // from.
@@ -25,13 +25,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
+	"github.com/walrelay/walrelay/slot"
 )
 
 // DefaultRecordSchema is the schema of walrelay's record table (slots).
@@ -62,7 +63,7 @@ type Record struct {
 	UpdatedAt time.Time
 	// Accepted is the gap Prepare accepted (SetupConfig.AcceptGap), if
 	// it did: events committed after Accepted.Since were not published.
-	Accepted *GapError
+	Accepted *slot.GapError
 	// SnapshotPending is the consistent point of the slot's initial
 	// snapshot while it is being published (0 otherwise): a slot found
 	// with it set was created by a start that died during its snapshot,
@@ -81,6 +82,13 @@ type RecordedTable struct {
 	// publication covers the table without one (FOR ALL TABLES, TABLES IN
 	// SCHEMA).
 	MemberOID uint32 `json:"member_oid"`
+}
+
+// Recorded is what the record says that the doctor reads (its figures for
+// status, and the words of the refusal of a slot gone); schema is the
+// record table's.
+func (r Record) Recorded(schema string) doctor.Recorded {
+	return doctor.Recorded{Table: recordTable(schema), ConfirmedLSN: r.ConfirmedLSN, UpdatedAt: r.UpdatedAt, Stopped: r.Stopped, StoppedAt: r.StoppedAt}
 }
 
 // RecordTableName is the record table's name in its schema.
@@ -113,12 +121,12 @@ func recordDDL(schema string) []string {
 			created_at timestamptz NOT NULL DEFAULT now(),
 			updated_at timestamptz NOT NULL DEFAULT now()
 		)`,
-		"COMMENT ON TABLE " + t + " IS 'walrelay: what each replication slot streamed from; walrelay refuses to replace a slot, publication or outbox table recorded here until told to (walrelay setup --accept-gap)'",
+		"COMMENT ON TABLE " + t + " IS 'walrelay: what each replication slot streamed from; walrelay refuses to replace a slot, publication or outbox table recorded here until an operator accepts the gap'",
 	}
 }
 
 // recordTableReady reports whether the record table exists, refusing (a
-// *SetupError naming the GRANT) one the role may not read and write.
+// *slot.SetupError naming the GRANT) one the role may not read and write.
 func recordTableReady(ctx context.Context, conn *pgx.Conn, schema string) (bool, error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", recordTable(schema)).Scan(&exists); err != nil {
@@ -202,7 +210,7 @@ func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error
 	case errors.As(err, &pgErr) && pgErr.Code == "42501":
 		var role string
 		_ = conn.QueryRow(ctx, "SELECT current_user").Scan(&role) // the refusal stands without the name
-		return setupErrorf("cannot create walrelay's record table %s (%s): walrelay writes down there what it streams from, to refuse replacing it after a failover or a migration; as a superuser run CREATE SCHEMA %s AUTHORIZATION %s (or walrelay setup, then grant the role SELECT, INSERT, UPDATE, DELETE on it), or choose a schema the role may create tables in (slot.SetupConfig.RecordSchema)",
+		return setupErrorf("cannot create walrelay's record table %s (%s): walrelay writes down there what it streams from, to refuse replacing it after a failover or a migration; as a superuser run CREATE SCHEMA %s AUTHORIZATION %s (or source.Prepare, then grant the role SELECT, INSERT, UPDATE, DELETE on it), or choose a schema the role may create tables in (source.SetupConfig.RecordSchema)",
 			recordTable(schema), pgErr.Message, pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize())
 	case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07"):
 		return nil // created concurrently by another walrelay
@@ -214,7 +222,7 @@ func ensureRecordTable(ctx context.Context, conn *pgx.Conn, schema string) error
 
 // ReadRecord reads the record of slot; ok is false when there is none
 // (nor a record table).
-func ReadRecord(ctx context.Context, conn *pgx.Conn, schema, slot string) (rec Record, ok bool, err error) {
+func ReadRecord(ctx context.Context, conn *pgx.Conn, schema, slotName string) (rec Record, ok bool, err error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", recordTable(schema)).Scan(&exists); err != nil {
 		return rec, false, fmt.Errorf("look up walrelay's record table: %w", err)
@@ -227,30 +235,30 @@ func ReadRecord(ctx context.Context, conn *pgx.Conn, schema, slot string) (rec R
 	var stopped, stoppedAt, pending *string
 	err = conn.QueryRow(ctx, `SELECT slot_name, publication, publication_oid, publication_xmin, tables, system_identifier, confirmed_lsn::text,
 			stopped, stopped_at_lsn::text, updated_at, to_jsonb(r) ->> '`+snapshotColumn+`'
-		FROM `+recordTable(schema)+` r WHERE slot_name = $1`, slot).Scan(
+		FROM `+recordTable(schema)+` r WHERE slot_name = $1`, slotName).Scan(
 		&rec.Slot, &rec.Publication, &rec.PublicationOID, &rec.PublicationXmin, &tables, &rec.SystemID, &confirmed, &stopped, &stoppedAt, &rec.UpdatedAt, &pending)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, false, nil
 	}
 	if err != nil {
-		return rec, false, fmt.Errorf("read walrelay's record of slot %q: %w", slot, err)
+		return rec, false, fmt.Errorf("read walrelay's record of slot %q: %w", slotName, err)
 	}
 	if err := json.Unmarshal(tables, &rec.Tables); err != nil {
-		return rec, false, fmt.Errorf("walrelay's record of slot %q: tables: %w", slot, err)
+		return rec, false, fmt.Errorf("walrelay's record of slot %q: tables: %w", slotName, err)
 	}
-	if rec.ConfirmedLSN, err = ParseLSN(confirmed); err != nil {
+	if rec.ConfirmedLSN, err = slot.ParseLSN(confirmed); err != nil {
 		return rec, false, err
 	}
 	if stopped != nil {
 		rec.Stopped = *stopped
 	}
 	if stoppedAt != nil {
-		if rec.StoppedAt, err = ParseLSN(*stoppedAt); err != nil {
+		if rec.StoppedAt, err = slot.ParseLSN(*stoppedAt); err != nil {
 			return rec, false, err
 		}
 	}
 	if pending != nil {
-		if rec.SnapshotPending, err = ParseLSN(*pending); err != nil {
+		if rec.SnapshotPending, err = slot.ParseLSN(*pending); err != nil {
 			return rec, false, err
 		}
 	}
@@ -310,17 +318,17 @@ func writeRecord(ctx context.Context, conn *pgx.Conn, schema string, rec Record)
 // of the relay's database, which PostgreSQL 14 streams as an empty one and
 // the relay confirms; a caller that writes again only past the returned
 // position does not feed on its own writes on an idle outbox.
-func RecordConfirmed(ctx context.Context, conn *pgx.Conn, schema, slot string, lsn decoder.LSN) (decoder.LSN, error) {
+func RecordConfirmed(ctx context.Context, conn *pgx.Conn, schema, slotName string, lsn decoder.LSN) (decoder.LSN, error) {
 	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET confirmed_lsn = $2::text::pg_lsn, updated_at = now()
-		WHERE slot_name = $1 AND confirmed_lsn < $2::text::pg_lsn`, slot, lsn.String())
+		WHERE slot_name = $1 AND confirmed_lsn < $2::text::pg_lsn`, slotName, lsn.String())
 	if err != nil {
-		return 0, fmt.Errorf("update walrelay's record of slot %q: %w", slot, err)
+		return 0, fmt.Errorf("update walrelay's record of slot %q: %w", slotName, err)
 	}
 	var after string
 	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&after); err != nil {
-		return 0, fmt.Errorf("read the WAL position after updating walrelay's record of slot %q: %w", slot, err)
+		return 0, fmt.Errorf("read the WAL position after updating walrelay's record of slot %q: %w", slotName, err)
 	}
-	end, err := ParseLSN(after)
+	end, err := slot.ParseLSN(after)
 	if err != nil {
 		return 0, err
 	}
@@ -329,10 +337,10 @@ func RecordConfirmed(ctx context.Context, conn *pgx.Conn, schema, slot string, l
 
 // snapshotDone clears the record's mark of an initial snapshot being
 // published: the slot is an ordinary one from now on.
-func snapshotDone(ctx context.Context, conn *pgx.Conn, schema, slot string) error {
-	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET `+snapshotColumn+` = NULL, updated_at = now() WHERE slot_name = $1`, slot)
+func snapshotDone(ctx context.Context, conn *pgx.Conn, schema, slotName string) error {
+	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET `+snapshotColumn+` = NULL, updated_at = now() WHERE slot_name = $1`, slotName)
 	if err != nil {
-		return fmt.Errorf("write the end of the initial snapshot into walrelay's record of slot %q: %w", slot, err)
+		return fmt.Errorf("write the end of the initial snapshot into walrelay's record of slot %q: %w", slotName, err)
 	}
 	return nil
 }
@@ -340,67 +348,30 @@ func snapshotDone(ctx context.Context, conn *pgx.Conn, schema, slot string) erro
 // RecordStop writes down why a running relay stopped, and the last
 // position it confirmed: the next start refuses until the gap is accepted,
 // even when the change was undone meanwhile.
-func RecordStop(ctx context.Context, conn *pgx.Conn, schema, slot, reason string, confirmed decoder.LSN) error {
+func RecordStop(ctx context.Context, conn *pgx.Conn, schema, slotName, reason string, confirmed decoder.LSN) error {
 	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET stopped = $2, stopped_at_lsn = $3::text::pg_lsn,
 			confirmed_lsn = greatest(confirmed_lsn, $3::text::pg_lsn), updated_at = now()
-		WHERE slot_name = $1 AND stopped IS NULL`, slot, reason, confirmed.String())
+		WHERE slot_name = $1 AND stopped IS NULL`, slotName, reason, confirmed.String())
 	if err != nil {
-		return fmt.Errorf("write the stop into walrelay's record of slot %q: %w", slot, err)
+		return fmt.Errorf("write the stop into walrelay's record of slot %q: %w", slotName, err)
 	}
 	return nil
 }
 
 // acceptGap appends an accepted gap to the record's history, for whoever
 // later wonders why events are missing.
-func acceptGap(ctx context.Context, conn *pgx.Conn, schema, slot string, g *GapError) error {
+func acceptGap(ctx context.Context, conn *pgx.Conn, schema, slotName string, g *slot.GapError) error {
 	entry, _ := json.Marshal(map[string]string{"what": g.What, "after_lsn": g.Since.String(), "accepted_at": time.Now().UTC().Format(time.RFC3339)})
 	return recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET accepted_gaps = accepted_gaps || jsonb_build_array($2::jsonb), updated_at = now()
-		WHERE slot_name = $1`, slot, entry)
+		WHERE slot_name = $1`, slotName, entry)
 }
 
 // DropRecord removes the record of slot: the operator dropped the slot on
 // purpose, so the next start is a first start again.
-func DropRecord(ctx context.Context, conn *pgx.Conn, schema, slot string) error {
+func DropRecord(ctx context.Context, conn *pgx.Conn, schema, slotName string) error {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", recordTable(schema)).Scan(&exists); err != nil || !exists {
 		return err
 	}
-	return recordExec(ctx, conn, "DELETE FROM "+recordTable(schema)+" WHERE slot_name = $1", slot)
-}
-
-// GapError is a refusal to go on after something walrelay streamed from
-// changed under it (a slot that vanished in a failover, a publication
-// dropped or altered, an outbox table recreated or taken out of the
-// publication): PostgreSQL did not send, or will not send, events
-// committed after Since. Restarting cannot fix it; only the operator can
-// accept the gap.
-type GapError struct {
-	// What changed, in words.
-	What string
-	// Since is the last position walrelay knows it published everything
-	// before: events committed after it may be missing.
-	Since decoder.LSN
-	// Fix is what the operator can do, beyond accepting the gap.
-	Fix string
-}
-
-func (e *GapError) Error() string {
-	var b strings.Builder
-	b.WriteString(e.What)
-	fmt.Fprintf(&b, ": events committed after %s may be missing from Kafka. walrelay never replaces what it streamed from on its own", e.Since)
-	if e.Fix != "" {
-		b.WriteString("; ")
-		b.WriteString(e.Fix)
-	}
-	b.WriteString("; to go on without them, run walrelay setup --accept-gap with the same database, slot, publication and tables, then publish the rows still in the outbox tables with walrelay snapshot")
-	return b.String()
-}
-
-// Fatal is true: restarting cannot bring the missing events back.
-func (e *GapError) Fatal() bool { return true }
-
-// IsGap reports whether err is a *GapError.
-func IsGap(err error) bool {
-	var g *GapError
-	return errors.As(err, &g)
+	return recordExec(ctx, conn, "DELETE FROM "+recordTable(schema)+" WHERE slot_name = $1", slotName)
 }

@@ -1,4 +1,4 @@
-package slot
+package source
 
 // watch.go: noticing, while streaming, that the publication stopped
 // publishing an outbox table, before the slot is confirmed past what it
@@ -34,6 +34,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
 
 // Watch checks that a publication still publishes the recorded outbox
@@ -73,7 +74,7 @@ type watchRow struct {
 
 // Check returns the WAL position up to which the publication is known to
 // have published the outbox tables as recorded; ok is false when a change
-// to them was still in progress (try again soon). A *GapError says what
+// to them was still in progress (try again soon). A *slot.GapError says what
 // changed (its Since is for the caller to set: the last position it
 // confirmed); other errors are the connection's.
 func (w *Watch) Check(ctx context.Context, conn *pgx.Conn) (at decoder.LSN, ok bool, err error) {
@@ -86,7 +87,7 @@ func (w *Watch) Check(ctx context.Context, conn *pgx.Conn) (at decoder.LSN, ok b
 	if err := conn.QueryRow(ctx, "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END::text").Scan(&l); err != nil {
 		return 0, false, fmt.Errorf("read the WAL position: %w", err)
 	}
-	if at, err = ParseLSN(l); err != nil {
+	if at, err = slot.ParseLSN(l); err != nil {
 		return 0, false, err
 	}
 	rows, err := w.read(ctx, conn)
@@ -168,17 +169,17 @@ func (w *Watch) read(ctx context.Context, conn *pgx.Conn) ([]watchRow, error) {
 
 // judge returns what changed, or nil when the rows still publish every
 // recorded table's inserts under its own name.
-func (w *Watch) judge(rows []watchRow) *GapError {
+func (w *Watch) judge(rows []watchRow) *slot.GapError {
 	pub := w.cfg.Publication
 	ident := pgx.Identifier{pub}.Sanitize()
 	first := rows[0]
 	switch {
 	case first.pubOID == nil:
-		return &GapError{What: fmt.Sprintf("publication %q was dropped while walrelay streamed from it", pub)}
+		return &slot.GapError{What: fmt.Sprintf("publication %q was dropped while walrelay streamed from it", pub)}
 	case *first.pubOID != w.rec.PublicationOID:
-		return &GapError{What: fmt.Sprintf("publication %q was dropped and created again while walrelay streamed from it (OID %d, now %d)", pub, w.rec.PublicationOID, *first.pubOID)}
+		return &slot.GapError{What: fmt.Sprintf("publication %q was dropped and created again while walrelay streamed from it (OID %d, now %d)", pub, w.rec.PublicationOID, *first.pubOID)}
 	case !*first.insert:
-		return &GapError{What: fmt.Sprintf("publication %q stopped publishing inserts while walrelay streamed from it", pub),
+		return &slot.GapError{What: fmt.Sprintf("publication %q stopped publishing inserts while walrelay streamed from it", pub),
 			Fix: fmt.Sprintf("restore it with ALTER PUBLICATION %s SET (publish = 'insert')", ident)}
 	}
 	for i, r := range rows {
@@ -186,23 +187,23 @@ func (w *Watch) judge(rows []watchRow) *GapError {
 		member := *first.allTables || r.memberOID != nil || r.schemaMember != nil
 		switch {
 		case r.relOID == nil:
-			return &GapError{What: fmt.Sprintf("outbox table %s was dropped while walrelay streamed from it", t.Table)}
+			return &slot.GapError{What: fmt.Sprintf("outbox table %s was dropped while walrelay streamed from it", t.Table)}
 		case *r.schema != t.Table.Schema || *r.name != t.Table.Name:
-			return &GapError{What: fmt.Sprintf("outbox table %s was renamed to %s while walrelay streamed from it: its inserts arrive under a name slot.SetupConfig.Tables does not list", t.Table, decoder.Table{Schema: *r.schema, Name: *r.name})}
+			return &slot.GapError{What: fmt.Sprintf("outbox table %s was renamed to %s while walrelay streamed from it: its inserts arrive under a name source.SetupConfig.Tables does not list", t.Table, decoder.Table{Schema: *r.schema, Name: *r.name})}
 		case !member:
-			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q while walrelay streamed from it", t.Table, pub)}
+			return &slot.GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q while walrelay streamed from it", t.Table, pub)}
 		case t.MemberOID != 0 && r.memberOID != nil && *r.memberOID != t.MemberOID:
-			return &GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again while walrelay streamed from it", t.Table, pub)}
+			return &slot.GapError{What: fmt.Sprintf("outbox table %s was removed from publication %q and added again while walrelay streamed from it", t.Table, pub)}
 		case *r.relKind == "p" && !*first.viaRoot:
-			return &GapError{What: fmt.Sprintf("publication %q stopped publishing partitioned outbox table %s via its root (publish_via_partition_root = false) while walrelay streamed from it: its rows arrive under the partitions' names", pub, t.Table),
+			return &slot.GapError{What: fmt.Sprintf("publication %q stopped publishing partitioned outbox table %s via its root (publish_via_partition_root = false) while walrelay streamed from it: its rows arrive under the partitions' names", pub, t.Table),
 				Fix: fmt.Sprintf("restore it with ALTER PUBLICATION %s SET (publish_via_partition_root = true)", ident)}
 		case r.rowFilter != nil && !w.cfg.AllowRowFilter:
-			return &GapError{What: fmt.Sprintf("publication %q got a row filter on outbox table %s (WHERE %s) while walrelay streamed from it: rows it filters out are not published", pub, t.Table, *r.rowFilter)}
+			return &slot.GapError{What: fmt.Sprintf("publication %q got a row filter on outbox table %s (WHERE %s) while walrelay streamed from it: rows it filters out are not published", pub, t.Table, *r.rowFilter)}
 		}
 		if r.columns != nil {
 			for _, c := range w.cfg.Columns {
 				if !slices.Contains(r.columns, c) {
-					return &GapError{What: fmt.Sprintf("publication %q got a column list on outbox table %s without column %q, which walrelay maps, while walrelay streamed from it", pub, t.Table, c)}
+					return &slot.GapError{What: fmt.Sprintf("publication %q got a column list on outbox table %s without column %q, which walrelay maps, while walrelay streamed from it", pub, t.Table, c)}
 				}
 			}
 		}

@@ -1,10 +1,10 @@
-package slot
+package doctor
 
 // failover.go: whether a failover of the primary keeps the slot.
 //
 // Before PostgreSQL 17 a logical slot lives on the primary only: after a
-// failover the new primary has none, and the record (record.go) makes
-// walrelay refuse to go on there. From 17 a failover slot is copied to
+// failover the new primary has none, and walrelay's record (package
+// source) makes it refuse to go on there. From 17 a failover slot is copied to
 // standbys that run with sync_replication_slots = on, and
 // synchronized_standby_slots on the primary holds logical decoding back
 // until the standbys named there have the WAL: without it a standby may be
@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
 
 // Failover is what a failover of the slot's server would do to the slot.
@@ -208,7 +209,7 @@ const standbyTimeout = 10 * time.Second
 // ReadFailover reads the failover state of a slot whose row is info, on
 // conn, and the slot's copies on the standbys of standbyURLs (none: the
 // copies are not checked).
-func ReadFailover(ctx context.Context, conn *pgx.Conn, info Info, standbyURLs []string) (Failover, error) {
+func ReadFailover(ctx context.Context, conn *pgx.Conn, info slot.Info, standbyURLs []string) (Failover, error) {
 	f := Failover{Name: info.Name}
 	var version int
 	var standbySlots string
@@ -216,7 +217,7 @@ func ReadFailover(ctx context.Context, conn *pgx.Conn, info Info, standbyURLs []
 	if err := conn.QueryRow(ctx, failoverSlotsSQL).Scan(&version, &standbySlots, &inRecovery, &f.Standbys, &f.Archivers); err != nil {
 		return f, fmt.Errorf("read the failover settings: %w", err)
 	}
-	f.Supported = version >= failoverSlots
+	f.Supported = version >= slot.FailoverSlots
 	f.Slot = info.Failover != nil && *info.Failover
 	if inRecovery {
 		c := readCopy(ctx, conn, info.Name)
@@ -259,7 +260,7 @@ func ReadFailover(ctx context.Context, conn *pgx.Conn, info Info, standbyURLs []
 		return f, fmt.Errorf("read the slot's confirmed position: %w", err)
 	}
 	if confirmed != nil {
-		lsn, err := ParseLSN(*confirmed)
+		lsn, err := slot.ParseLSN(*confirmed)
 		if err != nil {
 			return f, err
 		}
@@ -273,11 +274,11 @@ func ReadFailover(ctx context.Context, conn *pgx.Conn, info Info, standbyURLs []
 // readStandby reads the slot's copy on the server of url; standby is
 // false when that server is not in recovery (a primary: the one walrelay
 // streams from, when the operator listed every node).
-func readStandby(ctx context.Context, url, slot string) (c Copy, standby bool) {
+func readStandby(ctx context.Context, url, name string) (c Copy, standby bool) {
 	ctx, cancel := context.WithTimeout(ctx, standbyTimeout)
 	defer cancel()
-	c.Standby = Redact(url)
-	conn, err := Connect(ctx, url)
+	c.Standby = slot.Redact(url)
+	conn, err := slot.Connect(ctx, url)
 	if err != nil {
 		c.Err = err
 		return c, true
@@ -285,16 +286,16 @@ func readStandby(ctx context.Context, url, slot string) (c Copy, standby bool) {
 	defer conn.Close(context.Background())
 	var inRecovery bool
 	if err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery); err != nil {
-		c.Err = redactErr(err, url)
+		c.Err = slot.RedactError(err, url)
 		return c, true
 	}
 	if !inRecovery {
 		return c, false
 	}
-	c = readCopy(ctx, conn, slot)
-	c.Standby = Redact(url)
+	c = readCopy(ctx, conn, name)
+	c.Standby = slot.Redact(url)
 	if c.Err != nil {
-		c.Err = redactErr(c.Err, url)
+		c.Err = slot.RedactError(c.Err, url)
 	}
 	return c, true
 }
@@ -302,7 +303,7 @@ func readStandby(ctx context.Context, url, slot string) (c Copy, standby bool) {
 // readCopy reads the slot's row and the slot sync settings on a standby.
 // synced and invalidation_reason exist from PostgreSQL 17 on; read
 // through to_jsonb they are NULL before.
-func readCopy(ctx context.Context, conn *pgx.Conn, slot string) Copy {
+func readCopy(ctx context.Context, conn *pgx.Conn, name string) Copy {
 	var c Copy
 	var confirmed string
 	err := conn.QueryRow(ctx, `
@@ -311,13 +312,13 @@ func readCopy(ctx context.Context, conn *pgx.Conn, slot string) Copy {
 		       s.slot_name IS NOT NULL, coalesce((to_jsonb(s)->>'synced')::bool, false), coalesce(s.temporary, false),
 		       coalesce(to_jsonb(s)->>'invalidation_reason', CASE WHEN s.wal_status = 'lost' THEN 'wal_removed' END, ''),
 		       coalesce(s.confirmed_flush_lsn::text, '0/0')
-		FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, slot).Scan(
+		FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, name).Scan(
 		&c.PrimarySlot, &c.SyncSlots, &c.Exists, &c.Synced, &c.Temporary, &c.Invalidation, &confirmed)
 	if err != nil {
 		c.Err = fmt.Errorf("read pg_replication_slots: %w", err)
 		return c
 	}
-	if c.ConfirmedLSN, err = ParseLSN(confirmed); err != nil {
+	if c.ConfirmedLSN, err = slot.ParseLSN(confirmed); err != nil {
 		c.Err = err
 	}
 	return c
@@ -334,7 +335,7 @@ func (f Failover) Describe() (text string, warn bool) {
 	case !f.Supported:
 		return "no standby streams from this server; PostgreSQL before 17 has no failover slots" + f.archivers(), false
 	case !f.Slot:
-		return "the slot is not a failover slot: a failover loses it (turn on slot.SetupConfig.Failover, or ALTER_REPLICATION_SLOT ... (FAILOVER true))" + f.archivers(), f.Standbys > 0
+		return "the slot is not a failover slot: a failover loses it (turn on source.SetupConfig.Failover, or ALTER_REPLICATION_SLOT ... (FAILOVER true))" + f.archivers(), f.Standbys > 0
 	case len(f.StandbySlots) == 0:
 		return "failover slot, but synchronized_standby_slots is empty: a standby may be behind what walrelay published, and after a failover to it Kafka would hold events of transactions the new primary never had; set synchronized_standby_slots on the primary to the standbys' physical slots (and sync_replication_slots = on, hot_standby_feedback = on on the standbys)", true
 	case len(f.Missing) > 0:

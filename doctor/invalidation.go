@@ -1,31 +1,31 @@
-package slot
+package doctor
 
 // invalidation.go: a slot PostgreSQL invalidated, and the way on.
 //
 // An invalidated slot keeps no WAL and nothing can stream from it again:
 // it is something walrelay streamed from that is gone for good, like a
-// slot lost in a failover. So it is refused as a gap (*GapError, naming
-// PostgreSQL's reason and the setting behind it), and the way on is the
-// one for every gap: walrelay setup --accept-gap, which here drops the
-// invalidated slot and creates a new one at the current position,
-// recording the gap, then walrelay snapshot for the rows still in the
-// outbox.
+// slot lost in a failover. So it is refused as a gap (*slot.GapError,
+// naming PostgreSQL's reason and the setting behind it), and the way on is
+// the one for every gap: accepting it (source.SetupConfig.AcceptGap),
+// which here drops the invalidated slot and creates a new one at the
+// current position, recording the gap, then a snapshot of the rows still
+// in the outbox (relay.PublishSnapshot). A slot that is gone altogether
+// is refused the same way (SlotGoneError).
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/slot"
 )
 
-// Invalidation says why PostgreSQL invalidated a slot, and what to set so
+// invalidation says why PostgreSQL invalidated a slot, and what to set so
 // that the next one lasts.
-type Invalidation struct {
+type invalidation struct {
 	// Reason is PostgreSQL's word (wal_removed, idle_timeout, rows_removed,
 	// wal_level_insufficient) or, when an older server cannot tell two
 	// apart, both ("rows_removed or wal_level_insufficient").
@@ -39,15 +39,15 @@ type Invalidation struct {
 	Prevent string
 }
 
-// Invalidation tells why the slot of info was invalidated. PostgreSQL 17+
+// invalidationOf tells why the slot of info was invalidated. PostgreSQL 17+
 // reports invalidation_reason. 16 reports wal_status = lost (and
 // conflicting = true for any invalidated logical slot, so that says
 // nothing): a conflict with recovery (rows_removed or
 // wal_level_insufficient, not which) happens only on a standby and keeps
 // restart_lsn, wal_removed clears it. Before 16 the only way to lose a
 // slot is max_slot_wal_keep_size (wal_removed).
-func (i Info) Invalidation(s Settings) Invalidation {
-	var inv Invalidation
+func invalidationOf(i slot.Info, s Settings) invalidation {
+	var inv invalidation
 	switch {
 	case i.InvalidationReason != "":
 		inv.Reason, inv.Source = i.InvalidationReason, "invalidation_reason = "+i.InvalidationReason
@@ -90,48 +90,39 @@ func (i Info) Invalidation(s Settings) Invalidation {
 
 // InvalidatedError is the refusal for a slot PostgreSQL invalidated,
 // whoever finds it (setup, the start of a stream, the slot watch): a
-// *GapError, since an invalidated slot is something walrelay streamed
-// from that is gone for good. Events committed after since (the later of
-// the slot's and walrelay's confirmed positions) may be missing. The way
-// on is walrelay setup --accept-gap (which drops the lost slot and
-// creates a new one, recording the gap), then walrelay snapshot.
-func InvalidatedError(info Info, s Settings, since decoder.LSN) *GapError {
-	inv := info.Invalidation(s)
-	return &GapError{
+// *slot.GapError, since an invalidated slot is something walrelay
+// streamed from that is gone for good. Events committed after since (the
+// later of the slot's and walrelay's confirmed positions) may be missing.
+// The way on is accepting the gap (which drops the lost slot and creates a
+// new one, recording it), then a snapshot.
+func InvalidatedError(info slot.Info, s Settings, since decoder.LSN) *slot.GapError {
+	inv := invalidationOf(info, s)
+	return &slot.GapError{
 		What: fmt.Sprintf("replication slot %q was invalidated by PostgreSQL (%s): %s", info.Name, inv.Source, inv.Cause),
 		// PostgreSQL keeps confirmed_flush_lsn of an invalidated slot.
 		Since: max(since, info.ConfirmedLSN),
-		Fix:   "nothing can stream from an invalidated slot again (walrelay setup --accept-gap drops it and creates a new one); so that the next one lasts, " + inv.Prevent,
+		Fix:   "nothing can stream from an invalidated slot again (accepting the gap, source.SetupConfig.AcceptGap, drops it and creates a new one); so that the next one lasts, " + inv.Prevent,
 	}
 }
 
 // ReadInvalidatedError is InvalidatedError with the settings read on conn;
 // when they cannot be read the refusal names the reason alone.
-func ReadInvalidatedError(ctx context.Context, conn *pgx.Conn, info Info, since decoder.LSN) *GapError {
-	s, err := ReadSettings(ctx, conn)
+func ReadInvalidatedError(ctx context.Context, conn *pgx.Conn, info slot.Info, since decoder.LSN) *slot.GapError {
+	s, err := readSettings(ctx, conn)
 	if err != nil {
 		s = Settings{MaxSlotWALKeepSize: "?", IdleSlotTimeout: "?", WALLevel: "?", HotStandbyFeedback: "?"}
 	}
 	return InvalidatedError(info, s, since)
 }
 
-// replaceInvalidated drops an invalidated slot when the gap was accepted
-// (SetupConfig.AcceptGap), so that ensureSlot creates a new one, and
-// returns the gap; without AcceptGap it is the refusal.
-func replaceInvalidated(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, info Info, log *zap.Logger) (*GapError, error) {
-	gap := ReadInvalidatedError(ctx, conn, info, 0)
-	if !cfg.AcceptGap {
-		return nil, gap
+// SlotGoneError is the refusal for a slot that no longer exists though
+// walrelay streamed from it, as its record rec says: lost in a failover,
+// most often, or dropped by hand.
+func SlotGoneError(name string, rec Recorded) *slot.GapError {
+	return &slot.GapError{
+		What: fmt.Sprintf("replication slot %q is gone, though walrelay streamed from it (its record in %s, written %s, has it confirmed at %s)",
+			name, rec.Table, rec.UpdatedAt.UTC().Format(time.RFC3339), rec.ConfirmedLSN),
+		Since: rec.ConfirmedLSN,
+		Fix:   "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: source.SetupConfig.Failover, sync_replication_slots on the standby, synchronized_standby_slots on the primary)",
 	}
-	_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "42704":
-		// Dropped meanwhile: ensureSlot creates it.
-	case err != nil:
-		return nil, fmt.Errorf("drop the invalidated replication slot %q: %w", cfg.Slot, err)
-	}
-	log.Warn("accepting a gap: dropped the invalidated replication slot to create a new one; events committed after its confirmed position are not published through it",
-		zap.String("slot", cfg.Slot), zap.String("what", gap.What), zap.Stringer("missing_after_lsn", gap.Since))
-	return gap, nil
 }
