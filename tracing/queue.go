@@ -30,7 +30,7 @@ type queue struct {
 	stop     chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
-	failing  bool                   // the last export failed (logged once until one succeeds)
+	failing  bool                    // the last export failed (logged once until one succeeds)
 	pending  []sdktrace.ReadOnlySpan // the batch run was filling when stopped
 }
 
