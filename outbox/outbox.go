@@ -9,6 +9,11 @@
 // transaction: the INSERT is already in the write-ahead log, which is what
 // walrelay reads, so the table stays empty and needs no cleanup.
 //
+// When the caller's ctx carries an OpenTelemetry span, its W3C trace
+// context goes into the traceparent and tracestate columns, which walrelay
+// sends as the record's headers: the relay's and the consumer's spans
+// then join the writer's trace.
+//
 // Table holds the DDL of the table and its publication; walrelay's own
 // `dev` and `setup` commands and deploy/outbox.sql use the same definition.
 package outbox

@@ -52,13 +52,21 @@ type Receiver struct {
 	grpc           *grpc.Server
 	http           *http.Server
 
+	discard bool // count spans, keep none (StartCounting)
+
 	mu    sync.Mutex
 	spans []Span
+	count int
 }
 
 // Start starts a receiver on two free loopback ports.
-func Start() (*Receiver, error) {
-	r := &Receiver{}
+func Start() (*Receiver, error) { return start(&Receiver{}) }
+
+// StartCounting starts a receiver that counts the spans it receives and
+// keeps none (Spans is empty): for a benchmark's hundreds of thousands.
+func StartCounting() (*Receiver, error) { return start(&Receiver{discard: true}) }
+
+func start(r *Receiver) (*Receiver, error) {
 	var err error
 	if r.grpcLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		return nil, err
@@ -113,6 +121,18 @@ func (r *Receiver) serveHTTP(w http.ResponseWriter, hr *http.Request) {
 }
 
 func (r *Receiver) add(req *coltracepb.ExportTraceServiceRequest) {
+	if r.discard {
+		n := 0
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				n += len(ss.GetSpans())
+			}
+		}
+		r.mu.Lock()
+		r.count += n
+		r.mu.Unlock()
+		return
+	}
 	var got []Span
 	for _, rs := range req.GetResourceSpans() {
 		service := attrs(rs.GetResource().GetAttributes())["service.name"]
@@ -133,7 +153,15 @@ func (r *Receiver) add(req *coltracepb.ExportTraceServiceRequest) {
 	}
 	r.mu.Lock()
 	r.spans = append(r.spans, got...)
+	r.count += len(got)
 	r.mu.Unlock()
+}
+
+// Count is the number of spans received so far.
+func (r *Receiver) Count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.count
 }
 
 // attrs renders attributes as text.
