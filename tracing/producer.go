@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"strconv"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
@@ -36,6 +37,7 @@ const AttrDeadLetterReason = attribute.Key("walrelay.dead_letter.reason")
 // then replaces it in the record's headers. Safe for concurrent use.
 type Producer struct {
 	tracer trace.Tracer
+	names  sync.Map // topic → span name
 }
 
 var _ router.Tracer = (*Producer)(nil)
@@ -49,32 +51,43 @@ func NewProducer(tp trace.TracerProvider) *Producer {
 // "send <topic>" as the messaging conventions name a producer's span.
 func (p *Producer) Start(rec *kgo.Record, s router.TraceStart) {
 	parent := Extract(context.Background(), rec.Headers)
-	attrs := []attribute.KeyValue{
-		semconv.MessagingSystemKafka,
-		semconv.MessagingOperationName("send"),
-		semconv.MessagingOperationTypeSend,
-		semconv.MessagingDestinationName(rec.Topic),
-		semconv.MessagingMessageID(string(s.ID)),
-	}
-	if rec.Key != nil {
-		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
-	}
-	if s.Reason != "" {
-		attrs = append(attrs, semconv.ErrorTypeKey.String(string(s.Reason)), AttrDeadLetterReason.String(string(s.Reason)))
-	}
-	ctx, span := p.tracer.Start(parent, "send "+rec.Topic,
-		trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(s.Commit), trace.WithAttributes(attrs...))
+	// The attributes go to a recording span only: an event whose trace
+	// is not sampled costs the span's ids and its headers, no more.
+	ctx, span := p.tracer.Start(parent, p.spanName(rec.Topic), trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(s.Commit))
 	if span.IsRecording() {
+		attrs := []attribute.KeyValue{
+			semconv.MessagingSystemKafka,
+			semconv.MessagingOperationName("send"),
+			semconv.MessagingOperationTypeSend,
+			semconv.MessagingDestinationName(rec.Topic),
+			semconv.MessagingMessageID(string(s.ID)),
+		}
+		if rec.Key != nil {
+			attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
+		}
+		if s.Reason != "" {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(string(s.Reason)), AttrDeadLetterReason.String(string(s.Reason)))
+			span.SetStatus(codes.Error, "dead-lettered ("+string(s.Reason)+"): "+s.Detail)
+		}
+		span.SetAttributes(attrs...)
 		if !s.Read.IsZero() {
 			span.AddEvent(EventRead, trace.WithTimestamp(s.Read))
 		}
 		span.AddEvent(EventProduce)
-		if s.Reason != "" {
-			span.SetStatus(codes.Error, "dead-lettered ("+string(s.Reason)+"): "+s.Detail)
-		}
 	}
 	SetTraceHeaders(rec, span.SpanContext(), s.Grow)
 	rec.Context = ctx
+}
+
+// spanName is "send <topic>", made once per topic (the router bounds the
+// topics).
+func (p *Producer) spanName(topic string) string {
+	if n, ok := p.names.Load(topic); ok {
+		return n.(string)
+	}
+	n := "send " + topic
+	p.names.Store(topic, n)
+	return n
 }
 
 // Acked implements router.Tracer.
