@@ -48,7 +48,7 @@ func BenchmarkSend(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer p.Shutdown(context.Background())
+				defer func() { _ = p.Shutdown(context.Background()) }()
 				cfg.Tracer = p.Producer()
 			}
 			r, err := router.New(cfg, []kgo.Opt{kgo.SeedBrokers(k.Addr()), kgo.ProducerLinger(time.Millisecond)}, zap.NewNop(), metrics.NewUnregistered(), func(err error) { b.Error(err) })

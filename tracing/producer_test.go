@@ -73,7 +73,7 @@ func TestProducerSpan(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, kv := range s.Attributes() {
-		got[string(kv.Key)] = kv.Value.Emit()
+		got[string(kv.Key)] = kv.Value.String()
 	}
 	for k, v := range want {
 		if got[k] != v {
