@@ -27,6 +27,7 @@ package decoder
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -99,6 +100,10 @@ func (t Table) String() string { return t.Schema + "." + t.Name }
 type HeaderColumn struct {
 	Column string // the outbox column
 	Header string // the Kafka header key
+	// Optional: a table without the column sends no header, as for a
+	// NULL, instead of its rows being unmappable; setup does not require
+	// it. The trace context columns are optional (Mapping.HeaderColumns).
+	Optional bool
 }
 
 // Mapping names the outbox columns. The defaults follow the common outbox
@@ -113,10 +118,25 @@ type Mapping struct {
 
 	// Headers are extra columns copied into headers, in this order.
 	Headers []HeaderColumn
+
+	// TraceParent and TraceState are the columns of the W3C trace context
+	// the writer stored (outbox.Writer does), sent as the traceparent and
+	// tracestate headers: what walrelay's producer span, and a consumer's
+	// span after it, are parented on. Optional: a table without them, or
+	// a NULL, sends no header. "" maps none; a Headers entry that sends a
+	// header of that name replaces the column.
+	TraceParent, TraceState string
 }
 
+// The W3C trace context headers (https://www.w3.org/TR/trace-context/).
+const (
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
+)
+
 // DefaultMapping returns the mapping of the common outbox schema: id,
-// aggregate_type, aggregate_id, type and payload, with no extra headers.
+// aggregate_type, aggregate_id, type and payload, and the trace context
+// columns traceparent and tracestate when the table has them.
 func DefaultMapping() Mapping {
 	return Mapping{
 		ID:            "id",
@@ -124,19 +144,39 @@ func DefaultMapping() Mapping {
 		AggregateID:   "aggregate_id",
 		Type:          "type",
 		Payload:       "payload",
+		TraceParent:   HeaderTraceParent,
+		TraceState:    HeaderTraceState,
 	}
 }
 
-// Columns lists the columns m reads: id, aggregate type, aggregate id,
-// payload, the type column when set, then the header columns in order.
-// Setup checks each exists and, with a column list, is published.
+// HeaderColumns lists the columns that become headers, in the order of
+// Event.Headers: Headers, then the trace context columns (Optional), each
+// unless a Headers entry sends its header already.
+func (m Mapping) HeaderColumns() []HeaderColumn {
+	hs := m.Headers
+	for _, tc := range []HeaderColumn{{Column: m.TraceParent, Header: HeaderTraceParent}, {Column: m.TraceState, Header: HeaderTraceState}} {
+		if tc.Column == "" || slices.ContainsFunc(m.Headers, func(h HeaderColumn) bool { return h.Header == tc.Header }) {
+			continue
+		}
+		tc.Optional = true
+		hs = append(slices.Clip(hs), tc)
+	}
+	return hs
+}
+
+// Columns lists the columns m requires: id, aggregate type, aggregate id,
+// payload, the type column when set, then the header columns in order,
+// less the optional ones. Setup checks each exists and, with a column
+// list, is published.
 func (m Mapping) Columns() []string {
 	cols := []string{m.ID, m.AggregateType, m.AggregateID, m.Payload}
 	if m.Type != "" {
 		cols = append(cols, m.Type)
 	}
 	for _, h := range m.Headers {
-		cols = append(cols, h.Column)
+		if !h.Optional {
+			cols = append(cols, h.Column)
+		}
 	}
 	return cols
 }
@@ -258,7 +298,7 @@ type Event struct {
 	AggregateID   []byte   // text form
 	Type          []byte   // nil also when Mapping.Type is ""
 	Payload       []byte   // json/jsonb/text as is, bytea as raw bytes
-	Headers       []Header // one per Mapping.Headers entry, in that order
+	Headers       []Header // one per Mapping.HeaderColumns entry, in that order
 
 	// Omitted is the size of the mapped values that were not copied
 	// because each was over Config.MaxValueBytes, or was left out of the
@@ -296,9 +336,10 @@ type Event struct {
 // where it goes. The list is built once in New so that Insert decoding is a
 // loop over it instead of a switch per value.
 type field struct {
-	role   string  // "id", "payload", or "header <key>": for error messages
-	column string  // the outbox column
-	dst    *[]byte // the Event field (or header value) it fills
+	role     string  // "id", "payload", or "header <key>": for error messages
+	column   string  // the outbox column
+	dst      *[]byte // the Event field (or header value) it fills
+	optional bool    // a table may lack the column (HeaderColumn.Optional)
 }
 
 // Decoder decodes the pgoutput messages of one replication connection.
@@ -350,7 +391,8 @@ func New(cfg Config) (*Decoder, error) {
 		limit:     cfg.MaxValueBytes,
 		relations: make(map[uint32]*relation),
 	}
-	d.event.Headers = make([]Header, len(m.Headers))
+	headers := m.HeaderColumns()
+	d.event.Headers = make([]Header, len(headers))
 	add := func(role, column string, dst *[]byte) {
 		d.fields = append(d.fields, field{role: role, column: column, dst: dst})
 	}
@@ -372,12 +414,13 @@ func New(cfg Config) (*Decoder, error) {
 	if m.Type != "" {
 		add("type", m.Type, &d.event.Type)
 	}
-	for i, h := range m.Headers {
+	for i, h := range headers {
 		if h.Column == "" || h.Header == "" {
 			return nil, fmt.Errorf("decoder: header mapping %d needs both column and header, got %+v", i, h)
 		}
 		d.event.Headers[i].Key = h.Header
 		add("header "+h.Header, h.Column, &d.event.Headers[i].Value)
+		d.fields[len(d.fields)-1].optional = h.Optional
 	}
 	d.sizes = make([]int, len(d.fields))
 	return d, nil

@@ -23,6 +23,9 @@ const (
 func newDecoder(t testing.TB, opts ...func(*Config)) *Decoder {
 	t.Helper()
 	cfg := Config{Tables: []Table{{Schema: "public", Name: "outbox"}}, Mapping: DefaultMapping()}
+	// Without the optional trace columns, so that events list the values
+	// a test maps; TestTraceColumns maps them.
+	cfg.Mapping.TraceParent, cfg.Mapping.TraceState = "", ""
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -479,5 +482,45 @@ func TestKindString(t *testing.T) {
 		if got := k.String(); got != want {
 			t.Errorf("Kind(%d).String() = %q, want %q", k, got, want)
 		}
+	}
+}
+
+// TestTraceColumns: the default mapping sends the trace context columns
+// as the W3C headers when the table has them, sends nothing for a NULL,
+// leaves a table without them mappable (not Unmappable, and not required
+// by Columns), and gives way to a Headers entry sending the same header.
+func TestTraceColumns(t *testing.T) {
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	withTrace := func(c *Config) { c.Mapping = DefaultMapping() }
+
+	d := newDecoder(t, withTrace)
+	decode(t, d, relationMsg(outboxOID, "public", "outbox", append(outboxCols(), col("traceparent", oidText), col("tracestate", oidText))...), KindRelation)
+	decode(t, d, beginMsg(1, 1, 1), KindBegin)
+	decode(t, d, insertMsg(outboxOID, text(uuidText), text("order"), text("1"), text("T"), text("{}"), text(tp), text("v=1")), KindInsert)
+	if got, want := vals(d.Event()), []string{uuidText, "order", "1", "T", "{}", "traceparent=" + tp, "tracestate=v=1"}; !slices.Equal(got, want) {
+		t.Fatalf("event = %q, want %q", got, want)
+	}
+	decode(t, d, insertMsg(outboxOID, text(uuidText), text("order"), text("1"), text("T"), text("{}"), null(), null()), KindInsert)
+	if got, want := vals(d.Event()), []string{uuidText, "order", "1", "T", "{}", "traceparent=<NULL>", "tracestate=<NULL>"}; !slices.Equal(got, want) {
+		t.Fatalf("NULL trace columns: event = %q, want %q", got, want)
+	}
+
+	// A table created before the trace columns.
+	d = newDecoder(t, withTrace)
+	decode(t, d, relationMsg(outboxOID, "public", "outbox", outboxCols()...), KindRelation)
+	decode(t, d, beginMsg(1, 1, 1), KindBegin)
+	decode(t, d, insertMsg(outboxOID, text(uuidText), text("order"), text("1"), text("T"), text("{}")), KindInsert)
+	if e := d.Event(); e.Unmappable != nil || string(e.Payload) != "{}" || e.Headers[0].Value != nil || e.Headers[1].Value != nil {
+		t.Fatalf("table without trace columns: unmappable %v, event %q", e.Unmappable, vals(e))
+	}
+	if cols := DefaultMapping().Columns(); slices.Contains(cols, "traceparent") || slices.Contains(cols, "tracestate") {
+		t.Errorf("Columns() = %q requires the optional trace columns", cols)
+	}
+
+	// A configured header column sending traceparent replaces the column.
+	m := DefaultMapping()
+	m.Headers = []HeaderColumn{{Column: "trace_parent", Header: "traceparent"}}
+	if got := m.HeaderColumns(); len(got) != 2 || got[0] != m.Headers[0] || got[1] != (HeaderColumn{Column: "tracestate", Header: "tracestate", Optional: true}) {
+		t.Errorf("HeaderColumns() = %+v, want the configured traceparent column and the optional tracestate", got)
 	}
 }

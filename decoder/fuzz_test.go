@@ -207,7 +207,9 @@ func checkEvent(t *testing.T, d *Decoder, m []byte) {
 	if e.Table == nil || (*e.Table != Table{"public", "outbox"} && *e.Table != Table{"billing", "outbox"}) {
 		t.Fatalf("event table %v", e.Table)
 	}
-	if len(e.Headers) != 1 || e.Headers[0].Key != "traceparent" {
+	// The mapped header, and the optional tracestate column (the mapped
+	// header replaces the traceparent column).
+	if len(e.Headers) != 2 || e.Headers[0].Key != "traceparent" || e.Headers[1].Key != "tracestate" {
 		t.Fatalf("event headers %+v", e.Headers)
 	}
 	if e.Xid != d.Begin().Xid || !e.CommitTime.Equal(d.Begin().CommitTime) {

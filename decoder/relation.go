@@ -102,7 +102,8 @@ func (d *Decoder) lookupTable(schema, name string) *Table {
 }
 
 // resolve finds the position of every mapped column of an outbox relation,
-// -1 for a column the relation lacks. All missing columns are named in the
+// -1 for a column the relation lacks (an optional one is then nil, as for
+// a NULL). All missing columns are named in the
 // error at once, so that one dead-letter record tells the operator
 // everything to fix.
 func (d *Decoder) resolve(rel *relation) error {
@@ -116,7 +117,7 @@ func (d *Decoder) resolve(rel *relation) error {
 				break
 			}
 		}
-		if rel.fieldCols[f] < 0 {
+		if rel.fieldCols[f] < 0 && !fl.optional {
 			missing = append(missing, fmt.Sprintf("%q (%s)", fl.column, fl.role))
 		}
 	}

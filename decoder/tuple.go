@@ -73,7 +73,7 @@ func (d *Decoder) decodeInsert(r *reader) (Kind, error) {
 	var undecodable error
 	for f := range d.fields {
 		c := rel.fieldCols[f]
-		if c < 0 { // a column the table lacks (rel.err says which): nil
+		if c < 0 { // a column the table lacks (rel.err says which, unless optional): nil
 			d.sizes[f] = -1
 			continue
 		}

@@ -7,7 +7,9 @@ CREATE TABLE "public"."outbox" (
     aggregate_id   text        NOT NULL,
     type           text        NOT NULL,
     payload        jsonb,
-    created_at     timestamptz NOT NULL DEFAULT now()
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    traceparent    text,
+    tracestate     text
 );
 
 -- Advice: refuse rows whose payload Kafka could never take, at the source,

@@ -18,6 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 )
 
@@ -109,6 +111,15 @@ type Config struct {
 	// Registerer receives the inbox_* metrics (default none); several
 	// consumers may share one.
 	Registerer prometheus.Registerer
+	// TracerProvider makes a consumer span per handled message, the child
+	// of the trace context the record carries, in the handler's ctx
+	// (default: the program's global provider, otel.GetTracerProvider,
+	// which records nothing until the program installs an SDK).
+	TracerProvider trace.TracerProvider
+	// Propagator reads a record's trace context (default: the program's
+	// global propagator, or W3C trace context, what walrelay's records
+	// carry, when it set none).
+	Propagator propagation.TextMapPropagator
 }
 
 // Consumer is a consumer group member that handles each message once.
@@ -116,6 +127,7 @@ type Config struct {
 type Consumer struct {
 	cfg     Config
 	handle  Handler
+	tracer  trace.Tracer
 	log     *zap.Logger
 	m       *metrics
 	inbox   string // quoted table names
@@ -193,6 +205,7 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	c := &Consumer{cfg: cfg, handle: h, log: log.With(zap.String("consumer", cfg.Name)), m: newMetrics(cfg.Registerer),
 		done: map[string]map[int32]*kgo.Record{}, pos: map[string]map[int32]int64{}, follow: map[string]map[int32]int64{}}
 	c.inbox, c.attempt, c.offsets = tableNames(cfg.Table)
+	c.tracer = c.newTracer()
 	return c, nil
 }
 
@@ -419,8 +432,10 @@ const (
 // process handles r until it is done (committed, duplicate or
 // dead-lettered), ctx ends, or its transaction finds the partition's
 // position in the database elsewhere than this member left it.
-func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) processed {
+func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) (p processed) {
 	id := header(r, "id")
+	ctx, span := c.startSpan(ctx, r, id)
+	defer func() { endSpan(span, p) }()
 	if id == "" {
 		return c.deadLetter(ctx, cl, r, "", "no-id", "the record has no id header, so its copies cannot be recognised", 0)
 	}
@@ -432,6 +447,7 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) p
 		// others, or the next consumer meets it again.
 		if out.duplicate {
 			c.m.duplicates.WithLabelValues(c.cfg.Name).Inc()
+			markDuplicate(ctx)
 		}
 		switch out.kind {
 		case handled:
@@ -462,6 +478,7 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) p
 				c.log.Warn("handler failed and its attempt could not be recorded; retrying", zap.String("id", id), zap.NamedError("handler_error", err), zap.Error(ferr))
 			} else {
 				c.log.Warn("handler failed", zap.String("id", id), zap.Int("attempt", n), zap.Int("max_attempts", c.cfg.MaxAttempts), zap.Error(err))
+				markFailure(ctx, err, n)
 				if n >= c.cfg.MaxAttempts {
 					return c.deadLetter(ctx, cl, r, id, "handler-failed", err.Error(), n)
 				}
@@ -644,6 +661,7 @@ func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record
 		}
 		if err == nil {
 			c.m.deadLettered.WithLabelValues(c.cfg.Name, reason).Inc()
+			markDeadLettered(ctx, reason, why)
 			c.log.Error("record dead-lettered; the partition moves on", zap.String("id", id), zap.String("reason", reason),
 				zap.String("error", why), zap.Int("attempts", attempts), zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
 				zap.Int64("offset", r.Offset), zap.String("dead_letter_topic", c.cfg.DeadLetterTopic))

@@ -71,6 +71,16 @@
 // retention and a week of outage) is that window; Prune deletes older
 // rows, and Run calls it every Config.PruneInterval.
 //
+// # Tracing
+//
+// Each handled message gets an OpenTelemetry consumer span, the child of
+// the W3C trace context the record carries (walrelay's producer span,
+// whose parent is the writer's), carried in the handler's ctx so that the
+// effect's database calls join the trace. Duplicates, failed attempts, a
+// dead letter and a rewind are marked on it. Config.TracerProvider and
+// Config.Propagator default to the program's globals: without an SDK,
+// nothing is recorded.
+//
 // # What an inbox cannot make atomic
 //
 // Only effects inside the handler's transaction happen exactly once. A

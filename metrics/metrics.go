@@ -50,6 +50,7 @@ type Metrics struct {
 	GapRefusals           prometheus.Counter
 	UnconfirmedCommits    prometheus.Counter
 	SlotCreationWait      prometheus.Gauge
+	TraceSpansDropped     *prometheus.CounterVec
 
 	// What holds the slot (doctor.Facts), read with the slot every
 	// relay.Config.SlotPollInterval.
@@ -269,13 +270,27 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_source_replication_xmin_age",
 			Help: "Transactions since the oldest xmin or catalog_xmin another replication slot or a standby's hot_standby_feedback holds (0 when none): rows vacuum keeps for them. It does not hold this slot.",
 		}),
+		TraceSpansDropped: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "walrelay_trace_spans_dropped_total",
+			Help: "Spans of the OpenTelemetry tracing (on through the OTEL_* variables) not exported, by reason: queue_full (the export queue, OTEL_BSP_MAX_QUEUE_SIZE, was full: the collector is slow or down), export_failed (the collector refused them or could not be reached before OTEL_BSP_EXPORT_TIMEOUT), shutdown (still queued when walrelay stopped). Events are never held back or lost for them: rising means gaps in the traces, check the collector.",
+		}, []string{"reason"}),
 		SnapshotRunning: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_snapshot_running",
 			Help: "1 while a snapshot is read and published; the stream starts after it. Stuck at 1 with walrelay_inflight_events at its limit means Kafka is the bottleneck.",
 		}),
 	}
+	for _, reason := range []string{DropQueueFull, DropExportFailed, DropShutdown} {
+		m.TraceSpansDropped.WithLabelValues(reason) // export zeros: alerts see the series
+	}
 	return m
 }
+
+// The reasons of walrelay_trace_spans_dropped_total.
+const (
+	DropQueueFull    = "queue_full"
+	DropExportFailed = "export_failed"
+	DropShutdown     = "shutdown"
+)
 
 // SetReadiness makes walrelay_ready report ready: 1 when it returns nil,
 // else 0 (also before any is set).

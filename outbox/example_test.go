@@ -24,14 +24,17 @@ func ExampleTable_DDL() {
 	//     aggregate_id   text        NOT NULL,
 	//     type           text        NOT NULL,
 	//     payload        jsonb,
-	//     created_at     timestamptz NOT NULL DEFAULT now()
+	//     created_at     timestamptz NOT NULL DEFAULT now(),
+	//     traceparent    text,
+	//     tracestate     text
 	// );
 	// CREATE PUBLICATION "walrelay_outbox" FOR TABLE "public"."outbox" WITH (publish = 'insert');
 }
 
-// A table with an extra header column for the W3C trace context.
+// A table with an extra header column, the tenant, and without the
+// trace context columns.
 func ExampleTable_DDL_headerColumn() {
-	fmt.Println(outbox.Table{Name: "sales.outbox", HeaderColumns: []string{"traceparent"}}.DDL())
+	fmt.Println(outbox.Table{Name: "sales.outbox", HeaderColumns: []string{"tenant"}, NoTraceColumns: true}.DDL())
 	// Output:
 	// CREATE TABLE "sales"."outbox" (
 	//     id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -40,7 +43,7 @@ func ExampleTable_DDL_headerColumn() {
 	//     type           text        NOT NULL,
 	//     payload        jsonb,
 	//     created_at     timestamptz NOT NULL DEFAULT now(),
-	//     traceparent    text
+	//     tenant         text
 	// );
 }
 
@@ -75,25 +78,26 @@ func ExampleWriter_Write() {
 	}
 }
 
-// The W3C trace context travels as a header column, taken from the
-// context by a function the caller supplies (here a context value; with
-// OpenTelemetry, format trace.SpanContextFromContext(ctx)). walrelay maps
-// the column with --header-column traceparent=traceparent.
+// An extra header column, taken from the context by a function the
+// caller supplies (here a context value). walrelay maps the column with
+// --header-column tenant. The trace context needs no such function: Write
+// stores ctx's OpenTelemetry span context in the traceparent and
+// tracestate columns by itself.
 func ExampleOptions_headerFuncs() {
-	type traceKey struct{}
-	table := outbox.Table{HeaderColumns: []string{"traceparent"}}
+	type tenantKey struct{}
+	table := outbox.Table{HeaderColumns: []string{"tenant"}}
 	w, err := outbox.NewWriter(table, outbox.Options{HeaderFuncs: map[string]outbox.HeaderFunc{
-		"traceparent": func(ctx context.Context) (string, bool) {
-			tp, ok := ctx.Value(traceKey{}).(string)
-			return tp, ok
+		"tenant": func(ctx context.Context) (string, bool) {
+			t, ok := ctx.Value(tenantKey{}).(string)
+			return t, ok
 		},
 	}})
 	if err != nil {
 		panic(err)
 	}
-	// Every w.Write(ctx, tx, ev) now stores ctx's traceparent, e.g. in a
+	// Every w.Write(ctx, tx, ev) now stores ctx's tenant, e.g. in a
 	// request handler whose ctx came from
-	// context.WithValue(ctx, traceKey{}, r.Header.Get("traceparent")).
+	// context.WithValue(ctx, tenantKey{}, r.Header.Get("X-Tenant")).
 	_ = w
 }
 

@@ -9,6 +9,11 @@
 // transaction: the INSERT is already in the write-ahead log, which is what
 // walrelay reads, so the table stays empty and needs no cleanup.
 //
+// When the caller's ctx carries an OpenTelemetry span, its W3C trace
+// context goes into the traceparent and tracestate columns, which walrelay
+// sends as the record's headers: the relay's and the consumer's spans
+// then join the writer's trace.
+//
 // Table holds the DDL of the table and its publication; walrelay's own
 // `dev` and `setup` commands and deploy/outbox.sql use the same definition.
 package outbox
@@ -20,8 +25,10 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // Event is one outbox row.
@@ -47,9 +54,8 @@ type Event struct {
 	Headers map[string]string
 }
 
-// HeaderFunc takes a header value from the context, e.g. the W3C
-// traceparent of the current span; ok false writes NULL (walrelay then
-// omits the header).
+// HeaderFunc takes a header value from the context, e.g. a tenant id;
+// ok false writes NULL (walrelay then omits the header).
 type HeaderFunc func(ctx context.Context) (value string, ok bool)
 
 // Options configure a Writer.
@@ -59,14 +65,15 @@ type Options struct {
 	// only): the table never grows.
 	Keep bool
 	// HeaderFuncs fill extra header columns from the context of every
-	// Write (column name to function). This is how a trace context travels
-	// without the outbox depending on a tracing library:
-	//
-	//	"traceparent": func(ctx context.Context) (string, bool) {
-	//		sc := trace.SpanContextFromContext(ctx)
-	//		return traceparentOf(sc), sc.IsValid()
-	//	},
+	// Write (column name to function). The trace context needs none: the
+	// Propagator writes it.
 	HeaderFuncs map[string]HeaderFunc
+	// Propagator writes the trace context of Write's ctx into the
+	// traceparent and tracestate columns (see Table.NoTraceColumns).
+	// Default: the program's global propagator (otel.SetTextMapPropagator),
+	// or W3C trace context when it set none. A HeaderFuncs entry or an
+	// event's Headers for one of those columns wins over it.
+	Propagator propagation.TextMapPropagator
 }
 
 // Writer writes events into one outbox table. It is safe for concurrent
@@ -75,6 +82,9 @@ type Writer struct {
 	table   Table
 	opts    Options
 	columns []string // extra header columns, sorted, from the table
+	// trace holds the trace columns the table has beyond columns, once
+	// learned (trace.go).
+	trace atomic.Pointer[[]string]
 }
 
 var columnName = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
@@ -94,13 +104,19 @@ func NewWriter(t Table, opts Options) (*Writer, error) {
 }
 
 // Write inserts ev in tx (and, unless Options.Keep, deletes it again in
-// tx) and returns its id. Nothing is visible to walrelay until tx commits;
+// tx) and returns its id. When ctx carries a trace context (an
+// OpenTelemetry span), it is stored in the table's traceparent and
+// tracestate columns, those it has (see Table.NoTraceColumns). Nothing is visible to walrelay until tx commits;
 // if tx rolls back, the event never existed.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, ev Event) (ID, error) {
 	if tx == nil {
 		return ID{}, errors.New("outbox: Write needs the business transaction, got nil")
 	}
-	q, args, id, err := w.insert(ctx, ev)
+	tv, extra, err := w.traced(ctx, func(q string, args ...any) rowScanner { return tx.QueryRow(ctx, q, args...) })
+	if err != nil {
+		return ID{}, err
+	}
+	q, args, id, err := w.insert(ctx, ev, tv, extra)
 	if err != nil {
 		return ID{}, err
 	}
@@ -121,7 +137,11 @@ func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, ev Event) (ID, error)
 	if tx == nil {
 		return ID{}, errors.New("outbox: WriteSQL needs the business transaction, got nil")
 	}
-	q, args, id, err := w.insert(ctx, ev)
+	tv, extra, err := w.traced(ctx, func(q string, args ...any) rowScanner { return tx.QueryRowContext(ctx, q, args...) })
+	if err != nil {
+		return ID{}, err
+	}
+	q, args, id, err := w.insert(ctx, ev, tv, extra)
 	if err != nil {
 		return ID{}, err
 	}
@@ -141,7 +161,24 @@ func (w *Writer) result(id ID, err error) (ID, error) {
 	return id, nil
 }
 
-func (w *Writer) insert(ctx context.Context, ev Event) (string, []any, ID, error) {
+// traced returns ctx's trace context and the trace columns beyond
+// HeaderColumns to store it in (nil, nil: nothing to store).
+func (w *Writer) traced(ctx context.Context, query func(q string, args ...any) rowScanner) (*traceValues, []string, error) {
+	tv := w.traceContext(ctx)
+	if tv == nil {
+		return nil, nil, nil
+	}
+	extra, err := w.traceColumnsOf(query)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w (the transaction is unusable now; roll it back)", err)
+	}
+	return tv, extra, nil
+}
+
+// insert builds the INSERT of ev: tv is the trace context to store, in
+// the HeaderColumns of its names and in extra (trace columns the table
+// has beyond them).
+func (w *Writer) insert(ctx context.Context, ev Event, tv *traceValues, extra []string) (string, []any, ID, error) {
 	if ev.AggregateType == "" || ev.AggregateID == "" || ev.Type == "" {
 		return "", nil, ID{}, fmt.Errorf("outbox: event needs AggregateType, AggregateID and Type (got %q, %q, %q)", ev.AggregateType, ev.AggregateID, ev.Type)
 	}
@@ -172,11 +209,20 @@ func (w *Writer) insert(ctx context.Context, ev Event) (string, []any, ID, error
 				v, ok = f(ctx)
 			}
 		}
+		if !ok {
+			v, ok = tv.value(c)
+		}
 		cols = append(cols, c)
 		if ok {
 			args = append(args, v)
 		} else {
 			args = append(args, nil)
+		}
+	}
+	for _, c := range extra {
+		if v, ok := tv.value(c); ok {
+			cols = append(cols, c)
+			args = append(args, v)
 		}
 	}
 	ph := make([]string, len(cols))

@@ -18,8 +18,14 @@ type Table struct {
 	// jsonb (JSON text).
 	BytesPayload bool
 	// HeaderColumns are extra text columns that become record headers
-	// when walrelay maps them (--header-column traceparent=traceparent).
+	// when walrelay maps them (--header-column tenant=tenant).
 	HeaderColumns []string
+	// NoTraceColumns leaves the trace context columns, traceparent and
+	// tracestate, out of DDL, and keeps the Writer from writing them. By
+	// default the table has them (walrelay sends them as the record's W3C
+	// trace headers); a table created without them works either way: the
+	// Writer writes only the trace columns the table has.
+	NoTraceColumns bool
 }
 
 func (t Table) schemaName() (string, string) {
@@ -54,8 +60,10 @@ func (t Table) check() error {
 	return nil
 }
 
-// DDL is the CREATE TABLE statement of the table. With the zero Table it
-// is exactly the statement in walrelay's deploy/outbox.sql and README.
+// DDL is the CREATE TABLE statement of the table: the outbox columns,
+// the trace context columns (unless NoTraceColumns), then the
+// HeaderColumns. With the zero Table it is exactly the statement in
+// walrelay's deploy/outbox.sql and README.
 func (t Table) DDL() string {
 	payload := "jsonb"
 	if t.BytesPayload {
@@ -69,7 +77,11 @@ func (t Table) DDL() string {
     type           text        NOT NULL,
     payload        %s,
     created_at     timestamptz NOT NULL DEFAULT now()`, t.name(), payload)
-	for _, c := range t.HeaderColumns {
+	cols := t.HeaderColumns
+	if !t.NoTraceColumns {
+		cols = append(slices.Clone(traceColumns), slices.DeleteFunc(slices.Clone(cols), func(c string) bool { return slices.Contains(traceColumns, c) })...)
+	}
+	for _, c := range cols {
 		fmt.Fprintf(&b, ",\n    %-14s text", c)
 	}
 	b.WriteString("\n);")

@@ -32,6 +32,9 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 	case InvalidSkip:
 		r.metrics.EventsDeadLettered.WithLabelValues(string(reason)).Inc()
 		r.log.Warn("skipping invalid outbox event", fields...)
+		if r.tracer != nil {
+			r.traceSkipped(ev, reason, detail)
+		}
 		return nil
 	}
 	r.metrics.EventsDeadLettered.WithLabelValues(string(reason)).Inc()
@@ -47,6 +50,9 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 		limit -= commitTimeHeaderBytes
 	}
 	o.rec, o.size = letter.ForEvent(ev, l, r.dlq.name, limit)
+	if r.tracer != nil {
+		r.traceDeadLetter(o, ev, reason, detail)
+	}
 	stamp(o)
 	return r.produce(o)
 }
@@ -77,6 +83,9 @@ func (r *Router) redirect(o *outRecord, err error) {
 	}
 	d := &outRecord{topic: r.dlq, ack: o.ack}
 	d.rec, d.size = letter.ForRefused(&o.rec, o.aggType, o.table.String(), o.lsn, why, r.dlq.name, r.dlq.maxBytes-commitTimeHeaderBytes)
+	if r.tracer != nil {
+		r.traceRedirect(o, d, err)
+	}
 	stamp(d)
 	r.gate.acquire(d.size)
 	r.client.TryProduce(context.Background(), &d.rec, r.promise)

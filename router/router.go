@@ -148,6 +148,9 @@ type Config struct {
 	// record Kafka acknowledged (partition and offset set). It must be
 	// fast. Default none.
 	OnPublished func(*kgo.Record)
+	// Tracer, if set, gives each event's record a span (package tracing;
+	// see trace.go). Nil, the default, traces nothing.
+	Tracer Tracer
 
 	// TransactionalID, when set, makes delivery exactly-once: records are
 	// produced in Kafka transactions, each closed by Txn.Commit with a
@@ -314,6 +317,9 @@ type Router struct {
 	// txn is the transactional producer's state (txn.go); nil with
 	// at-least-once delivery.
 	txn *Txn
+
+	tracer    Tracer    // Config.Tracer (trace.go)
+	traceRead time.Time // when Send was first handed the event it is sending
 }
 
 // New returns a Router and its producer, a franz-go client built from
@@ -382,6 +388,9 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		m.KafkaDenied.WithLabelValues(resourceTxnID, "WRITE")
 	}
 	r.promise = r.onPromise
+	if r.tracer = cfg.Tracer; r.tracer != nil {
+		r.promise = r.tracedPromise
+	}
 	r.dlq = r.topicNamed(cfg.DeadLetterTopic)
 	return r, nil
 }
@@ -458,6 +467,13 @@ func (r *Router) Start(ctx context.Context, extra ...string) error {
 // event. An error means the relay must stop (an invalid event with
 // on-invalid=fail).
 func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struct{}, error) {
+	if r.tracer != nil {
+		return r.sendTraced(ev, lsn, a)
+	}
+	return r.send(ev, lsn, a)
+}
+
+func (r *Router) send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struct{}, error) {
 	if wait := r.gate.wait(); wait != nil {
 		return wait, nil
 	}
@@ -487,6 +503,9 @@ func (r *Router) Send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 	if reason == "" {
 		o := r.newRecord(ev, t, a)
 		o.table, o.lsn = ev.Table, lsn
+		if r.tracer != nil {
+			r.traceRecord(o, ev)
+		}
 		stamp(o)
 		if o.size > t.maxBytes {
 			reason, detail = deadletter.ReasonTooLarge, fmt.Sprintf("record of %d bytes exceeds %d, the limit of topic %s", o.size, t.maxBytes, t.name)
@@ -704,6 +723,9 @@ func (r *Router) produce(o *outRecord) error {
 			return err
 		}
 		r.txn.track(o.ack)
+		if r.tracer != nil {
+			r.txn.traced = append(r.txn.traced, &o.rec)
+		}
 	}
 	r.gate.acquire(o.size)
 	o.ack.Add()

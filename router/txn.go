@@ -58,6 +58,7 @@ type Txn struct {
 	began      atomic.Int64  // when the open Kafka transaction began, Unix ns (read by promises)
 	broken     atomic.Bool   // a transactional call failed: replace the producer
 	took       atomic.Bool   // Init succeeded (TookID)
+	traced     []*kgo.Record // the open Kafka transaction's records, with a tracer (trace.go)
 }
 
 // ackRun is consecutive records of one transaction.
@@ -140,6 +141,9 @@ func (t *Txn) Commit(ctx context.Context, key, value []byte) error {
 		}
 	}
 	t.granted()
+	if r.tracer != nil {
+		t.endTraced(nil)
+	}
 	t.forget()
 	clear(t.first) // Flush returned: no promise runs any more
 	t.settle()
@@ -246,6 +250,9 @@ func (t *Txn) forget() {
 // Abort drops the open Kafka transaction: its records are never visible
 // to read_committed consumers and their transactions are never acked.
 func (t *Txn) Abort(ctx context.Context) error {
+	if t.r.tracer != nil {
+		t.endTraced(ErrAborted)
+	}
 	t.forget()
 	if err := t.r.client.AbortBufferedRecords(ctx); err != nil {
 		t.broken.Store(true)

@@ -223,7 +223,8 @@ func planTable(ctx context.Context, tx pgx.Tx, t *decoder.Table, cfg Config, log
 	}
 	p := &plan{}
 	m := cfg.Mapping
-	p.ev.Headers = make([]decoder.Header, len(m.Headers))
+	headers := m.HeaderColumns()
+	p.ev.Headers = make([]decoder.Header, len(headers))
 	add := func(col string, dst *[]byte) { p.cols = append(p.cols, column{name: col, dst: dst}) }
 	add(m.ID, &p.ev.ID)
 	add(m.AggregateType, &p.ev.AggregateType)
@@ -232,9 +233,11 @@ func planTable(ctx context.Context, tx pgx.Tx, t *decoder.Table, cfg Config, log
 	if m.Type != "" {
 		add(m.Type, &p.ev.Type)
 	}
-	for i, h := range m.Headers {
+	for i, h := range headers {
 		p.ev.Headers[i].Key = h.Header
-		add(h.Column, &p.ev.Headers[i].Value)
+		if _, ok := types[h.Column]; ok || !h.Optional {
+			add(h.Column, &p.ev.Headers[i].Value)
+		} // else a table without the optional column: no header, as for a NULL
 	}
 	sel := make([]string, len(p.cols))
 	for i := range p.cols {

@@ -62,6 +62,8 @@ func defaultVars() kong.Vars {
 		"column_aggregate_id":      d.Mapping.AggregateID,
 		"column_type":              d.Mapping.Type,
 		"column_payload":           d.Mapping.Payload,
+		"column_traceparent":       d.Mapping.TraceParent,
+		"column_tracestate":        d.Mapping.TraceState,
 		"topic_template":           d.Router.TopicTemplate,
 		"topic_allow":              d.Router.TopicAllow,
 		"max_topics":               n(d.Router.MaxTopics),

@@ -97,6 +97,8 @@ type ColumnFlags struct {
 	ColumnType          string   `default:"${column_type}" help:"Outbox column that becomes the type header; empty for none."`
 	ColumnPayload       string   `default:"${column_payload}" help:"Outbox column that becomes the record value (json/jsonb/text as is, bytea as raw bytes, NULL as a tombstone)."`
 	HeaderColumn        []string `placeholder:"COLUMN[=HEADER]" help:"Extra outbox column to send as a header (named HEADER, default the column name); repeatable."`
+	ColumnTraceparent   string   `default:"${column_traceparent}" help:"Outbox column whose text becomes the W3C traceparent header, when the table has it (outbox.Writer fills it from the writer's trace context); empty for none. A --header-column sending traceparent replaces it."`
+	ColumnTracestate    string   `default:"${column_tracestate}" help:"Outbox column whose text becomes the W3C tracestate header, when the table has it; empty for none."`
 	Preset              string   `default:"none" enum:"none,debezium" help:"debezium: the records of Debezium's Outbox Event Router with its defaults, for its outbox table (columns id, aggregatetype, aggregateid, payload; no type header). It changes only the column flags left at walrelay's defaults."`
 }
 
@@ -131,6 +133,7 @@ func (c ColumnFlags) mapping() (decoder.Mapping, error) {
 	m := decoder.Mapping{
 		ID: c.ColumnID, AggregateType: c.ColumnAggregateType, AggregateID: c.ColumnAggregateID,
 		Type: c.ColumnType, Payload: c.ColumnPayload,
+		TraceParent: c.ColumnTraceparent, TraceState: c.ColumnTracestate,
 	}
 	for _, h := range c.HeaderColumn {
 		col, hdr, ok := strings.Cut(h, "=")

@@ -97,6 +97,7 @@ var (
 		// The few values of both are in the metric's help.
 		"walrelay_kafka_authorization_denied_total/resource":  true,
 		"walrelay_kafka_authorization_denied_total/operation": true,
+		"walrelay_trace_spans_dropped_total/reason":           true, // queue_full, export_failed, shutdown: its help says each
 	}
 )
 

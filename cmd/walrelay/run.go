@@ -71,6 +71,14 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 	if err != nil {
 		return usageError(err)
 	}
+	tracer, stopTracing, err := startTracing(ctx, m, log)
+	if err != nil {
+		return usageError(err)
+	}
+	defer stopTracing()
+	if tracer != nil {
+		cfg.Router.Tracer = tracer
+	}
 	r, err := relay.New(cfg, log, m)
 	if err != nil {
 		return usageError(err)

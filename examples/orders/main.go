@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/examples/orders/shop"
@@ -48,7 +49,7 @@ func main() {
 		cmd = os.Args[1]
 	}
 	switch cmd {
-	case "", "demo", "-orders", "--orders":
+	case "", "demo", "-orders", "--orders", "-traces", "--traces":
 		err = demo(ctx, os.Args[min(len(os.Args), 1+btoi(cmd == "demo")):])
 	case "write":
 		err = write(ctx, os.Args[2:])
@@ -107,7 +108,14 @@ func write(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	return writeOrders(ctx, shop.NewService(db), *n, *pause)
+	ct, err := startTracing(ctx, false, "shop")
+	if err != nil {
+		return err
+	}
+	defer ct.shutdown()
+	svc := shop.NewService(db)
+	svc.Tracer = ct.tracer()
+	return writeOrders(ctx, svc, *n, *pause)
 }
 
 func writeOrders(ctx context.Context, s *shop.Service, n int, pause time.Duration) error {
@@ -173,6 +181,7 @@ type consumerFlags struct {
 	url, brokers, topic, group, dlq *string
 	maxAttempts                     *int
 	sessionTimeout, handlerDelay    *time.Duration
+	tp                              trace.TracerProvider // nil: the global provider's
 }
 
 func consume(ctx context.Context, args []string) error {
@@ -210,6 +219,12 @@ func consume(ctx context.Context, args []string) error {
 		case <-time.After(time.Second):
 		}
 	}
+	ct, err := startTracing(ctx, false, "ledger")
+	if err != nil {
+		return err
+	}
+	defer ct.shutdown()
+	f.tp = ct.consumerProvider()
 	c, err := newConsumer(f, db, logger(zap.NewAtomicLevelAt(zap.InfoLevel)), nil)
 	if err != nil {
 		return err
@@ -243,6 +258,7 @@ func newConsumer(f consumerFlags, db *pgxpool.Pool, log *zap.Logger, reg prometh
 		DeadLetterTopic: *f.dlq,
 		Logger:          log,
 		Registerer:      reg,
+		TracerProvider:  f.tp,
 	}, handle)
 }
 
@@ -269,8 +285,14 @@ func createTopics(ctx context.Context, brokers []string, topics ...string) error
 func demo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ExitOnError)
 	n := fs.Int("orders", 5, "orders to write (three events each)")
+	traces := fs.Bool("traces", false, "trace the chain to an OTLP receiver run in-process, and print each event's trace")
 	_ = fs.Parse(args) // flag.ExitOnError: a bad flag exits
 	log := logger(zap.NewAtomicLevelAt(zap.WarnLevel))
+	ct, err := startTracing(ctx, *traces, "shop", "walrelay", "ledger")
+	if err != nil {
+		return err
+	}
+	defer ct.shutdown()
 
 	pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{})
 	if err != nil {
@@ -299,6 +321,9 @@ func demo(ctx context.Context, args []string) error {
 	cfg := relay.DefaultConfig()
 	cfg.PGURL = url
 	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(k.Addr())}
+	if ct.relay != nil {
+		cfg.Router.Tracer = ct.relay.Producer()
+	}
 	r, err := relay.New(cfg, log, metrics.New(prometheus.NewRegistry()))
 	if err != nil {
 		return err
@@ -323,7 +348,7 @@ func demo(ctx context.Context, args []string) error {
 	}
 	s := func(v string) *string { return &v }
 	attempts := 5
-	c, err := newConsumer(consumerFlags{url: s(url), brokers: s(k.Addr()), topic: s("outbox.event.order"), group: s("ledger"), dlq: s("ledger.dlq"), maxAttempts: &attempts}, db, log, nil)
+	c, err := newConsumer(consumerFlags{url: s(url), brokers: s(k.Addr()), topic: s("outbox.event.order"), group: s("ledger"), dlq: s("ledger.dlq"), maxAttempts: &attempts, tp: ct.consumerProvider()}, db, log, nil)
 	if err != nil {
 		return err
 	}
@@ -337,7 +362,9 @@ func demo(ctx context.Context, args []string) error {
 		}
 	}()
 
-	if err := writeOrders(ctx, shop.NewService(db), *n, 0); err != nil {
+	svc := shop.NewService(db)
+	svc.Tracer = ct.tracer()
+	if err := writeOrders(ctx, svc, *n, 0); err != nil {
 		return err
 	}
 	fmt.Printf("wrote %d orders, %d events; waiting for the ledger\n", *n, 3**n)
@@ -371,5 +398,5 @@ func demo(ctx context.Context, args []string) error {
 		return fmt.Errorf("the ledger does not match the orders: %s", strings.Join(problems, "; "))
 	}
 	fmt.Printf("ledger matches the orders: %d events applied once each, in order per order\n", nrows)
-	return nil
+	return ct.print(os.Stdout, nrows)
 }

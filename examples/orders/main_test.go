@@ -18,3 +18,19 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDemoTraces runs `go run ./examples/orders -traces`: the chain traced
+// to an OTLP receiver in-process, and one trace per event printed (demo
+// fails unless every event's trace of the writer's, walrelay's and the
+// ledger's span arrived).
+func TestDemoTraces(t *testing.T) {
+	// demo points the OpenTelemetry variables at its receiver: restored
+	// after the test.
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := demo(ctx, []string{"-traces", "-orders", "2"}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -30,7 +30,7 @@ import (
 
 // Config says what to run.
 type Config struct {
-	Scenarios    []string // drain, latency, big, idle
+	Scenarios    []string // drain, latency, big, idle, tracing, peer
 	Events       int      // drain backlog size
 	TxnSizes     []int    // rows per transaction, one drain run each
 	PayloadBytes int
@@ -100,8 +100,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			rs, err = b.idle(ctx)
 		case "peer":
 			rs, err = b.peerAll(ctx)
+		case "tracing":
+			rs, err = b.tracingAll(ctx)
 		default:
-			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle or peer", sc)
+			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing or peer", sc)
 		}
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", sc, err)
@@ -126,6 +128,9 @@ type bencher struct {
 	pg    *devcluster.Postgres
 	admin string // superuser URL of the cluster
 	seq   int
+	// relayEnv is added to the environment of the relay started next
+	// (the tracing scenario's OpenTelemetry variables).
+	relayEnv []string
 }
 
 func (b *bencher) logf(format string, args ...any) {
@@ -234,6 +239,9 @@ func (b *bencher) startRelay(url, slotName string, brokers []string, delivery st
 		"--topic-partitions", "3", "--metrics-addr", "", "--log-level", "warn"}, b.cfg.RelayArgs...)
 	args = append(args, extra...)
 	cmd := exec.Command(b.cfg.Binary, args...)
+	if b.relayEnv != nil {
+		cmd.Env = append(os.Environ(), b.relayEnv...)
+	}
 	out := &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -331,11 +339,12 @@ var metricOrder = []string{
 	"kafka_txns", "p50_ms", "p99_ms", "max_ms", "achieved_rate", "events", "kafka_txns_per_s", "broker_cpu_percent",
 	"first_record_s", "drain_s", "peak_rss_mb", "cpu_percent",
 	"first_new_record_s", "delivered_twice",
+	"spans_per_event", "tracing_cpu_us_per_event", "rate_ratio", "load1",
 }
 
 func formatValue(k string, v float64) string {
 	switch {
-	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio":
+	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio" || k == "rate_ratio" || k == "spans_per_event":
 		return fmt.Sprintf("%.2f", v)
 	case v >= 1000:
 		return fmt.Sprintf("%.0f", v)

@@ -27,7 +27,7 @@ func TestBenchSmoke(t *testing.T) {
 	if err := build.Run(); err != nil {
 		t.Fatalf("build walrelay-bench: %v", err)
 	}
-	out, err := exec.Command(benchPath, "--json", "--events", "2000", "--txn-size", "1,50",
+	out, err := exec.Command(benchPath, "--json", "--scenario", "drain,latency,big,idle,tracing", "--events", "2000", "--txn-size", "1,50",
 		"--broker", "discard,store", "--rate", "300", "--duration", "2s", "--big-rows", "3000", "--idle", "2s").Output()
 	if err != nil {
 		t.Fatalf("walrelay-bench: %v\n%s", err, out)
@@ -46,10 +46,23 @@ func TestBenchSmoke(t *testing.T) {
 		"latency": {"p50_ms", "p99_ms", "max_ms", "achieved_rate", "events"},
 		"big":     {"drain_s", "peak_rss_mb", "relay_events_per_s"},
 		"idle":    {},
+		"tracing": {"relay_events_per_s", "relay_cpu_us_per_event"},
 	}
 	count := map[string]int{}
 	for _, r := range results {
 		count[r.Scenario]++
+		if r.Scenario == "tracing" {
+			if strings.HasSuffix(r.Params, "against off") {
+				continue
+			}
+			// Every event's span exported with every trace sampled; none off.
+			want := map[string]float64{"tracing=off": 0, "tracing=sampled-1.0": 1}
+			for mode, spans := range want {
+				if strings.HasSuffix(r.Params, mode) && r.Metrics["spans_per_event"] != spans {
+					t.Errorf("tracing %s: %v spans per event, want %v", r.Params, r.Metrics["spans_per_event"], spans)
+				}
+			}
+		}
 		for _, m := range want[r.Scenario] {
 			v, ok := r.Metrics[m]
 			// CPU times tick in 10 ms: at this size they may read 0.
@@ -67,7 +80,7 @@ func TestBenchSmoke(t *testing.T) {
 			t.Errorf("latency: %s", r.Notes)
 		}
 	}
-	if count["drain"] != 4 || count["latency"] != 1 || count["big"] != 1 || count["idle"] != 1 {
-		t.Fatalf("results per scenario %v, want drain 4 (2 txn sizes × 2 brokers), latency 1, big 1, idle 1\n%s", count, out)
+	if count["drain"] != 4 || count["latency"] != 1 || count["big"] != 1 || count["idle"] != 1 || count["tracing"] != 10 {
+		t.Fatalf("results per scenario %v, want drain 4 (2 txn sizes × 2 brokers), latency 1, big 1, idle 1, tracing 10 (2 txn sizes × 3 modes, and 2 comparisons)\n%s", count, out)
 	}
 }

@@ -41,6 +41,10 @@ type chain struct {
 	topic string // the order events
 	dlq   string // the ledger consumer's dead letters
 	group string
+	// transactional: the event topic is written in Kafka transactions
+	// (exactly-once delivery): groupLag allows each partition the commit
+	// marker after its last record, which no consumer commits past.
+	transactional bool
 }
 
 func newChain(t *testing.T) *chain { return newChainOn(newEnv(t)) }
@@ -244,6 +248,9 @@ func (ch *chain) groupLag() (int64, error) {
 		at := int64(0)
 		if c, ok := committed.Lookup(o.Topic, o.Partition); ok {
 			at = c.At
+		}
+		if ch.transactional && o.Offset-at == 1 {
+			return // the commit marker after the partition's last record
 		}
 		lag += o.Offset - at
 	})

@@ -18,6 +18,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/walrelay/walrelay/inbox"
 	"github.com/walrelay/walrelay/outbox"
@@ -61,6 +64,30 @@ type Event struct {
 type Service struct {
 	DB     *pgxpool.Pool
 	Outbox *outbox.Writer
+	// Tracer makes a span per business transaction (default: the
+	// program's global provider's). The outbox row carries its trace
+	// context, so walrelay's span and the ledger's follow it in one trace.
+	Tracer trace.Tracer
+}
+
+// tracer is the Service's Tracer, or the global provider's.
+func (s *Service) tracer() trace.Tracer {
+	if s.Tracer != nil {
+		return s.Tracer
+	}
+	return otel.Tracer("github.com/walrelay/walrelay/examples/orders/shop")
+}
+
+// traced runs f in a span named name: the business transaction.
+func (s *Service) traced(ctx context.Context, name string, f func(ctx context.Context) error) error {
+	ctx, span := s.tracer().Start(ctx, name)
+	defer span.End()
+	err := f(ctx)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
 }
 
 // NewService returns a Service writing to the default outbox table.
@@ -76,12 +103,14 @@ func NewService(db *pgxpool.Pool) *Service {
 // transaction and returns its id.
 func (s *Service) Place(ctx context.Context, customer string, totalCents int64) (int64, error) {
 	var id int64
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO orders (customer, total_cents, status, version) VALUES ($1, $2, 'placed', 1) RETURNING id`,
-			customer, totalCents).Scan(&id); err != nil {
-			return err
-		}
-		return s.emit(ctx, tx, Event{OrderID: id, Version: 1, Type: "OrderPlaced", TotalCents: totalCents})
+	err := s.traced(ctx, "place order", func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, `INSERT INTO orders (customer, total_cents, status, version) VALUES ($1, $2, 'placed', 1) RETURNING id`,
+				customer, totalCents).Scan(&id); err != nil {
+				return err
+			}
+			return s.emit(ctx, tx, Event{OrderID: id, Version: 1, Type: "OrderPlaced", TotalCents: totalCents})
+		})
 	})
 	return id, err
 }
@@ -93,20 +122,22 @@ var ErrFinal = errors.New("nothing comes after")
 // writes the event, in one transaction; it returns the new version.
 func (s *Service) Advance(ctx context.Context, id int64) (int, error) {
 	var ev Event
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
-		var status string
-		if err := tx.QueryRow(ctx, `SELECT status, version, total_cents FROM orders WHERE id = $1 FOR UPDATE`, id).Scan(&status, &ev.Version, &ev.TotalCents); err != nil {
-			return err
-		}
-		next := map[string]string{"placed": "paid", "paid": "shipped"}[status]
-		if next == "" {
-			return fmt.Errorf("order %d is %s: %w", id, status, ErrFinal)
-		}
-		ev.OrderID, ev.Version, ev.Type = id, ev.Version+1, map[string]string{"paid": "OrderPaid", "shipped": "OrderShipped"}[next]
-		if _, err := tx.Exec(ctx, `UPDATE orders SET status = $2, version = $3 WHERE id = $1`, id, next, ev.Version); err != nil {
-			return err
-		}
-		return s.emit(ctx, tx, ev)
+	err := s.traced(ctx, "advance order", func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+			var status string
+			if err := tx.QueryRow(ctx, `SELECT status, version, total_cents FROM orders WHERE id = $1 FOR UPDATE`, id).Scan(&status, &ev.Version, &ev.TotalCents); err != nil {
+				return err
+			}
+			next := map[string]string{"placed": "paid", "paid": "shipped"}[status]
+			if next == "" {
+				return fmt.Errorf("order %d is %s: %w", id, status, ErrFinal)
+			}
+			ev.OrderID, ev.Version, ev.Type = id, ev.Version+1, map[string]string{"paid": "OrderPaid", "shipped": "OrderShipped"}[next]
+			if _, err := tx.Exec(ctx, `UPDATE orders SET status = $2, version = $3 WHERE id = $1`, id, next, ev.Version); err != nil {
+				return err
+			}
+			return s.emit(ctx, tx, ev)
+		})
 	})
 	return ev.Version, err
 }

@@ -1,0 +1,151 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/walrelay/walrelay/test/otlptest"
+)
+
+// tracingMode is one way the tracing scenario runs the relay: its
+// OpenTelemetry variables (none: tracing off).
+type tracingMode struct {
+	name string
+	env  []string
+}
+
+// tracingAll measures what tracing costs the relay (issue 34): the drain
+// of the same backlog with tracing off, on with every trace sampled and
+// on with 1% (OTEL_TRACES_SAMPLER=parentbased_traceidratio; the backlog's
+// rows carry no trace context, so each event's span is a root sampled at
+// that ratio), exporting over OTLP/gRPC to a receiver in the bench
+// process that counts spans (spans_per_event: 1 when none was dropped). Repeats interleave the modes; each mode's
+// medians follow its runs, then the cost of each mode against off. The
+// load average is noted with every run: the machine is shared.
+func (b *bencher) tracingAll(ctx context.Context) ([]Result, error) {
+	rcv, err := otlptest.StartCounting()
+	if err != nil {
+		return nil, err
+	}
+	defer rcv.Stop()
+	on := func(ratio string) []string {
+		// A queue and batches large enough to export every span of a
+		// drain at 20,000 events/s, so that the cost measured is all of
+		// it; the default queue (2048) drops spans at such rates, by
+		// design (spans_per_event shows it).
+		return []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rcv.GRPCEndpoint(), "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+			"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=" + ratio,
+			"OTEL_BSP_MAX_QUEUE_SIZE=16384", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=2048"}
+	}
+	modes := []tracingMode{{"off", nil}, {"sampled-1.0", on("1.0")}, {"sampled-0.01", on("0.01")}}
+	mode := "discard"
+	if len(b.cfg.Brokers) > 0 {
+		mode = b.cfg.Brokers[0]
+	}
+	var out []Result
+	for _, size := range b.cfg.TxnSizes {
+		byMode := map[string][]Result{}
+		for range b.cfg.Repeat {
+			for _, m := range modes {
+				r, err := b.tracingDrain(ctx, size, b.oneBroker(mode), m, rcv)
+				if err != nil {
+					return out, err
+				}
+				byMode[m.name] = append(byMode[m.name], r)
+			}
+		}
+		for _, m := range modes {
+			out = append(out, byMode[m.name]...)
+			if rs := byMode[m.name]; len(rs) > 1 {
+				out = append(out, medians(rs))
+			}
+		}
+		off := byMode["off"]
+		for _, m := range modes[1:] {
+			rs := byMode[m.name]
+			out = append(out, Result{
+				Scenario: "tracing",
+				Params:   fmt.Sprintf("events=%d txn=%d broker=%s tracing=%s against off", b.cfg.Events, size, mode, m.name),
+				Metrics: map[string]float64{
+					"tracing_cpu_us_per_event": medianOf(rs, "relay_cpu_us_per_event") - medianOf(off, "relay_cpu_us_per_event"),
+					"rate_ratio":               medianOf(rs, "relay_events_per_s") / medianOf(off, "relay_events_per_s"),
+				},
+				Notes: fmt.Sprintf("medians of %d runs each", len(rs)),
+			})
+		}
+	}
+	return out, nil
+}
+
+// tracingDrain drains a backlog of txnSize-row transactions with the relay
+// run in mode m, and counts the spans rcv received from it.
+func (b *bencher) tracingDrain(ctx context.Context, txnSize int, k *broker, m tracingMode, rcv *otlptest.Receiver) (Result, error) {
+	su, err := b.newSetup(ctx, "relay")
+	if err != nil {
+		return Result{}, err
+	}
+	defer su.close()
+	if err := writeBacklog(ctx, su.conn, b.cfg.Events, txnSize, b.cfg.PayloadBytes); err != nil {
+		return Result{}, fmt.Errorf("write backlog: %w", err)
+	}
+	end, _ := currentLSN(ctx, su.conn)
+	if _, err := su.conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'bench', 'end')"); err != nil {
+		return Result{}, fmt.Errorf("write the end marker: %w", err)
+	}
+	if err := su.startBroker(k); err != nil {
+		return Result{}, err
+	}
+	load := loadAverage()
+	spans := rcv.Count()
+	b.relayEnv = m.env
+	start := time.Now()
+	_, err = su.startRelay(ctx, "at-least-once")
+	b.relayEnv = nil
+	if err != nil {
+		return Result{}, err
+	}
+	err = su.waitRelayConfirmed(ctx, end)
+	took := time.Since(start)
+	if err != nil {
+		return Result{}, err
+	}
+	pid := su.relay.cmd.Process.Pid
+	cpu, _ := cpuTime(pid)
+	rss, _ := peakRSS(pid)
+	su.relay.stop() // exports the last spans
+	su.relay = nil
+	n := float64(b.cfg.Events)
+	res := Result{
+		Scenario: "tracing",
+		Params:   fmt.Sprintf("events=%d txn=%d broker=%s tracing=%s", b.cfg.Events, txnSize, k.name, m.name),
+		Metrics: map[string]float64{
+			"relay_events_per_s":     n / took.Seconds(),
+			"relay_cpu_us_per_event": float64(cpu.Microseconds()) / n,
+			"peak_rss_mb":            float64(rss) / (1 << 20),
+			"spans_per_event":        float64(rcv.Count()-spans) / n,
+			"load1":                  (load + loadAverage()) / 2,
+		},
+	}
+	b.logf("tracing %s txn=%d: %s, %.0f events/s, %.1f µs CPU per event, %.3f spans per event, load %.1f", m.name, txnSize,
+		took.Round(time.Millisecond), res.Metrics["relay_events_per_s"], res.Metrics["relay_cpu_us_per_event"], res.Metrics["spans_per_event"], res.Metrics["load1"])
+	return res, nil
+}
+
+// loadAverage is the 1-minute load average (/proc/loadavg), 0 when
+// unreadable.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
