@@ -58,6 +58,7 @@ import (
 	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/schema"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -128,6 +129,11 @@ type Config struct {
 	// router's defaults (see router.Config), which DefaultConfig spells
 	// out, with CreateTopics (default true) on.
 	Router router.Config
+	// Values makes the record values of topics and event types in a
+	// schema registry's wire format, each payload checked against its
+	// schema (package schema); its default, every value as is, needs no
+	// registry. Ignored when Router.Values is set.
+	Values schema.Config
 	// Linger is how long the producer waits to fill a batch (default 5ms;
 	// 0 sends at once), Compression its batch compression (default
 	// kgo.NoCompression()).
@@ -228,6 +234,7 @@ func DefaultConfig() Config {
 			MaxMessageBytes:    64 << 20,
 		},
 		Router:            defaultRouter(),
+		Values:            schema.Config{}.WithDefaults(),
 		Linger:            5 * time.Millisecond,
 		Compression:       kgo.NoCompression(),
 		StatusInterval:    10 * time.Second,
@@ -419,6 +426,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		return nil, err
 	}
 	if err := cfg.Router.Validate(); err != nil {
+		return nil, err
+	}
+	if err := withValues(&cfg, log, m); err != nil {
 		return nil, err
 	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {

@@ -153,6 +153,13 @@ type Config struct {
 	RetryPause time.Duration
 }
 
+// WithDefaults returns c with every field left zero set to the default
+// its documentation names.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
+
 func (c *Config) setDefaults() {
 	if c.Default.Format == "" {
 		c.Default.Format = AsIs

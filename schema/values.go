@@ -64,11 +64,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Values, error) {
 		if cfg.User != "" || cfg.Password != "" {
 			opts = append(opts, sr.BasicAuth(cfg.User, cfg.Password))
 		}
-		if cfg.TLS != nil {
-			opts = append(opts, sr.DialTLSConfig(cfg.TLS))
-		} else {
-			opts = append(opts, sr.HTTPClient(&http.Client{Timeout: cfg.Timeout}))
-		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = cfg.TLS
+		opts = append(opts, sr.HTTPClient(&http.Client{Timeout: cfg.Timeout, Transport: tr}))
 		var err error
 		if v.cl, err = sr.NewClient(opts...); err != nil {
 			return nil, fmt.Errorf("schema registry client: %w", err)

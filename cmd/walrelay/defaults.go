@@ -63,6 +63,8 @@ func defaultVars() kong.Vars {
 		"column_type":              d.Mapping.Type,
 		"column_payload":           d.Mapping.Payload,
 		"topic_template":           d.Router.TopicTemplate,
+		"subject_strategy":         string(d.Values.Strategy),
+		"schema_refresh":           dur(d.Values.Refresh),
 		"topic_allow":              d.Router.TopicAllow,
 		"max_topics":               n(d.Router.MaxTopics),
 		"max_topic_series":         n(d.Router.MaxTopicSeries),

@@ -67,6 +67,11 @@ var fieldFlags = map[string]string{
 	"snapshot.Config.Order":                  "--snapshot-order (walrelay snapshot: --order)",
 	"decoder.Mapping":                        "the matching --column-* or --header-column flag",
 	"kgo.SeedBrokers":                        "--brokers",
+	"schema.Config.URLs":                     "--schema-registry-url",
+	"schema.Config.Default":                  "--value-format",
+	"schema.Config.Topics":                   "--value-format TOPIC=",
+	"schema.Config.Types":                    "--value-format type:TYPE=",
+	"schema.Config.Strategy":                 "--subject-strategy",
 }
 
 // flagSpeaker rewrites field names into flags, the longest name first so

@@ -22,6 +22,7 @@ import (
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/schema"
 	"github.com/walrelay/walrelay/slot"
 	"github.com/walrelay/walrelay/snapshot"
 )
@@ -34,6 +35,7 @@ var configTypes = map[string]reflect.Type{
 	"slot.ReadOptions": reflect.TypeFor[slot.ReadOptions](),
 	"snapshot.Config":  reflect.TypeFor[snapshot.Config](),
 	"decoder.Mapping":  reflect.TypeFor[decoder.Mapping](),
+	"schema.Config":    reflect.TypeFor[schema.Config](),
 }
 
 // unflagged are fields the libraries name that no flag sets: their names
@@ -150,14 +152,14 @@ func TestFieldFlags(t *testing.T) {
 }
 
 // fieldName is how a library names a field in a message.
-var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|snapshot|decoder|kgo)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
+var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|snapshot|decoder|schema|kgo)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
 
 // libraryStrings calls f with each string literal of the libraries' code
 // (tests aside) and where it is.
 func libraryStrings(t *testing.T, f func(s, where string)) {
 	t.Helper()
 	var files []string
-	for _, dir := range []string{"relay", "router", "slot", "checkpoint", "snapshot", "decoder", "heartbeat", "deadletter"} {
+	for _, dir := range []string{"relay", "router", "slot", "checkpoint", "snapshot", "decoder", "heartbeat", "deadletter", "schema"} {
 		err := filepath.WalkDir(filepath.Join("../..", dir), func(path string, d fs.DirEntry, err error) error {
 			if err == nil && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
 				files = append(files, path)

@@ -91,9 +91,10 @@ var (
 		"walrelay_events_dead_lettered_total/reason": "dead-letters.md#reasons",
 	}
 	freeLabels = map[string]bool{
-		"walrelay_events_published_total/topic": true,
-		"walrelay_unmapped_inserts_total/table": true,
-		"walrelay_slot_wal_status/status":       true,
+		"walrelay_events_published_total/topic":       true,
+		"walrelay_unmapped_inserts_total/table":       true,
+		"walrelay_slot_wal_status/status":             true,
+		"walrelay_schema_registry_reads_total/result": true, // ok, invalid, error: the help says each
 	}
 )
 
