@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -24,11 +25,15 @@ import (
 	"time"
 
 	"github.com/hamba/avro/v2"
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/internal/schemaregistry"
+	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/outbox"
 	"github.com/walrelay/walrelay/schema"
 )
 
@@ -280,4 +285,56 @@ func listenLoopback(t *testing.T, srv *http.Server) string {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return ln.Addr().String()
+}
+
+// TestSchemaRegistryWriterCheck: an outbox.Writer checking payloads with
+// the relay's value formats (schema.WriterCheck) fails the business
+// transaction of a payload its schema refuses, naming the subject and
+// version, before anything is inserted; a matching one commits.
+func TestSchemaRegistryWriterCheck(t *testing.T) {
+	e := newEnv(t)
+	url := needRegistry(t)
+	cl, err := sr.NewClient(sr.URLs(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	register(t, cl, e.topic("order")+"-value", sr.Schema{Schema: registryAvro, Type: sr.TypeAvro})
+	values, err := schema.New(schema.Config{URLs: []string{url}, Default: schema.Rule{Format: schema.Avro}}, zaptest.NewLogger(t), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer values.Close()
+	w, err := outbox.NewWriter(outbox.Table{}, outbox.Options{Keep: true,
+		Check: schema.WriterCheck{Values: values, TopicTemplate: e.topicPrefix() + "{aggregate_type}"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := e.conn()
+	write := func(payload string) error {
+		return pgx.BeginFunc(e.ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(e.ctx, `CREATE TABLE IF NOT EXISTS orders (id int)`); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(e.ctx, `INSERT INTO orders VALUES (1)`); err != nil {
+				return err
+			}
+			_, err := w.Write(e.ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "OrderCreated", Payload: []byte(payload)})
+			return err
+		})
+	}
+	err = write(`{"id": "one", "customer": "ada"}`)
+	var se *deadletter.SchemaError
+	if !errors.As(err, &se) || se.Reason != deadletter.ReasonSchemaMismatch || se.Subject != e.topic("order")+"-value" || se.Version != 1 {
+		t.Fatalf("write of a payload the schema refuses: %v; want a schema_mismatch naming subject %s-value version 1", err, e.topic("order"))
+	}
+	var n int
+	if err := conn.QueryRow(e.ctx, `SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM pg_tables WHERE tablename = 'orders')`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("after the refused write: %d rows and tables (%v); want the whole transaction rolled back", n, err)
+	}
+	if err := write(`{"id": 1, "customer": "ada"}`); err != nil {
+		t.Fatalf("write of a matching payload: %v", err)
+	}
+	if err := conn.QueryRow(e.ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d outbox rows (%v); want the matching event", n, err)
+	}
 }
