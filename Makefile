@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-schema-registry deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl
+.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl
 
 all: build
 
@@ -137,7 +137,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka deps-debezium deps-schema-registry deps-helm deps-systemd deps-pgbouncer deps-curl
+DEPS := deps-postgres deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-systemd deps-pgbouncer deps-curl
 
 deps: $(DEPS)
 
@@ -187,6 +187,25 @@ deps-debezium:
 	    echo "== resolving Kafka Connect's and Debezium's jars (Maven, into ~/.m2)"; \
 	    if ! { mkdir -p "$$(dirname "$$cp")" && mvn -q -B -f $(DEBEZIUM_POM) dependency:build-classpath -Dmdep.outputFile="$$cp.tmp" && mv "$$cp.tmp" "$$cp"; }; then \
 	      echo "deps-debezium: Maven could not resolve Debezium's jars (is Maven Central reachable?); only make test-kafka needs them"; \
+	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
+	    fi; \
+	  fi; \
+	fi
+
+# Apicurio's AvroConverter for the Debezium comparison under Avro (the
+# Debezium tests of make test-kafka that run on a schema registry): a
+# classpath of its own, from internal/debezium/avro.pom.xml, resolved and
+# cached like deps-debezium's under the name the debezium package reads.
+DEBEZIUM_AVRO_POM := internal/debezium/avro.pom.xml
+deps-debezium-avro:
+	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
+	  echo "deps-debezium-avro: java or mvn not found; the Debezium comparison under Avro needs them (apt-get install openjdk-17-jre-headless maven)"; \
+	else \
+	  cp="$${XDG_CACHE_HOME:-$$HOME/.cache}/walrelay/debezium-avro-$$(sha256sum $(DEBEZIUM_AVRO_POM) | cut -c1-16).classpath"; \
+	  if [ ! -s "$$cp" ]; then \
+	    echo "== resolving Apicurio's AvroConverter jars (Maven, into ~/.m2)"; \
+	    if ! { mkdir -p "$$(dirname "$$cp")" && mvn -q -B -f $(DEBEZIUM_AVRO_POM) dependency:build-classpath -Dmdep.outputFile="$$cp.tmp" && mv "$$cp.tmp" "$$cp"; }; then \
+	      echo "deps-debezium-avro: Maven could not resolve the converter's jars (is Maven Central reachable?); only make test-kafka needs them"; \
 	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
 	    fi; \
 	  fi; \

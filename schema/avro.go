@@ -24,6 +24,12 @@ import (
 // lacks is a mismatch.
 type avroEncoder struct{ s avro.Schema }
 
+// avroAPI writes arrays and maps as Avro's Java library does, each in one
+// block of its item count, without the block's byte size: both forms are
+// valid Avro, but only this one gives the bytes Java writers (Debezium's
+// converters among them) give, and every decoder reads it.
+var avroAPI = avro.Config{DisableBlockSizeHeader: true, BlockLength: math.MaxInt32}.Freeze()
+
 func compileAvro(text string, refs []reference) (encoder, error) {
 	cache := &avro.SchemaCache{}
 	for _, r := range refs {
@@ -49,7 +55,7 @@ func (e avroEncoder) appendValue(dst, payload []byte, _ string) ([]byte, error) 
 	if err != nil {
 		return nil, err
 	}
-	b, err := avro.Marshal(e.s, native)
+	b, err := avroAPI.Marshal(e.s, native)
 	if err != nil {
 		return nil, err
 	}

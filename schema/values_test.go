@@ -371,3 +371,20 @@ func TestParseRule(t *testing.T) {
 }
 
 func testutilValue(c prometheus.Counter) float64 { return testutil.ToFloat64(c) }
+
+// TestAvroArraysAsJavaWritesThem: an array is one block of its item count,
+// without a byte size, as Avro's Java writers (Debezium's converters) give
+// it.
+func TestAvroArraysAsJavaWritesThem(t *testing.T) {
+	e, err := compileAvro(`{"type":"array","items":"int"}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.appendValue(nil, []byte(`[1, 2, 3]`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []byte{6, 2, 4, 6, 0}; !bytes.Equal(b, want) {
+		t.Errorf("[1, 2, 3] as %x; want %x (count 3, the items, an empty block)", b, want)
+	}
+}
