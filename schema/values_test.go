@@ -388,3 +388,45 @@ func TestAvroArraysAsJavaWritesThem(t *testing.T) {
 		t.Errorf("[1, 2, 3] as %x; want %x (count 3, the items, an empty block)", b, want)
 	}
 }
+
+// BenchmarkValue is the cost of one value per format, for the payload of
+// walrelay-bench's drain (a number and a 180-byte string), its schema
+// cached.
+func BenchmarkValue(b *testing.B) {
+	schemas := map[Format]sr.Schema{
+		Avro:       {Type: sr.TypeAvro, Schema: `{"type":"record","name":"BenchEvent","fields":[{"name":"n","type":"long"},{"name":"pad","type":"string"}]}`},
+		JSONSchema: {Type: sr.TypeJSON, Schema: `{"type":"object","properties":{"n":{"type":"integer"},"pad":{"type":"string"}},"required":["n","pad"],"additionalProperties":false}`},
+		Protobuf:   {Type: sr.TypeProtobuf, Schema: `syntax = "proto3"; message BenchEvent { int64 n = 1; string pad = 2; }`},
+	}
+	ev := &decoder.Event{Type: []byte("BenchEvent"), Payload: []byte(`{"n": 12345, "pad": "` + strings.Repeat("x", 180) + `"}`)}
+	for _, f := range []Format{AsIs, JSONSchema, Avro, Protobuf} {
+		b.Run(string(f), func(b *testing.B) {
+			reg := srfake.New()
+			defer reg.Close()
+			if s, ok := schemas[f]; ok {
+				reg.SeedSchema("bench-value", 1, 1, s)
+			}
+			v, err := New(Config{URLs: []string{reg.URL()}, Default: Rule{Format: f}}, zap.NewNop(), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer v.Close()
+			for {
+				_, wait, err := v.Value("bench", ev)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if wait == nil {
+					break
+				}
+				<-wait
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := v.Value("bench", ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
