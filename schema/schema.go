@@ -68,12 +68,14 @@ func (f Format) registryType() string {
 type Strategy string
 
 const (
-	// TopicName: "<topic>-value" (TopicNameStrategy, the default).
+	// TopicName names the subject "<topic>-value" (Confluent's
+	// TopicNameStrategy; the default).
 	TopicName Strategy = "topic"
-	// RecordName: the event type, which must then be the schema's fully
-	// qualified record name (RecordNameStrategy).
+	// RecordName names the subject after the event type, which must then
+	// be the schema's fully qualified record name (RecordNameStrategy).
 	RecordName Strategy = "record"
-	// TopicRecordName: "<topic>-<event type>" (TopicRecordNameStrategy).
+	// TopicRecordName names the subject "<topic>-<event type>"
+	// (TopicRecordNameStrategy).
 	TopicRecordName Strategy = "topic-record"
 )
 

@@ -88,7 +88,7 @@ func framed(t *testing.T, b []byte, id int) []byte {
 	return b[5:]
 }
 
-func schemaError(t *testing.T, err error, reason deadletter.Reason, subject string, version int) *deadletter.SchemaError {
+func schemaError(t *testing.T, err error, reason deadletter.Reason, subject string, version int) deadletter.SchemaError {
 	t.Helper()
 	var se *deadletter.SchemaError
 	if !errors.As(err, &se) {
@@ -97,7 +97,7 @@ func schemaError(t *testing.T, err error, reason deadletter.Reason, subject stri
 	if se.Reason != reason || se.Subject != subject || se.Version != version {
 		t.Fatalf("schema error %+v: want reason %s, subject %s, version %d", se, reason, subject, version)
 	}
-	return se
+	return *se
 }
 
 func TestAvroValue(t *testing.T) {

@@ -90,7 +90,7 @@ func App() (string, error) {
 		return "", fmt.Errorf("unpack Apicurio Registry with Maven (is Maven Central reachable?): %w\n%s", err, log.String())
 	}
 	if _, err := os.Stat(filepath.Join(out, "quarkus-run.jar")); err != nil {
-		return "", fmt.Errorf("Apicurio Registry's archive holds no quarkus-run.jar: %w", err)
+		return "", fmt.Errorf("schemaregistry: the Apicurio Registry archive holds no quarkus-run.jar: %w", err)
 	}
 	if err := os.Rename(out, dir); err != nil && !exists(filepath.Join(dir, "quarkus-run.jar")) {
 		return "", err // (another process may have unpacked it meanwhile)
@@ -235,10 +235,10 @@ func Start(ctx context.Context, logDir string) (*Registry, error) {
 	case b := <-base:
 		r.URL = b + "/apis/ccompat/v7"
 	case <-r.exited:
-		return nil, fmt.Errorf("Apicurio Registry exited before listening: %s", tail(r.Log))
+		return nil, fmt.Errorf("schemaregistry: Apicurio Registry exited before listening: %s", tail(r.Log))
 	case <-ctx.Done():
 		r.Close()
-		return nil, fmt.Errorf("Apicurio Registry not listening: %w (log: %s)", ctx.Err(), tail(r.Log))
+		return nil, fmt.Errorf("schemaregistry: Apicurio Registry not listening: %w (log: %s)", ctx.Err(), tail(r.Log))
 	}
 	for {
 		resp, err := http.Get(r.URL + "/subjects")
@@ -250,10 +250,10 @@ func Start(ctx context.Context, logDir string) (*Registry, error) {
 		}
 		select {
 		case <-r.exited:
-			return nil, fmt.Errorf("Apicurio Registry exited: %s", tail(r.Log))
+			return nil, fmt.Errorf("schemaregistry: Apicurio Registry exited: %s", tail(r.Log))
 		case <-ctx.Done():
 			r.Close()
-			return nil, fmt.Errorf("Apicurio Registry's API not answering: %w (log: %s)", ctx.Err(), tail(r.Log))
+			return nil, fmt.Errorf("schemaregistry: Apicurio Registry's API not answering: %w (log: %s)", ctx.Err(), tail(r.Log))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
