@@ -25,8 +25,8 @@ import (
 // schema Debezium registered, as after a move in place.
 func TestDebeziumAvroSameRecords(t *testing.T) {
 	needDebezium(t)
-	e := newEnv(t)
 	ccompat := needRegistry(t)
+	e := newEnv(t)
 	e.debeziumOutbox("outbox_avro", "jsonb")
 	dbzSlot, wrSlot := e.name+"_dbz", e.name+"_wr"
 	e.exec(fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE public.outbox_avro WITH (publish = 'insert')`, e.name))

@@ -103,8 +103,8 @@ const (
 // payload that does not match its schema is dead-lettered naming the
 // subject and version, and the slot moves past them all.
 func TestSchemaRegistryValues(t *testing.T) {
-	e := newEnv(t)
 	url := needRegistry(t)
+	e := newEnv(t)
 	cl, err := sr.NewClient(sr.URLs(url))
 	if err != nil {
 		t.Fatal(err)
@@ -208,8 +208,8 @@ func TestSchemaRegistryValues(t *testing.T) {
 // they are published, framed. The registry is real; a proxy in front of it
 // stops answering.
 func TestSchemaRegistryDownDelays(t *testing.T) {
-	e := newEnv(t)
 	target := needRegistry(t)
+	e := newEnv(t)
 	cl, err := sr.NewClient(sr.URLs(target))
 	if err != nil {
 		t.Fatal(err)
@@ -292,8 +292,8 @@ func listenLoopback(t *testing.T, srv *http.Server) string {
 // transaction of a payload its schema refuses, naming the subject and
 // version, before anything is inserted; a matching one commits.
 func TestSchemaRegistryWriterCheck(t *testing.T) {
-	e := newEnv(t)
 	url := needRegistry(t)
+	e := newEnv(t)
 	cl, err := sr.NewClient(sr.URLs(url))
 	if err != nil {
 		t.Fatal(err)
