@@ -97,7 +97,8 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 			// so that a slow phase of the machine does not fall on one
 			// only.
 			byMode := map[string][]Result{}
-			for range b.cfg.Repeat {
+			fs := b.cfg.ValueFormats
+			for rep := range b.cfg.Repeat {
 				for _, d := range b.cfg.Deliveries {
 					if d == "exactly-once" && k.name == "discard" {
 						// The relay reads its checkpoint back from Kafka
@@ -105,7 +106,12 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 						// serve it.
 						continue
 					}
-					for _, f := range b.cfg.ValueFormats {
+					// Each repeat starts with another format, so that none
+					// always has the same place in the round (without
+					// this, the round's first drain was the slowest in all
+					// three rounds of one run).
+					for j := range fs {
+						f := fs[(j+rep)%len(fs)]
 						r, err := b.drain(ctx, size, k, d, f)
 						if err != nil {
 							return out, err
