@@ -237,6 +237,8 @@ deps-schema-registry:
 	    fi; \
 	    rm -rf "$$work"; \
 	  fi; \
+	  grep -qsE '^JAVA_VERSION="(2[1-9]|[3-9][0-9])' $${JAVA_HOME:+$$JAVA_HOME/release} /usr/lib/jvm/*/release || \
+	    echo "deps-schema-registry: no Java 21 or later under \$$JAVA_HOME or /usr/lib/jvm; Apicurio Registry needs one (name its java in WALRELAY_REGISTRY_JAVA)"; \
 	fi
 
 # helm for the chart's checks, a pinned version installed once by go install
