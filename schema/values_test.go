@@ -430,3 +430,51 @@ func BenchmarkValue(b *testing.B) {
 		})
 	}
 }
+
+// TestLatestIsReadAgain: a subject followed at its latest version is read
+// again once Refresh has passed, in the background, and its new version
+// frames the values from then on; a pinned version is not read again.
+func TestLatestIsReadAgain(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	v1 := `{"type":"record","name":"E","fields":[{"name":"a","type":"long"}]}`
+	v2 := `{"type":"record","name":"E","fields":[{"name":"a","type":"long"},{"name":"b","type":"string","default":"x"}]}`
+	reg.SeedSchema("t-value", 1, 21, sr.Schema{Schema: v1})
+	v, m := newValues(t, reg, Config{Default: Rule{Format: Avro}, Refresh: time.Hour})
+	b, err := value(t, v, "t", "", `{"a": 1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	framed(t, b, 21)
+	reg.SeedSchema("t-value", 2, 22, sr.Schema{Schema: v2})
+	if b, _ = value(t, v, "t", "", `{"a": 1}`); b[4] != 21 {
+		t.Fatalf("value %x before Refresh passed: want the schema in hand, id 21", b)
+	}
+	v.mu.Lock()
+	v.cfg.Refresh = time.Nanosecond
+	v.mu.Unlock()
+	var wait <-chan struct{}
+	id := byte(21)
+	for range 10 { // each round waits for the read it started, if any
+		// The stale schema still serves while the new one is read.
+		ev := &decoder.Event{Payload: []byte(`{"a": 1}`)}
+		if b, wait, err = v.Value("t", ev); err != nil || wait != nil {
+			t.Fatalf("Value while refreshing: %v, %v; want a value at once", wait, err)
+		}
+		if id = b[4]; id == 22 {
+			break
+		}
+		v.mu.Lock()
+		ready := v.entries[subjectVersion{"t-value", Latest}].ready
+		v.mu.Unlock()
+		if ready != nil {
+			<-ready
+		}
+	}
+	if id != 22 {
+		t.Fatalf("schema id %d after Refresh passed: want the latest version's, 22", id)
+	}
+	if counter(t, m, "ok") < 2 {
+		t.Errorf("%v successful reads: want the subject read again", counter(t, m, "ok"))
+	}
+}
