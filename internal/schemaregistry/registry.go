@@ -162,9 +162,10 @@ type Registry struct {
 	// Log is the file the registry writes its output to.
 	Log string
 
-	cmd    *exec.Cmd
-	exited chan struct{}
-	once   sync.Once
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	once    sync.Once
+	tempDir string // the log's directory, when Start made it
 }
 
 // listening is the line Quarkus prints once the HTTP server is up.
@@ -182,12 +183,14 @@ func Start(ctx context.Context, logDir string) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
+	var tempDir string
 	if logDir == "" {
 		if logDir, err = os.MkdirTemp("", "walrelay-registry-"); err != nil {
 			return nil, err
 		}
+		tempDir = logDir
 	}
-	r := &Registry{Log: filepath.Join(logDir, "apicurio.log"), exited: make(chan struct{})}
+	r := &Registry{Log: filepath.Join(logDir, "apicurio.log"), exited: make(chan struct{}), tempDir: tempDir}
 	out, err := os.Create(r.Log)
 	if err != nil {
 		return nil, err
@@ -259,12 +262,21 @@ func Start(ctx context.Context, logDir string) (*Registry, error) {
 	}
 }
 
-// Close kills the registry and waits for it to exit.
-func (r *Registry) Close() {
+// Stop kills the registry and waits for it to exit; its log stays.
+func (r *Registry) Stop() {
 	r.once.Do(func() {
 		_ = r.cmd.Process.Kill()
 		<-r.exited
 	})
+}
+
+// Close stops the registry and removes its log's directory when Start
+// made it.
+func (r *Registry) Close() {
+	r.Stop()
+	if r.tempDir != "" {
+		os.RemoveAll(r.tempDir)
+	}
 }
 
 // tail is the end of the log file, for an error.

@@ -69,9 +69,15 @@ func needRegistry(t *testing.T) string {
 	return registry.URL
 }
 
-// closeRegistry stops the package's registry, if one was started.
-func closeRegistry() {
-	if registry != nil {
+// closeRegistry stops the package's registry, if one was started; its
+// log is kept when the tests failed.
+func closeRegistry(failed bool) {
+	switch {
+	case registry == nil:
+	case failed:
+		registry.Stop()
+		fmt.Fprintln(os.Stderr, "tests failed: Apicurio Registry's log kept in", registry.Log)
+	default:
 		registry.Close()
 	}
 }
