@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl
+.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl
 
 all: build
 
@@ -145,7 +145,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka deps-debezium deps-helm deps-systemd deps-pgbouncer deps-curl
+DEPS := deps-postgres deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-systemd deps-pgbouncer deps-curl
 
 deps: $(DEPS)
 
@@ -198,6 +198,55 @@ deps-debezium:
 	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
 	    fi; \
 	  fi; \
+	fi
+
+# Apicurio's AvroConverter for the Debezium comparison under Avro (the
+# Debezium tests of make test-kafka that run on a schema registry): a
+# classpath of its own, from test/debezium/avro.pom.xml, resolved and
+# cached like deps-debezium's under the name the debezium package reads.
+DEBEZIUM_AVRO_POM := test/debezium/avro.pom.xml
+deps-debezium-avro:
+	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
+	  echo "deps-debezium-avro: java or mvn not found; the Debezium comparison under Avro needs them (apt-get install openjdk-17-jre-headless maven)"; \
+	else \
+	  cp="$${XDG_CACHE_HOME:-$$HOME/.cache}/walrelay/debezium-avro-$$(sha256sum $(DEBEZIUM_AVRO_POM) | cut -c1-16).classpath"; \
+	  if [ ! -s "$$cp" ]; then \
+	    echo "== resolving Apicurio's AvroConverter jars (Maven, into ~/.m2)"; \
+	    if ! { mkdir -p "$$(dirname "$$cp")" && mvn -q -B -f $(DEBEZIUM_AVRO_POM) dependency:build-classpath -Dmdep.outputFile="$$cp.tmp" && mv "$$cp.tmp" "$$cp"; }; then \
+	      echo "deps-debezium-avro: Maven could not resolve the converter's jars (is Maven Central reachable?); only make test-kafka needs them"; \
+	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
+	    fi; \
+	  fi; \
+	fi
+
+# Apicurio Registry 3 for the value-format tests of `make test-kafka` (a
+# real schema registry: test/schemaregistry), as Maven Central carries
+# it built: Maven unpacks apicurio-registry-app's "all" archive (the
+# Quarkus application, ~160 MB) once into the user's cache directory, under
+# the name schemaregistry.Dir reads, keyed by the pom's hash; no Quarkus
+# build runs. Running it needs Java 21 or later (a second JDK under
+# /usr/lib/jvm is found). Like deps-kafka it installs nothing, and fails
+# only make test-kafka.
+SCHEMA_REGISTRY_POM := test/schemaregistry/pom.xml
+deps-schema-registry:
+	@if ! command -v mvn >/dev/null; then \
+	  echo "deps-schema-registry: mvn not found; make test-kafka's schema registry tests need it (apt-get install maven)"; \
+	else \
+	  dir="$${XDG_CACHE_HOME:-$$HOME/.cache}/walrelay/apicurio-$$(sha256sum $(SCHEMA_REGISTRY_POM) | cut -c1-16)"; \
+	  if [ ! -s "$$dir/quarkus-run.jar" ]; then \
+	    echo "== unpacking Apicurio Registry (Maven, into ~/.m2 and $$dir)"; \
+	    work=$$(mktemp -d); \
+	    if ! { mkdir -p "$$(dirname "$$dir")" && cp $(SCHEMA_REGISTRY_POM) "$$work/pom.xml" && \
+	           mvn -q -B -f "$$work/pom.xml" dependency:unpack-dependencies -DoutputDirectory="$$work/app" && \
+	           rm -rf "$$dir" && mv "$$work/app" "$$dir"; }; then \
+	      echo "deps-schema-registry: Maven could not fetch Apicurio Registry (is Maven Central reachable?); only make test-kafka needs it"; \
+	      rm -rf "$$work"; \
+	      case " $(MAKECMDGOALS) " in *" test-kafka "*) exit 1;; esac; \
+	    fi; \
+	    rm -rf "$$work"; \
+	  fi; \
+	  grep -qsE '^JAVA_VERSION="(2[1-9]|[3-9][0-9])' $${JAVA_HOME:+$$JAVA_HOME/release} /usr/lib/jvm/*/release || \
+	    echo "deps-schema-registry: no Java 21 or later under \$$JAVA_HOME or /usr/lib/jvm; Apicurio Registry needs one (name its java in WALRELAY_REGISTRY_JAVA)"; \
 	fi
 
 # helm for the chart's checks, a pinned version installed once by go install

@@ -61,13 +61,25 @@ const (
 	// ReasonTooManyTopics: the event's topic would be one more than the
 	// bound on distinct event topics (--max-topics).
 	ReasonTooManyTopics Reason = "too_many_topics"
+	// ReasonSchemaMismatch: the payload does not match the schema of its
+	// topic or event type (--value-format): not JSON, a field missing or
+	// of the wrong type, a value the JSON Schema refuses; or the subject
+	// holds a schema of another format, or one that does not compile. The
+	// subject and version checked against are in walrelay.schema_subject
+	// and walrelay.schema_version.
+	ReasonSchemaMismatch Reason = "schema_mismatch"
+	// ReasonSchemaNotFound: the registry has no subject (or no such
+	// version) for the event's schema; for the record strategies, the
+	// event type names the subject. Register the schema, then replay the
+	// dead letter.
+	ReasonSchemaNotFound Reason = "schema_not_found"
 )
 
 // Reasons lists every Reason (a new slice each call).
 func Reasons() []Reason { return append([]Reason(nil), reasons...) }
 
 var reasons = []Reason{ReasonNoAggregateType, ReasonNoAggregateID, ReasonNoID, ReasonInvalidTopic, ReasonTopicRejected, ReasonTooLarge, ReasonUnmappable,
-	ReasonUndecodable, ReasonTopicNotAllowed, ReasonTooManyTopics}
+	ReasonUndecodable, ReasonTopicNotAllowed, ReasonTooManyTopics, ReasonSchemaMismatch, ReasonSchemaNotFound}
 
 // AboutTopic reports whether the reason concerns the event's topic: the
 // dead letter then names that topic (HeaderTopic).
@@ -102,7 +114,34 @@ const (
 	// payload was left out: too large to read, or too large for the
 	// dead-letter topic's own max.message.bytes.
 	HeaderPayloadOmit = "walrelay.payload_omitted"
+	// HeaderSchemaSubject is the schema registry subject the payload
+	// was checked against (reasons schema_mismatch, schema_not_found).
+	HeaderSchemaSubject = "walrelay.schema_subject"
+	// HeaderSchemaVersion is that subject's version, when one was
+	// found.
+	HeaderSchemaVersion = "walrelay.schema_version"
 )
+
+// SchemaError is a payload that cannot become its record value: it does
+// not match the schema of its topic or event type, or the schema is not
+// in the registry. The router dead-letters the event with Reason.
+type SchemaError struct {
+	Reason  Reason // ReasonSchemaMismatch or ReasonSchemaNotFound
+	Subject string // the subject, when one could be named
+	Version int    // the subject's version, 0 when none was found
+	ID      int    // the schema's id, 0 when none was found
+	Detail  string // what did not match, in words
+}
+
+func (e *SchemaError) Error() string {
+	switch {
+	case e.Subject == "":
+		return e.Detail
+	case e.Version == 0:
+		return fmt.Sprintf("subject %s: %s", e.Subject, e.Detail)
+	}
+	return fmt.Sprintf("subject %s version %d (schema id %d): %s", e.Subject, e.Version, e.ID, e.Detail)
+}
 
 // InvalidEventError is returned by router.Send for an invalid event when
 // on-invalid is fail.

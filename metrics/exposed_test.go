@@ -38,6 +38,7 @@ func exposed(t *testing.T) *prometheus.Registry {
 	m.StreamRestarts.WithLabelValues("kafka")
 	m.SlotWALStatus.WithLabelValues("reserved").Set(1)
 	m.UnmappedInserts.WithLabelValues("public.other")
+	m.SchemaReads.WithLabelValues("ok")
 	m.SlotSafeWALSize.Set(1 << 30)
 	m.SlotTimeToInvalidation.Set(3600)
 	m.SetReadiness(func() error { return nil })

@@ -51,6 +51,7 @@ type Metrics struct {
 	UnconfirmedCommits    prometheus.Counter
 	SlotCreationWait      prometheus.Gauge
 	TraceSpansDropped     *prometheus.CounterVec
+	SchemaReads           *prometheus.CounterVec
 
 	// What holds the slot (doctor.Facts), read with the slot every
 	// relay.Config.SlotPollInterval.
@@ -226,6 +227,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_kafka_unconfirmed_commits_total",
 			Help: "Exactly-once: sessions that resent events after a Kafka commit whose outcome was not confirmed (a broker lost during the commit) and that, read back, did not land on every partition (or could not be read), rather than skip them on a newer checkpoint's word; read_committed consumers may see some of those events twice.",
 		}),
+		SchemaReads: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "walrelay_schema_registry_reads_total",
+			Help: "Reads of a subject's schema from the schema registry (relay.Config.Values), by result: ok, invalid (no such subject or version, or a schema that does not compile: its events are dead-lettered) or error (the registry did not answer: the subject's events wait, and the slot is not confirmed past them). A rising error count is a registry outage delaying delivery.",
+		}, []string{"result"}),
 		GapRefusals: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_gap_refusals_total",
 			Help: "Times the relay stopped because something it streamed from changed under it (slot gone, publication dropped or altered, outbox table recreated or removed from the publication): events after the confirmed position may be missing. The log names the change and the command that accepts the gap.",

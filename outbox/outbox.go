@@ -74,6 +74,18 @@ type Options struct {
 	// or W3C trace context when it set none. A HeaderFuncs entry or an
 	// event's Headers for one of those columns wins over it.
 	Propagator propagation.TextMapPropagator
+	// Check, when set, checks every payload before the insert: with
+	// schema.WriterCheck, against the schema the relay frames the event's
+	// value with (walrelay --value-format), so that a payload the relay
+	// would dead-letter fails the business transaction instead, with an
+	// error naming the subject and version. A NULL payload is not checked.
+	Check PayloadChecker
+}
+
+// PayloadChecker checks an event's payload before it is written
+// (Options.Check); schema.WriterCheck is one.
+type PayloadChecker interface {
+	CheckPayload(ctx context.Context, aggregateType, eventType string, payload []byte) error
 }
 
 // Writer writes events into one outbox table. It is safe for concurrent
@@ -185,6 +197,11 @@ func (w *Writer) insert(ctx context.Context, ev Event, tv *traceValues, extra []
 	for c := range ev.Headers {
 		if !w.table.hasHeader(c) {
 			return "", nil, ID{}, fmt.Errorf("outbox: event header %q is not in Table.HeaderColumns %v", c, w.table.HeaderColumns)
+		}
+	}
+	if w.opts.Check != nil && ev.Payload != nil {
+		if err := w.opts.Check.CheckPayload(ctx, ev.AggregateType, ev.Type, ev.Payload); err != nil {
+			return "", nil, ID{}, fmt.Errorf("outbox: the payload of %s event %s was refused, nothing was written: %w", ev.AggregateType, ev.Type, err)
 		}
 	}
 	id := ev.ID

@@ -11,6 +11,7 @@ import (
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/schema"
 	"github.com/walrelay/walrelay/slot"
 	"github.com/walrelay/walrelay/source"
 )
@@ -82,6 +83,11 @@ type Config struct {
 	// router.DefaultConfig(), whose zero fields are zero as this
 	// Config's are (router.Config.Validate refuses those that cannot be).
 	Router router.Config
+	// Values makes the record values of topics and event types in a
+	// schema registry's wire format, each payload checked against its
+	// schema (package schema); its default, every value as is, needs no
+	// registry. Ignored when Router.Values is set.
+	Values schema.Config
 	// Linger is how long the producer waits to fill a batch (default 5ms;
 	// 0 sends at once), Compression its batch compression (default
 	// kgo.NoCompression()).
@@ -186,6 +192,7 @@ func DefaultConfig() Config {
 			MaxMessageBytes:    64 << 20,
 		},
 		Router:            router.DefaultConfig(),
+		Values:            schema.Config{}.WithDefaults(),
 		Linger:            5 * time.Millisecond,
 		Compression:       kgo.NoCompression(),
 		StatusInterval:    10 * time.Second,

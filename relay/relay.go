@@ -107,6 +107,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	if err := cfg.Router.Validate(); err != nil {
 		return nil, err
 	}
+	if err := withValues(&cfg, log, m); err != nil {
+		return nil, err
+	}
 	if cfg.ExactlyOnce && 2*cfg.TxnMaxInterval > cfg.Router.TransactionTimeout {
 		// A transaction is committed TxnMaxInterval after it began at the
 		// earliest; past the timeout the broker has aborted it, and every

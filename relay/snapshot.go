@@ -77,6 +77,9 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 func PublishSnapshot(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Metrics) (int64, error) {
 	cfg.ExactlyOnce = false
 	cfg.setDefaults()
+	if err := withValues(&cfg, log, m); err != nil {
+		return 0, err
+	}
 	rt, err := startRouter(ctx, cfg, log, m, func(error) {})
 	if err != nil {
 		return 0, err

@@ -11,7 +11,11 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"go.uber.org/zap"
 
@@ -21,7 +25,7 @@ import (
 )
 
 // invalid handles an event that cannot go to its own topic.
-func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason deadletter.Reason, detail string) error {
+func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason deadletter.Reason, detail string, extra ...kgo.RecordHeader) error {
 	fields := []zap.Field{
 		zap.String("reason", string(reason)), zap.String("detail", detail),
 		zap.Stringer("table", ev.Table), zap.Stringer("lsn", lsn), zap.ByteString("id", ev.ID),
@@ -40,7 +44,7 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 	r.metrics.EventsDeadLettered.WithLabelValues(string(reason)).Inc()
 	r.log.Warn("dead-lettering invalid outbox event", fields...)
 
-	l := letter.Letter{Reason: reason, Detail: detail, LSN: lsn, Topic: r.tmpl.Topic(ev.AggregateType), HeaderID: r.cfg.HeaderID, HeaderType: r.cfg.HeaderType}
+	l := letter.Letter{Reason: reason, Detail: detail, LSN: lsn, Topic: r.tmpl.Topic(ev.AggregateType), HeaderID: r.cfg.HeaderID, HeaderType: r.cfg.HeaderType, Extra: extra}
 	o := &outRecord{topic: r.dlq, ack: a}
 	// The dead-letter topic's limit: its own max.message.bytes, read by
 	// Start, and --max-record-bytes; less room for the commit time header
@@ -55,6 +59,27 @@ func (r *Router) invalid(ev *decoder.Event, lsn decoder.LSN, a Acker, reason dea
 	}
 	stamp(o)
 	return r.produce(o)
+}
+
+// invalidValue handles an event whose value Config.Values could not make
+// (err): its payload does not match its schema, or the schema is not in
+// the registry. The dead letter names the subject and version.
+func (r *Router) invalidValue(ev *decoder.Event, lsn decoder.LSN, a Acker, err error) error {
+	reason := deadletter.ReasonSchemaMismatch
+	var extra []kgo.RecordHeader
+	var se *deadletter.SchemaError
+	if errors.As(err, &se) {
+		if se.Reason != "" {
+			reason = se.Reason
+		}
+		if se.Subject != "" {
+			extra = append(extra, kgo.RecordHeader{Key: deadletter.HeaderSchemaSubject, Value: []byte(se.Subject)})
+		}
+		if se.Version > 0 {
+			extra = append(extra, kgo.RecordHeader{Key: deadletter.HeaderSchemaVersion, Value: []byte(strconv.Itoa(se.Version))})
+		}
+	}
+	return r.invalid(ev, lsn, a, reason, err.Error(), extra...)
 }
 
 // redirect dead-letters a record Kafka refused because of its topic for

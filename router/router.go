@@ -165,6 +165,21 @@ type Config struct {
 	// stay open before aborting it. Default 60s; with a TransactionalID it
 	// must be positive.
 	TransactionTimeout time.Duration
+
+	// Values, when set, makes each record's value from its event (package
+	// schema: a schema registry's wire format, the payload checked against
+	// its schema); nil produces the payload as is.
+	Values Values
+}
+
+// Values makes the value of an event's record (Config.Values).
+type Values interface {
+	// Value returns the value of ev's record for topic. A non-nil channel
+	// means not now (a schema is being read): Send returns it, and the
+	// event is sent again once it delivers. An error makes the event
+	// invalid: a *deadletter.SchemaError gives the reason and the subject
+	// and version for the dead letter; any other is schema_mismatch.
+	Value(topic string, ev *decoder.Event) (value []byte, wait <-chan struct{}, err error)
 }
 
 // DefaultConfig is the router walrelay runs with when nothing is set: the
@@ -501,7 +516,18 @@ func (r *Router) send(ev *decoder.Event, lsn decoder.LSN, a Acker) (<-chan struc
 		}
 	}
 	if reason == "" {
-		o := r.newRecord(ev, t, a)
+		value := ev.Payload
+		if r.cfg.Values != nil {
+			v, wait, err := r.cfg.Values.Value(t.name, ev)
+			if wait != nil {
+				return wait, nil
+			}
+			if err != nil {
+				return nil, r.invalidValue(ev, lsn, a, err)
+			}
+			value = v
+		}
+		o := r.newRecordValue(ev, t, a, value)
 		o.table, o.lsn = ev.Table, lsn
 		if r.tracer != nil {
 			r.traceRecord(o, ev)
@@ -628,10 +654,16 @@ type outRecord struct {
 func recordOf(r *kgo.Record) *outRecord { return (*outRecord)(unsafe.Pointer(r)) }
 
 func (r *Router) newRecord(ev *decoder.Event, t *topic, a Acker) *outRecord {
+	return r.newRecordValue(ev, t, a, ev.Payload)
+}
+
+// newRecordValue is newRecord with value, which Config.Values made from
+// the payload, as the record's value.
+func (r *Router) newRecordValue(ev *decoder.Event, t *topic, a Acker, value []byte) *outRecord {
 	o := &outRecord{topic: t, ack: a, aggType: ev.AggregateType}
 	o.rec.Topic = t.name
 	o.rec.Key = ev.AggregateID
-	o.rec.Value = ev.Payload
+	o.rec.Value = value
 	o.rec.Timestamp = ev.CommitTime
 	h := o.hdrs[:0]
 	h = append(h, kgo.RecordHeader{Key: r.cfg.HeaderID, Value: ev.ID})

@@ -69,10 +69,11 @@ func TestQueueNeverBlocks(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("ending spans blocked behind a stuck exporter")
 	}
-	// The queue holds 8; the export stuck holds 1 to 4 (a batch, or what
-	// the delay found).
-	if d := dropped(m, metrics.DropQueueFull); d < n-8-4 || d > n-8-1 {
-		t.Errorf("dropped (queue_full) = %v, want %d to %d of %d spans", d, n-12, n-9, n)
+	// The queue holds 8; the export stuck holds 0 to 4 (a batch, what the
+	// delay found, or nothing yet when the exporter's goroutine had not
+	// run by the time every span ended: a busy machine).
+	if d := dropped(m, metrics.DropQueueFull); d < n-8-4 || d > n-8 {
+		t.Errorf("dropped (queue_full) = %v, want %d to %d of %d spans", d, n-12, n-8, n)
 	}
 	close(exp.release)
 	_, s := tr.Start(context.Background(), "after")

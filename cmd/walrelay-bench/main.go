@@ -51,6 +51,7 @@ type benchCmd struct {
 	PayloadBytes int           `default:"200" help:"Approximate payload size of each event."`
 	Broker       []string      `default:"discard,store" help:"drain: brokers, discard and store (in-process kfake that drops or keeps records) and apache (one Apache Kafka node: needs Java and Maven, see make deps-kafka; latency then runs on it too)."`
 	Delivery     []string      `default:"at-least-once" help:"drain and latency: delivery modes to measure, at-least-once and/or exactly-once."`
+	ValueFormat  []string      `default:"asis" enum:"asis,json,avro,protobuf" help:"drain: value formats to measure (walrelay --value-format, against an in-process schema registry holding the events' schema), one run each, and each against asis: relay CPU per event and drain rate."`
 	Rate         []int         `default:"2000,10000" help:"latency: commits per second; one run per value."`
 	Duration     time.Duration `default:"20s" help:"latency: how long each rate runs (after a 2s warm-up)."`
 	BigRows      []int         `default:"100000,1000000" help:"big: rows of the one transaction; one run per value."`
@@ -100,7 +101,7 @@ func (c *benchCmd) run(ctx context.Context) int {
 	}
 	results, err := bench.Run(ctx, bench.Config{
 		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
-		Brokers: c.Broker, Deliveries: c.Delivery, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
+		Brokers: c.Broker, Deliveries: c.Delivery, ValueFormats: c.ValueFormat, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
 		Repeat: c.Repeat, RelayArgs: c.RelayArg, ColdCheckpoints: c.ColdCkpt, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
 	})
 	if c.JSON {

@@ -65,6 +65,8 @@ func defaultVars() kong.Vars {
 		"column_traceparent":       d.Mapping.TraceParent,
 		"column_tracestate":        d.Mapping.TraceState,
 		"topic_template":           d.Router.TopicTemplate,
+		"subject_strategy":         string(d.Values.Strategy),
+		"schema_refresh":           dur(d.Values.Refresh),
 		"topic_allow":              d.Router.TopicAllow,
 		"max_topics":               n(d.Router.MaxTopics),
 		"max_topic_series":         n(d.Router.MaxTopicSeries),

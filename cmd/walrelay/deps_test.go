@@ -14,7 +14,7 @@ func TestDaemonDoesNotLinkTheBenchmark(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}
-	for _, pkg := range []string{"test/bench", "test/kafkacluster", "test/debezium", "test/mavencp"} {
+	for _, pkg := range []string{"test/bench", "test/kafkacluster", "test/debezium", "test/mavencp", "test/schemaregistry"} {
 		for _, dep := range strings.Fields(string(out)) {
 			if dep == "github.com/walrelay/walrelay/"+pkg {
 				t.Errorf("cmd/walrelay links %s: only cmd/walrelay-bench and the tests may", pkg)

@@ -100,6 +100,12 @@ var fieldFlags = map[string]string{
 	"pgauth.Command.Argv":                    "--pg-password-command",
 	"pgauth.RDSIAM.Region":                   "--pg-aws-region",
 	"pgauth.RDSIAM":                          "--pg-aws-iam",
+	"schema.Config.URLs":                     "--schema-registry-url",
+	"relay.Config.Values":                    "--value-format",
+	"schema.Config.Default":                  "--value-format",
+	"schema.Config.Topics":                   "--value-format TOPIC=",
+	"schema.Config.Types":                    "--value-format type:TYPE=",
+	"schema.Config.Strategy":                 "--subject-strategy",
 }
 
 // flagSpeaker rewrites field names into flags, the longest name first so

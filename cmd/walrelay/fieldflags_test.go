@@ -25,6 +25,7 @@ import (
 	"github.com/walrelay/walrelay/pgauth"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/router"
+	"github.com/walrelay/walrelay/schema"
 	"github.com/walrelay/walrelay/slot"
 	"github.com/walrelay/walrelay/snapshot"
 	"github.com/walrelay/walrelay/source"
@@ -44,6 +45,7 @@ var configTypes = map[string]reflect.Type{
 	"kafkaauth.MSKIAM":     reflect.TypeFor[kafkaauth.MSKIAM](),
 	"pgauth.Command":       reflect.TypeFor[pgauth.Command](),
 	"pgauth.RDSIAM":        reflect.TypeFor[pgauth.RDSIAM](),
+	"schema.Config":        reflect.TypeFor[schema.Config](),
 }
 
 // commandFuncs are the library functions the libraries name where walrelay
@@ -197,14 +199,14 @@ func TestFieldFlags(t *testing.T) {
 }
 
 // fieldName is how a library names a field in a message.
-var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|source|doctor|snapshot|decoder|kgo|kafkaauth|pgauth)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
+var fieldName = regexp.MustCompile(`\b(?:relay|router|slot|source|doctor|snapshot|decoder|kgo|kafkaauth|pgauth|schema)\.[A-Z]\w*(?:\.[A-Z]\w*)*(?:=\w+)?`)
 
 // libraryStrings calls f with each string literal of the libraries' code
 // (tests aside) and where it is.
 func libraryStrings(t *testing.T, f func(s, where string)) {
 	t.Helper()
 	var files []string
-	for _, dir := range []string{"relay", "router", "slot", "source", "doctor", "checkpoint", "confirm", "snapshot", "decoder", "heartbeat", "deadletter", "metrics", "kafkaauth", "pgauth"} {
+	for _, dir := range []string{"relay", "router", "slot", "source", "doctor", "checkpoint", "confirm", "snapshot", "decoder", "heartbeat", "deadletter", "metrics", "kafkaauth", "pgauth", "schema"} {
 		err := filepath.WalkDir(filepath.Join("../..", dir), func(path string, d fs.DirEntry, err error) error {
 			if err == nil && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
 				files = append(files, path)

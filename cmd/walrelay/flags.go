@@ -178,6 +178,7 @@ type RecordFlags struct {
 	MaxRecordBytes         int           `default:"${max_record_bytes}" help:"Largest record the broker accepts (its message.max.bytes); larger events are invalid."`
 	Compression            string        `default:"${compression}" enum:"none,gzip,snappy,lz4,zstd" help:"Producer compression: none, gzip, snappy, lz4, zstd."`
 	Linger                 time.Duration `default:"${linger}" help:"How long the producer waits to fill a batch; 0 sends at once."`
+	ValueFlags             `embed:""`
 }
 
 // TuningFlags trade latency, memory and load.
@@ -286,7 +287,7 @@ func (f RecordFlags) apply(cfg *relay.Config) error {
 	r.TopicPartitions, r.TopicReplicationFactor = f.TopicPartitions, f.TopicReplicationFactor
 	r.MaxRecordBytes = f.MaxRecordBytes
 	r.HeaderID, r.HeaderType = f.HeaderID, f.HeaderType
-	return nil
+	return f.ValueFlags.apply(cfg)
 }
 
 func (f TuningFlags) apply(cfg *relay.Config) error {

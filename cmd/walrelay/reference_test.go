@@ -98,6 +98,7 @@ var (
 		"walrelay_kafka_authorization_denied_total/resource":  true,
 		"walrelay_kafka_authorization_denied_total/operation": true,
 		"walrelay_trace_spans_dropped_total/reason":           true, // queue_full, export_failed, shutdown: its help says each
+		"walrelay_schema_registry_reads_total/result":         true, // ok, invalid, error: the help says each
 	}
 )
 

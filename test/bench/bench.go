@@ -36,6 +36,7 @@ type Config struct {
 	PayloadBytes int
 	Brokers      []string // "discard", "store" (in-process kfake modes), "apache" (Apache Kafka; latency too)
 	Deliveries   []string // "at-least-once", "exactly-once"
+	ValueFormats []string // drain: "asis", "json", "avro", "protobuf" (--value-format); empty: asis
 	Rates        []int    // latency: commits per second
 	PeerRates    []int    // peer: commits per second of its latency runs
 	Peers        []string // peer: walrelay, debezium, debezium-tuned; empty: all
@@ -76,6 +77,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	if len(cfg.Deliveries) == 0 {
 		cfg.Deliveries = []string{"at-least-once"}
+	}
+	if len(cfg.ValueFormats) == 0 {
+		cfg.ValueFormats = []string{"asis"}
 	}
 	if _, err := exec.LookPath("pg_recvlogical"); err != nil && has(cfg.Scenarios, "drain") {
 		return nil, fmt.Errorf("the drain scenario needs pg_recvlogical (PostgreSQL client tools): %w", err)
@@ -336,6 +340,7 @@ var metricOrder = []string{
 	"decode_events_per_s", "recv_events_per_s", "relay_events_per_s", "relay_decode_ratio", "ratio", "recv_mb_per_s", "relay_mb_per_s",
 	"decode_backend_us_per_event", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "broker_cpu_us_per_event",
 	"alo_events_per_s", "eos_events_per_s", "eos_ratio",
+	"value_events_per_s", "asis_events_per_s", "value_rate_ratio", "value_cpu_us_per_event", "asis_cpu_us_per_event", "value_cpu_us_added",
 	"kafka_txns", "p50_ms", "p99_ms", "max_ms", "achieved_rate", "events", "kafka_txns_per_s", "broker_cpu_percent",
 	"first_record_s", "drain_s", "peak_rss_mb", "cpu_percent",
 	"first_new_record_s", "delivered_twice",
@@ -344,7 +349,7 @@ var metricOrder = []string{
 
 func formatValue(k string, v float64) string {
 	switch {
-	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio" || k == "rate_ratio" || k == "spans_per_event":
+	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio" || k == "rate_ratio" || k == "spans_per_event" || k == "value_rate_ratio":
 		return fmt.Sprintf("%.2f", v)
 	case v >= 1000:
 		return fmt.Sprintf("%.0f", v)

@@ -93,10 +93,12 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 	var out []Result
 	for _, size := range b.cfg.TxnSizes {
 		for _, k := range brokers {
-			// Repeats interleave the delivery modes, so that a slow
-			// phase of the machine does not fall on one mode only.
+			// Repeats interleave the delivery modes and value formats,
+			// so that a slow phase of the machine does not fall on one
+			// only.
 			byMode := map[string][]Result{}
-			for range b.cfg.Repeat {
+			fs := b.cfg.ValueFormats
+			for rep := range b.cfg.Repeat {
 				for _, d := range b.cfg.Deliveries {
 					if d == "exactly-once" && k.name == "discard" {
 						// The relay reads its checkpoint back from Kafka
@@ -104,17 +106,26 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 						// serve it.
 						continue
 					}
-					r, err := b.drain(ctx, size, k, d)
-					if err != nil {
-						return out, err
+					// Each repeat starts with another format, so that none
+					// always has the same place in the round (without
+					// this, the round's first drain was the slowest in all
+					// three rounds of one run).
+					for j := range fs {
+						f := fs[(j+rep)%len(fs)]
+						r, err := b.drain(ctx, size, k, d, f)
+						if err != nil {
+							return out, err
+						}
+						byMode[modeKey(d, f)] = append(byMode[modeKey(d, f)], r)
 					}
-					byMode[d] = append(byMode[d], r)
 				}
 			}
 			for _, d := range b.cfg.Deliveries {
-				out = append(out, byMode[d]...)
-				if rs := byMode[d]; len(rs) > 1 {
-					out = append(out, medians(rs))
+				for _, f := range b.cfg.ValueFormats {
+					out = append(out, byMode[modeKey(d, f)]...)
+					if rs := byMode[modeKey(d, f)]; len(rs) > 1 {
+						out = append(out, medians(rs))
+					}
 				}
 			}
 			alo, eos := byMode["at-least-once"], byMode["exactly-once"]
@@ -127,6 +138,24 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 					Notes:    fmt.Sprintf("medians of %d runs each", len(eos)),
 				})
 			}
+			for _, d := range b.cfg.Deliveries {
+				asis := byMode[modeKey(d, "asis")]
+				for _, f := range b.cfg.ValueFormats {
+					rs := byMode[modeKey(d, f)]
+					if f == "asis" || len(asis) == 0 || len(rs) == 0 {
+						continue
+					}
+					fr, ar := medianOf(rs, "relay_events_per_s"), medianOf(asis, "relay_events_per_s")
+					fc, ac := medianOf(rs, "relay_cpu_us_per_event"), medianOf(asis, "relay_cpu_us_per_event")
+					out = append(out, Result{
+						Scenario: "drain",
+						Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s delivery=%s value=%s/asis", b.cfg.Events, size, b.cfg.PayloadBytes, k.name, d, f),
+						Metrics: map[string]float64{"value_events_per_s": fr, "asis_events_per_s": ar, "value_rate_ratio": fr / ar,
+							"value_cpu_us_per_event": fc, "asis_cpu_us_per_event": ac, "value_cpu_us_added": fc - ac},
+						Notes: fmt.Sprintf("medians of %d runs each", len(rs)),
+					})
+				}
+			}
 		}
 	}
 	return out, nil
@@ -136,7 +165,7 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 // PostgreSQL (pg_logical_slot_peek_binary_changes: the decoding limit, no
 // client, no socket), drains one with pg_recvlogical and the other with
 // the relay, and compares.
-func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery string) (Result, error) {
+func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery, format string) (Result, error) {
 	su, err := b.newSetup(ctx, "peek", "recv", "relay")
 	if err != nil {
 		return Result{}, err
@@ -196,7 +225,12 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	// the bench process's own).
 	brokerStart := k.cpu()
 	relayStart := time.Now()
-	relayWS, err := su.startRelay(ctx, delivery)
+	values, closeRegistry, err := valueArgs(format)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeRegistry()
+	relayWS, err := su.startRelay(ctx, delivery, values...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -214,7 +248,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 
 	res := Result{
 		Scenario: "drain",
-		Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s delivery=%s", b.cfg.Events, txnSize, b.cfg.PayloadBytes, k.name, delivery),
+		Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s delivery=%s%s", b.cfg.Events, txnSize, b.cfg.PayloadBytes, k.name, delivery, valueParam(format)),
 		Metrics: map[string]float64{
 			"decode_events_per_s":          n / decodeTime.Seconds(),
 			"decode_backend_us_per_event":  float64(decodeCPU.Microseconds()) / n,
@@ -245,6 +279,22 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery st
 	b.logf("drain txn=%d broker=%s delivery=%s: decoding %s, pg_recvlogical %s, relay %s (%.2f of the decoding rate, %.2f of pg_recvlogical's)", txnSize, k.name, delivery,
 		decodeTime.Round(time.Millisecond), recvTime.Round(time.Millisecond), relayTime.Round(time.Millisecond), res.Metrics["relay_decode_ratio"], res.Metrics["ratio"])
 	return res, nil
+}
+
+// modeKey names the runs of one delivery mode and value format; asis is
+// the delivery mode alone, as before value formats were measured.
+func modeKey(delivery, format string) string {
+	if format == "" || format == "asis" {
+		return delivery
+	}
+	return delivery + " value=" + format
+}
+
+func valueParam(format string) string {
+	if format == "" || format == "asis" {
+		return ""
+	}
+	return " value=" + format
 }
 
 // peekDecode decodes the backlog of slotName in one backend, with the

@@ -147,8 +147,8 @@ func (b *bencher) warmTransactions(k *broker) error {
 // startRelay starts walrelay run on the slot named "relay" against the
 // setup's broker and waits until a walsender streams the slot; it returns
 // that walsender's pid. close stops the relay.
-func (s *setup) startRelay(ctx context.Context, delivery string) (int, error) {
-	rl, err := s.b.startRelay(s.url, "relay", s.broker.addrs, delivery)
+func (s *setup) startRelay(ctx context.Context, delivery string, extra ...string) (int, error) {
+	rl, err := s.b.startRelay(s.url, "relay", s.broker.addrs, delivery, extra...)
 	if err != nil {
 		return 0, err
 	}

@@ -40,6 +40,15 @@ var pom []byte
 // same cache file.
 var project = mavencp.Project{Name: "debezium", What: "Debezium's and Kafka Connect's jars", Pom: pom}
 
+// avroPom names Apicurio's AvroConverter (Options.AvroRegistryURL).
+//
+//go:embed avro.pom.xml
+var avroPom []byte
+
+// avroProject is the converter's Maven project; `make deps-debezium-avro`
+// resolves the same cache file.
+var avroProject = mavencp.Project{Name: "debezium-avro", What: "Apicurio's AvroConverter jars", Pom: avroPom}
+
 // ClasspathFile is where Connect's resolved classpath is cached (see
 // mavencp.Project.File).
 func ClasspathFile() (string, error) { return project.File() }
@@ -83,6 +92,14 @@ type Options struct {
 	// Worker and Connector are extra worker.properties and
 	// connector.properties entries, over the defaults (tuning).
 	Worker, Connector map[string]string
+	// AvroRegistryURL, when set, is the base of an Apicurio Registry's v2
+	// API (http://host:port/apis/registry/v2): values go through
+	// Apicurio's AvroConverter, registering their schemas there under
+	// <topic>-value in Confluent's framing (a 4-byte content id), and the
+	// EventRouter expands JSON payloads into structs
+	// (table.expand.json.payload), as Debezium's outbox documentation has
+	// it for Avro.
+	AvroRegistryURL string
 	// HeapMB is the JVM's maximum heap (default 512).
 	HeapMB int
 	// Dir holds the properties files, the offsets file and connect.log;
@@ -114,6 +131,13 @@ func Start(ctx context.Context, opts Options) (_ *Connect, err error) {
 	cp, err := Classpath()
 	if err != nil {
 		return nil, err
+	}
+	if opts.AvroRegistryURL != "" {
+		avro, err := avroProject.Classpath()
+		if err != nil {
+			return nil, err
+		}
+		cp += string(os.PathListSeparator) + avro
 	}
 	c := &Connect{Dir: opts.Dir, opts: opts, cp: cp}
 	if c.Dir == "" {
@@ -199,6 +223,23 @@ func (c *Connect) properties() (worker, connector map[string]string, err error) 
 	}
 	if c.opts.TopicReplacement != "" {
 		connector["transforms.outbox.route.topic.replacement"] = c.opts.TopicReplacement
+	}
+	if u := c.opts.AvroRegistryURL; u != "" {
+		connector["transforms.outbox.table.expand.json.payload"] = "true"
+		for k, v := range map[string]string{
+			"value.converter":                                 "io.apicurio.registry.utils.converter.AvroConverter",
+			"value.converter.apicurio.registry.url":           u,
+			"value.converter.apicurio.registry.auto-register": "true",
+			// Confluent's framing: the id in the value (not in headers),
+			// 4 bytes, and the content id, which is what the registry's
+			// Confluent-compatible API calls a schema's id.
+			"value.converter.apicurio.registry.as-confluent":    "true",
+			"value.converter.apicurio.registry.headers.enabled": "false",
+			"value.converter.apicurio.registry.use-id":          "contentId",
+		} {
+			worker[k] = v
+		}
+		delete(worker, "value.converter.delegate.converter.type")
 	}
 	for k, v := range c.opts.Worker {
 		worker[k] = v

@@ -30,6 +30,7 @@ var snippetImports = map[string]string{
 	"inbox":      "github.com/walrelay/walrelay/inbox",
 	"relay":      "github.com/walrelay/walrelay/relay",
 	"metrics":    "github.com/walrelay/walrelay/metrics",
+	"schema":     "github.com/walrelay/walrelay/schema",
 }
 
 // snippetParams are the variables a block uses without declaring them: the

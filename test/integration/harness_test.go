@@ -72,6 +72,7 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) (code int) {
 	ctx := context.Background()
+	defer func() { closeRegistry(code != 0) }() // (registry_test.go) started by the first test needing it
 	pgBin, err := devcluster.TestBinDir()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

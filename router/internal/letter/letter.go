@@ -51,6 +51,9 @@ type Letter struct {
 	// HeaderID and HeaderType are the configured names of the event's id
 	// and type headers.
 	HeaderID, HeaderType string
+	// Extra are headers of the reason's own (the schema subject and
+	// version of a schema_mismatch).
+	Extra []kgo.RecordHeader
 }
 
 // ForEvent builds the dead letter of ev for the dead-letter topic dlq,
@@ -91,6 +94,7 @@ func ForEvent(ev *decoder.Event, l Letter, dlq string, maxBytes int) (kgo.Record
 	if ev.Omitted > 0 {
 		h = append(h, kgo.RecordHeader{Key: deadletter.HeaderPayloadOmit, Value: []byte(fmt.Sprint(ev.Omitted))})
 	}
+	h = append(h, l.Extra...)
 	rec.Headers = h
 	rec.Value = ev.Payload
 	size := topics.RecordSize(rec.Key, rec.Value, h)
