@@ -362,6 +362,9 @@ func (s *session) unmapped(t decoder.Table, oid uint32) error {
 		}
 		s.coverage[oid] = cov
 	}
+	if cov == source.Listed && r.guard.record.AcceptsOther(oid) {
+		cov = source.Shared // listed when walrelay recorded the publication
+	}
 	r.tables.count(t, oid, cov)
 	if cov != source.Listed {
 		return nil
@@ -397,6 +400,8 @@ func (c *tableCounts) count(t decoder.Table, oid uint32, cov source.Coverage) {
 		switch cov {
 		case source.Broad:
 			c.log.Warn("the publication covers every table (FOR ALL TABLES or TABLES IN SCHEMA) and streams inserts of one that is not an outbox table: they are not published (counted in walrelay_unmapped_inserts_total); if it is an outbox, add it to relay.Config.Tables", fields...)
+		case source.Shared:
+			c.log.Warn("the publication lists a table that is not an outbox table of this relay, as it did when walrelay first streamed from it (another subscriber's, in a shared publication): its inserts are not published (counted in walrelay_unmapped_inserts_total); if it is an outbox, add it to relay.Config.Tables", fields...)
 		case source.NotCovered:
 			c.log.Warn("the slot streams inserts of a table the publication no longer covers (it was removed from the publication, or dropped, after they were written): they are not published (counted in walrelay_unmapped_inserts_total)", fields...)
 		}

@@ -53,7 +53,7 @@ type Publication struct {
 	// Others are the tables the publication lists by name (FOR TABLE)
 	// that are neither an outbox table nor a partition of one: their
 	// inserts stream to the relay, which maps none of them (see Coverage).
-	Others []decoder.Table
+	Others []RecordedTable
 
 	version int    // server_version_num
 	xmin    string // of its pg_publication row: changes with every ALTER PUBLICATION ... SET
@@ -131,13 +131,13 @@ func ReadPublication(ctx context.Context, conn *pgx.Conn, name string, tables []
 
 // listedOthers are the tables publication pubOID lists that are not one of
 // outbox nor a partition of one (whose rows arrive under the outbox's
-// name).
-func listedOthers(ctx context.Context, conn *pgx.Conn, pubOID uint32, outbox []PublishedTable) ([]decoder.Table, error) {
+// name), with their OIDs and membership rows'.
+func listedOthers(ctx context.Context, conn *pgx.Conn, pubOID uint32, outbox []PublishedTable) ([]RecordedTable, error) {
 	oids := make([]uint32, 0, len(outbox))
 	for _, t := range outbox {
 		oids = append(oids, t.OID)
 	}
-	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text
+	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text, c.oid, r.oid
 		FROM pg_publication_rel r JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE r.prpubid = $1 AND r.prrelid <> ALL($2::oid[])
 		  AND NOT EXISTS (SELECT 1 FROM pg_partition_ancestors(r.prrelid) a WHERE a.relid = ANY($2::oid[]))
@@ -145,10 +145,27 @@ func listedOthers(ctx context.Context, conn *pgx.Conn, pubOID uint32, outbox []P
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (decoder.Table, error) {
-		var t decoder.Table
-		return t, r.Scan(&t.Schema, &t.Name)
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (RecordedTable, error) {
+		var t RecordedTable
+		return t, r.Scan(&t.Table.Schema, &t.Table.Name, &t.OID, &t.MemberOID)
 	})
+}
+
+// newOthers are the tables of others that the record does not list as
+// accepted when it was written (rec.Others): tables added to the
+// publication since walrelay first streamed from it. Without a record
+// (a first start) none is new.
+func newOthers(others []RecordedTable, rec *Record) []RecordedTable {
+	if rec == nil {
+		return nil
+	}
+	var added []RecordedTable
+	for _, o := range others {
+		if !rec.AcceptsOther(o.OID) {
+			added = append(added, o)
+		}
+	}
+	return added
 }
 
 // Coverage is how a publication covers a table walrelay does not map.
@@ -165,6 +182,10 @@ const (
 	// Broad means only FOR ALL TABLES or TABLES IN SCHEMA cover it: every
 	// table's rows stream, and those walrelay does not map are not events.
 	Broad
+	// Shared is a Listed table that the publication already listed when
+	// walrelay recorded it (Record.Others): another subscriber's, in a
+	// shared publication, whose rows are not events of this relay.
+	Shared
 )
 
 // ReadCoverage says how publication covers the table of pg_class OID
@@ -275,7 +296,7 @@ func createOptions(version int) string {
 	return "publish = 'insert', publish_via_partition_root = true"
 }
 
-func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
+func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec *Record, log *zap.Logger) error {
 	pub, err := ReadPublication(ctx, conn, cfg.Publication, cfg.Tables)
 	if err != nil {
 		return err
@@ -283,7 +304,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log
 	if !pub.Exists {
 		return createPublication(ctx, conn, cfg, pub, log)
 	}
-	if err := publicationRefusal(cfg, pub, log); err != nil {
+	if err := publicationRefusal(cfg, pub, rec, log); err != nil {
 		return err
 	}
 	missing := unpublished(pub)
@@ -297,18 +318,27 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log
 // publication pub as it is, or nil; it logs what it accepts with a
 // warning. Outbox tables pub lacks are no refusal when walrelay may add
 // them (unpublished, addTablesSQL).
-func publicationRefusal(cfg SetupConfig, pub Publication, log *zap.Logger) error {
+func publicationRefusal(cfg SetupConfig, pub Publication, rec *Record, log *zap.Logger) error {
 	ident := pgx.Identifier{cfg.Publication}.Sanitize()
 	if !pub.Insert {
 		return setupErrorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, ident)
 	}
-	if len(pub.Others) > 0 {
+	if added := newOthers(pub.Others, rec); len(added) > 0 {
+		names := make([]string, len(added))
+		tables := make([]decoder.Table, len(added))
+		for i, t := range added {
+			names[i], tables[i] = t.Table.String(), t.Table
+		}
+		return setupErrorf("publication %q lists tables that are not outbox tables of this relay and were added to it after walrelay first streamed from it: %s; walrelay would stream their inserts and could publish none of them. If they are outbox tables, add them to source.SetupConfig.Tables; if not, remove them from the publication (ALTER PUBLICATION %s DROP TABLE %s)",
+			cfg.Publication, strings.Join(names, ", "), ident, tableList(tables))
+	}
+	if len(pub.Others) > 0 && rec == nil {
 		names := make([]string, len(pub.Others))
 		for i, t := range pub.Others {
-			names[i] = t.String()
+			names[i] = t.Table.String()
 		}
-		return setupErrorf("publication %q lists tables that are not outbox tables of this relay: %s; walrelay would stream their inserts and could publish none of them. If they are outbox tables, add them to source.SetupConfig.Tables; if not, remove them from the publication (ALTER PUBLICATION %s DROP TABLE %s)",
-			cfg.Publication, strings.Join(names, ", "), ident, tableList(pub.Others))
+		log.Warn("the publication lists tables that are not outbox tables of this relay (another subscriber's, in a shared publication): their inserts stream to walrelay and are not published (counted in walrelay_unmapped_inserts_total); walrelay records them, and refuses a table added to the publication later. If one is an outbox, add it to source.SetupConfig.Tables",
+			zap.String("publication", cfg.Publication), zap.Strings("tables", names))
 	}
 	if pub.AllTables {
 		log.Warn("publication is FOR ALL TABLES: the inserts of every table of the database stream to walrelay, which publishes only the outbox tables' and counts the others in walrelay_unmapped_inserts_total; prefer a publication FOR TABLE the outbox tables",
@@ -403,7 +433,7 @@ func createPublication(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, pub
 		if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") {
 			// Another walrelay created it at the same moment: check
 			// what it created.
-			return ensurePublication(ctx, conn, cfg, log)
+			return ensurePublication(ctx, conn, cfg, nil, log)
 		}
 		return publicationError(ctx, conn, cfg, "create", sql, err)
 	}

@@ -157,7 +157,7 @@ func TestPublicationRefusal(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Publication = "pub"
 			log, logs := observed()
-			err := publicationRefusal(tc.cfg, tc.pub, log)
+			err := publicationRefusal(tc.cfg, tc.pub, nil, log)
 			if tc.refused != nil {
 				wantRefusal(t, err, tc.refused...)
 			} else if err != nil {

@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,6 +65,12 @@ type Record struct {
 	// Accepted is the gap Prepare accepted (SetupConfig.AcceptGap), if
 	// it did: events committed after Accepted.Since were not published.
 	Accepted *slot.GapError
+	// Others are the tables the publication listed, when the record was
+	// written, that are not outbox tables (another subscriber's, in a
+	// shared publication): their inserts are counted, not published. A
+	// table added to the publication since is refused, not counted. They
+	// are kept in the tables column, marked "other".
+	Others []RecordedTable
 	// SnapshotPending is the consistent point of the slot's initial
 	// snapshot while it is being published (0 otherwise): a slot found
 	// with it set was created by a start that died during its snapshot,
@@ -82,6 +89,20 @@ type RecordedTable struct {
 	// publication covers the table without one (FOR ALL TABLES, TABLES IN
 	// SCHEMA).
 	MemberOID uint32 `json:"member_oid"`
+	// Other marks a table of Record.Others in the tables column.
+	Other bool `json:"other,omitempty"`
+}
+
+// AcceptsOther reports whether the table of pg_class OID oid is one of
+// the record's Others: listed in the publication when walrelay recorded
+// it, so its inserts are counted, not refused.
+func (r Record) AcceptsOther(oid uint32) bool {
+	for _, o := range r.Others {
+		if o.OID == oid {
+			return true
+		}
+	}
+	return false
 }
 
 // Recorded is what the record says that the doctor reads (its figures for
@@ -243,8 +264,16 @@ func ReadRecord(ctx context.Context, conn *pgx.Conn, schema, slotName string) (r
 	if err != nil {
 		return rec, false, fmt.Errorf("read walrelay's record of slot %q: %w", slotName, err)
 	}
-	if err := json.Unmarshal(tables, &rec.Tables); err != nil {
+	var all []RecordedTable
+	if err := json.Unmarshal(tables, &all); err != nil {
 		return rec, false, fmt.Errorf("walrelay's record of slot %q: tables: %w", slotName, err)
+	}
+	for _, t := range all {
+		if t.Other {
+			rec.Others = append(rec.Others, t)
+		} else {
+			rec.Tables = append(rec.Tables, t)
+		}
 	}
 	if rec.ConfirmedLSN, err = slot.ParseLSN(confirmed); err != nil {
 		return rec, false, err
@@ -289,7 +318,12 @@ func recordExec(ctx context.Context, conn *pgx.Conn, sql string, args ...any) er
 // clearing any stop: the caller checked there was none, or accepted it.
 // The confirmed position never moves back.
 func writeRecord(ctx context.Context, conn *pgx.Conn, schema string, rec Record) error {
-	tables, err := json.Marshal(rec.Tables)
+	all := slices.Clone(rec.Tables)
+	for _, o := range rec.Others {
+		o.Other = true
+		all = append(all, o)
+	}
+	tables, err := json.Marshal(all)
 	if err != nil {
 		return err
 	}

@@ -152,7 +152,14 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 			accepted = gap
 		}
 	}
-	if err := ensurePublication(ctx, conn, cfg, log); err != nil {
+	// The record's accepted other tables, when it describes this
+	// publication as walrelay streamed from it: a table added since is
+	// refused.
+	var known *Record
+	if recorded && accepted == nil && rec.Publication == cfg.Publication {
+		known = &rec
+	}
+	if err := ensurePublication(ctx, conn, cfg, known, log); err != nil {
 		return Record{}, err
 	}
 	// Before the slot: a refusal here must not leave a slot holding WAL.
@@ -209,7 +216,7 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 // tables on the same system.
 func sameSource(a, b Record) bool {
 	return a.Publication == b.Publication && a.PublicationOID == b.PublicationOID && a.PublicationXmin == b.PublicationXmin &&
-		a.SystemID == b.SystemID && slices.Equal(a.Tables, b.Tables)
+		a.SystemID == b.SystemID && slices.Equal(a.Tables, b.Tables) && slices.Equal(a.Others, b.Others)
 }
 
 // currentRecord is the record of what the slot streams from now.
@@ -224,6 +231,7 @@ func currentRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) (Record
 	for _, t := range pub.Tables {
 		rec.Tables = append(rec.Tables, RecordedTable{Table: t.Table, OID: t.OID, MemberOID: t.MemberOID})
 	}
+	rec.Others = pub.Others
 	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&rec.SystemID); err != nil {
 		return rec, fmt.Errorf("read the system identifier: %w", err)
 	}

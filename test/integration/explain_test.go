@@ -414,16 +414,18 @@ func TestExplainRelayStopped(t *testing.T) {
 	e := newEnv(t)
 	p := startProc(t, nil, e.args()...)
 	e.waitSlotActive(p)
-	// The slot is active already while the relay creates it, before it
-	// writes its record: a stop then leaves no record to tell since when.
-	e.waitFor("walrelay's record of the slot", 30*time.Second, func() (bool, error) {
+	// The slot is active already while the relay creates it, before its
+	// initial snapshot is done (which a stop drops the slot of, to be
+	// made again): a stop then leaves no slot, or no record to tell since
+	// when.
+	e.waitFor("walrelay's record of the slot, its initial snapshot done", 30*time.Second, func() (bool, error) {
 		conn, err := pgx.Connect(e.ctx, e.url)
 		if err != nil {
 			return false, err
 		}
 		defer conn.Close(context.Background())
-		_, ok, err := source.ReadRecord(e.ctx, conn, source.DefaultRecordSchema, e.name)
-		return ok, err
+		rec, ok, err := source.ReadRecord(e.ctx, conn, source.DefaultRecordSchema, e.name)
+		return ok && rec.SnapshotPending == 0, err
 	})
 	stopProc(t, p)
 	e.exec(`SELECT pg_logical_emit_message(false, 'walrelay.test', repeat('x', 100000))`)

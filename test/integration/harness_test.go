@@ -71,6 +71,11 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) (code int) {
+	if f := flag.Lookup("test.list"); f != nil && f.Value.String() != "" {
+		// Listing the tests (scripts/test-integration does, to split
+		// them) needs no server.
+		return m.Run()
+	}
 	ctx := context.Background()
 	defer func() { closeRegistry(code != 0) }() // (registry_test.go) started by the first test needing it
 	pgBin, err := devcluster.TestBinDir()

@@ -159,34 +159,33 @@ func TestPartitionedWithoutViaRootRefused(t *testing.T) {
 		fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pgx.Identifier{e.name}.Sanitize()))
 }
 
-// TestUnmappedInsertsLoggedAndCounted: a publication FOR ALL TABLES
-// streams every table's inserts; those of tables that are not outbox
-// tables are counted per table and logged once at WARN naming it; the
-// outbox rows still arrive. A publication that lists such a table by name
-// is refused at startup, naming it and both fixes.
+// TestUnmappedInsertsLoggedAndCounted: a publication that lists another
+// table when walrelay first streams from it (a shared publication), or
+// covers every table (FOR ALL TABLES), streams inserts of tables that are
+// not outbox tables: they are counted per table and logged once at WARN
+// naming it; the outbox rows still arrive.
 func TestUnmappedInsertsLoggedAndCounted(t *testing.T) {
-	e := newEnv(t)
-	e.exec(`CREATE TABLE other_table (id int PRIMARY KEY, v text)`)
-	e.exec(fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE outbox, other_table WITH (publish = 'insert')`, pgx.Identifier{e.name}.Sanitize()))
-	refusedWith(t, e.args(), "public.other_table", "not outbox tables", "--table",
-		fmt.Sprintf(`ALTER PUBLICATION %s DROP TABLE "public"."other_table"`, pgx.Identifier{e.name}.Sanitize()))
-
-	e.exec(fmt.Sprintf(`DROP PUBLICATION %s`, pgx.Identifier{e.name}.Sanitize()))
-	e.exec(fmt.Sprintf(`CREATE PUBLICATION %s FOR ALL TABLES WITH (publish = 'insert')`, pgx.Identifier{e.name}.Sanitize()))
-	logs := e.observeLogs()
-	_, reg := e.startRelayGathered(e.config())
-	c := e.consume()
-	for i := range 3 {
-		e.exec(`INSERT INTO other_table VALUES ($1, 'x')`, i)
-	}
-	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('o', 'k', 'T', '{}')`)
-	c.waitIDs(1, 30*time.Second)
-	e.waitFor("3 unmapped inserts counted", 10*time.Second, func() (bool, error) {
-		got := gathered(reg, "walrelay_unmapped_inserts_total")
-		return got["public.other_table"] == 3 && len(got) == 1, fmt.Errorf("walrelay_unmapped_inserts_total %v", got)
-	})
-	if n := len(warnings(logs, "not an outbox table", zap.String("table", "public.other_table"))); n != 1 {
-		t.Errorf("%d WARN lines about public.other_table, want exactly 1; all logs: %v", n, logs.All())
+	for _, pub := range []string{"FOR TABLE outbox, other_table", "FOR ALL TABLES"} {
+		t.Run(pub, func(t *testing.T) {
+			e := newEnv(t)
+			e.exec(`CREATE TABLE other_table (id int PRIMARY KEY, v text)`)
+			e.exec(fmt.Sprintf(`CREATE PUBLICATION %s %s WITH (publish = 'insert')`, pgx.Identifier{e.name}.Sanitize(), pub))
+			logs := e.observeLogs()
+			_, reg := e.startRelayGathered(e.config())
+			c := e.consume()
+			for i := range 3 {
+				e.exec(`INSERT INTO other_table VALUES ($1, 'x')`, i)
+			}
+			e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('o', 'k', 'T', '{}')`)
+			c.waitIDs(1, 30*time.Second)
+			e.waitFor("3 unmapped inserts counted", 10*time.Second, func() (bool, error) {
+				got := gathered(reg, "walrelay_unmapped_inserts_total")
+				return got["public.other_table"] == 3 && len(got) == 1, fmt.Errorf("walrelay_unmapped_inserts_total %v", got)
+			})
+			if n := len(warnings(logs, "not an outbox table", zap.String("table", "public.other_table"))); n != 1 {
+				t.Errorf("%d WARN lines about public.other_table, want exactly 1; all logs: %v", n, logs.All())
+			}
+		})
 	}
 }
 
@@ -262,6 +261,10 @@ func TestTableAddedToPublicationWhileStreaming(t *testing.T) {
 			if got := e.slotInfo().ConfirmedLSN; got >= firstEnds {
 				t.Fatalf("the slot was confirmed to %s, past the first transaction of the added table (it ends before %s)", got, firstEnds)
 			}
+			// A restart that changed nothing is refused at once, naming
+			// the table added since walrelay recorded the publication.
+			refusedWith(t, e.args(), "public.outbox2", "added to it after walrelay first streamed", "--table",
+				fmt.Sprintf(`ALTER PUBLICATION %s DROP TABLE "public"."outbox2"`, pgx.Identifier{e.name}.Sanitize()))
 			stop()
 
 			var outboxRows int
