@@ -231,21 +231,28 @@ func (e *pgEnv) waitFor(what string, cond func() bool) {
 // because the machine may be loaded; a passing test never waits it out.
 const pgPatience = 60 * time.Second
 
-// config is a relay configuration for the test's database producing to a
-// new kfake cluster (its seed brokers returned too), with the background
-// work's intervals short so that the tests see it act.
-func (e *pgEnv) config() (Config, []string) {
-	e.t.Helper()
-	seeds := newKfake(e.t)
+// pgConfig is a relay configuration for the test's database and slot,
+// with the background work's intervals short so that the tests see it act,
+// and no heartbeat; its Kafka is config's.
+func (e *pgEnv) pgConfig() Config {
 	cfg := validConfig()
 	cfg.PGURL = e.url
 	cfg.Slot = e.name
-	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(seeds...)}
 	cfg.StatusInterval, cfg.ConfirmDelay = 200*time.Millisecond, 10*time.Millisecond
 	cfg.SlotPollInterval = 50 * time.Millisecond
 	cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
 	cfg.HeartbeatInterval = 0
 	cfg.ShutdownTimeout = 10 * time.Second
+	return cfg
+}
+
+// config is pgConfig producing to a new kfake cluster, whose seed brokers
+// it returns too.
+func (e *pgEnv) config() (Config, []string) {
+	e.t.Helper()
+	seeds := newKfake(e.t)
+	cfg := e.pgConfig()
+	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(seeds...)}
 	return cfg, seeds
 }
 
