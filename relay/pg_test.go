@@ -89,8 +89,10 @@ func newPGEnv(t *testing.T) *pgEnv {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	name := notSlotChar.ReplaceAllString(strings.ToLower(t.Name()), "_")
-	if len(name) > 40 {
-		name = name[:40]
+	// Short: the relay's connection names (slot.RelayAppName) must fit
+	// the 63 bytes PostgreSQL keeps.
+	if len(name) > 24 {
+		name = name[:24]
 	}
 	name = fmt.Sprintf("r%d_%s", pgEnvSeq.Add(1), name)
 	url, err := devcluster.CreateDatabase(ctx, admin, name)

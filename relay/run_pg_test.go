@@ -122,7 +122,7 @@ func TestRunSnapshotsThenStreamsAndConfirmsWhatKafkaHas(t *testing.T) {
 	}
 	e.waitFor("the slot watch and the heartbeat connections named", func() bool {
 		names := e.appNames()
-		return slices.Contains(names, slot.RelayAppName(cfg.Slot, slot.RelayStreaming)) && slices.Contains(names, slot.HeartbeatAppName(cfg.Slot))
+		return slices.Contains(names, slot.AppNameAsShown(slot.RelayAppName(cfg.Slot, slot.RelayStreaming))) && slices.Contains(names, slot.AppNameAsShown(slot.HeartbeatAppName(cfg.Slot)))
 	})
 	if !rr.logged("failover: ") {
 		t.Error("no startup line saying what a failover would do")
