@@ -43,7 +43,9 @@ func TestSlotPollerNamesItsConnectionAfterWhatTheRelayDoes(t *testing.T) {
 	r, _, _, s := preparedRelay(t, e)
 	named := func(state string) {
 		t.Helper()
-		e.waitFor("the watch connection named "+state, func() bool { return slices.Contains(e.appNames(), slot.AppNameAsShown(slot.RelayAppName(e.name, state))) })
+		e.waitFor("the watch connection named "+state, func() bool {
+			return slices.Contains(e.appNames(), slot.AppNameAsShown(slot.RelayAppName(e.name, state)))
+		})
 	}
 	func() {
 		ctx, cancel := context.WithCancel(e.ctx)
