@@ -7,7 +7,9 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,5 +179,113 @@ func TestRunExactlyOnce(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(rr.m.KafkaTransactions); n < 2 {
 		t.Errorf("walrelay_kafka_transactions_total = %v, want the snapshot's and the stream's", n)
+	}
+}
+
+// TestStandbyTakesOverWhenTheActiveRelayStops: a second relay on a slot
+// another streams from waits as a standby (a restart of cause slot_busy,
+// its connection named so), confirming and publishing nothing, and takes
+// over once the active one stops.
+func TestStandbyTakesOverWhenTheActiveRelayStops(t *testing.T) {
+	e := newPGEnv(t)
+	cfg, seeds := e.config()
+	active := runRelay(t, cfg)
+	e.waitFor("the first relay streaming", active.r.Streaming)
+	standby := runRelay(t, cfg)
+	e.waitFor("the second relay waiting as a standby", func() bool {
+		return testutil.ToFloat64(standby.m.StreamRestarts.WithLabelValues(string(CauseSlotBusy))) > 0 &&
+			slices.Contains(e.appNames(), slot.AppNameAsShown(slot.RelayAppName(cfg.Slot, slot.RelayStandby)))
+	})
+	if standby.r.Streaming() || standby.r.Ready() == nil {
+		t.Fatal("the standby says it streams, or is ready")
+	}
+	if !standby.logged("waiting as a standby") || standby.logs.FilterLevelExact(zapcore.WarnLevel).Len() != 0 {
+		t.Errorf("the standby's wait is not an informational line: %v", standby.logs.All())
+	}
+
+	active.stop()
+	if err := active.result(t); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("the standby streaming", standby.r.Streaming)
+	after := e.insert(id1)
+	recs := consume(t, seeds, eventTopic, func(r []*kgo.Record) bool { return len(r) >= 1 })
+	if got := ids(recs); !slices.Equal(got, []string{id1}) {
+		t.Fatalf("published %v, want %v", got, []string{id1})
+	}
+	e.waitFor("the slot confirmed past the insert", func() bool { return e.slotConfirmed() >= after })
+}
+
+// TestRunStopsWhenThePublicationNoLongerPublishesTheOutbox: an outbox
+// table taken out of the publication while the relay streams would have
+// its inserts skipped without a word: Run returns the refusal (fatal,
+// naming the table) before the slot is confirmed past them, and the next
+// start refuses too.
+func TestRunStopsWhenThePublicationNoLongerPublishesTheOutbox(t *testing.T) {
+	e := newPGEnv(t)
+	cfg, _ := e.config()
+	rr := runRelay(t, cfg)
+	e.waitFor("the relay streaming", rr.r.Streaming)
+	e.exec("ALTER PUBLICATION " + cfg.Publication + " DROP TABLE outbox")
+	skipped := e.insert(id1)
+	err := rr.result(t)
+	if !slot.IsGap(err) || !isFatal(err) || !strings.Contains(err.Error(), "outbox") {
+		t.Fatalf("Run returned %v, want a refusal naming the outbox table", err)
+	}
+	if c := e.slotConfirmed(); c >= skipped {
+		t.Errorf("the slot was confirmed to %s, past the skipped insert at %s", c, skipped)
+	}
+	again := runRelay(t, cfg)
+	if err := again.result(t); !slot.IsGap(err) {
+		t.Fatalf("the next start returned %v, want the refusal", err)
+	}
+}
+
+// TestRunRefusesAtOnceWhatRetryingCannotFix: credentials PostgreSQL
+// refuses and an initial snapshot query it rejects stop Run at once with
+// one line naming the fix, rather than retrying until the startup timeout.
+func TestRunRefusesAtOnceWhatRetryingCannotFix(t *testing.T) {
+	e := newPGEnv(t)
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		says   string
+	}{
+		{"a role that does not exist", func(c *Config) { c.PGURL = strings.Replace(c.PGURL, "postgres@", "nobody@", 1) }, "relay.Config.PGURL"},
+		{"a snapshot condition PostgreSQL rejects", func(c *Config) { c.SnapshotWhere = "no_such_column > 0" }, "snapshot condition"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _ := e.config()
+			cfg.StartupTimeout = 10 * time.Minute
+			tc.change(&cfg)
+			err := runRelay(t, cfg).result(t)
+			var timeout *StartupTimeoutError
+			if !isFatal(err) || errors.As(err, &timeout) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("Run returned %v, want a refusal naming %q, not a give-up", err, tc.says)
+			}
+		})
+	}
+}
+
+// TestPublishSnapshotPublishesTheCurrentRows: `walrelay snapshot`
+// publishes the rows meeting the snapshot condition once, at least once
+// and outside any slot (it creates none, and takes no transactional id even
+// when the relay is exactly-once), and says how many it sent.
+func TestPublishSnapshotPublishesTheCurrentRows(t *testing.T) {
+	e := newPGEnv(t)
+	e.insert(id1, id2, id3)
+	cfg, seeds := e.config()
+	cfg.ExactlyOnce = true
+	cfg.SnapshotWhere = "id <> '" + id2 + "'"
+	n, err := PublishSnapshot(e.ctx, cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil || n != 2 {
+		t.Fatalf("PublishSnapshot: %d rows, %v; want 2", n, err)
+	}
+	recs := consume(t, seeds, eventTopic, func(r []*kgo.Record) bool { return len(r) >= 2 })
+	if got := ids(recs); !slices.Equal(got, []string{id1, id3}) {
+		t.Fatalf("published %v, want %v", got, []string{id1, id3})
+	}
+	if c := e.slotConfirmed(); c != 0 {
+		t.Errorf("a slot exists after the snapshot (confirmed at %s)", c)
 	}
 }
