@@ -574,12 +574,78 @@ func (c *consumer) records() []*kgo.Record {
 func (c *consumer) waitIDs(n int, timeout time.Duration) []*kgo.Record {
 	c.e.t.Helper()
 	var recs []*kgo.Record
-	c.e.waitFor(fmt.Sprintf("%d distinct ids", n), timeout, func() (bool, error) {
-		recs = c.records()
-		got := len(distinctIDs(recs))
+	waitDistinctIDs(c.e.t, c.idsRead(&recs), n, timeout)
+	return recs
+}
+
+// waitAll waits until every id of want was read, and returns everything
+// read.
+func (c *consumer) waitAll(want []string, timeout time.Duration) []*kgo.Record {
+	c.e.t.Helper()
+	var recs []*kgo.Record
+	waitEveryID(c.e.t, c.idsRead(&recs), want, timeout)
+	return recs
+}
+
+// idsRead is what c read, for the waits: each id with its number of
+// copies; *recs is left holding the records it counted.
+func (c *consumer) idsRead(recs *[]*kgo.Record) func() map[string]int {
+	return func() map[string]int {
+		*recs = c.records()
+		return distinctIDs(*recs)
+	}
+}
+
+// waitDistinctIDs waits until read (the ids read so far, each with its
+// number of copies) holds n distinct ids, failing the test after timeout.
+// Both kinds of consumer wait through it.
+func waitDistinctIDs(t *testing.T, read func() map[string]int, n int, timeout time.Duration) {
+	t.Helper()
+	err := devcluster.WaitFor(timeout, pollEvery(n), func() (bool, error) {
+		got := len(read())
 		return got >= n, fmt.Errorf("%d distinct ids read", got)
 	})
-	return recs
+	if err != nil {
+		t.Fatalf("waiting for %d distinct ids: %v", n, err)
+	}
+}
+
+// waitEveryID waits until read holds every id of want, failing the test
+// after timeout naming one missing.
+func waitEveryID(t *testing.T, read func() map[string]int, want []string, timeout time.Duration) {
+	t.Helper()
+	err := devcluster.WaitFor(timeout, pollEvery(len(want)), func() (bool, error) {
+		got := read()
+		missing, example := 0, ""
+		for _, id := range want {
+			if got[id] == 0 {
+				missing++
+				example = id
+			}
+		}
+		return missing == 0, fmt.Errorf("%d of %d ids not read (e.g. %s)", missing, len(want), example)
+	})
+	if err != nil {
+		t.Fatalf("waiting for every id: %v", err)
+	}
+}
+
+// pollEvery is how often a wait for n ids looks: gently once the lists
+// get long, as each look copies and counts what was read.
+func pollEvery(n int) time.Duration {
+	if n > 1000 {
+		return 250 * time.Millisecond
+	}
+	return 20 * time.Millisecond
+}
+
+// flatIDs is every id of want (key → ids).
+func flatIDs(want map[string][]string) []string {
+	var ids []string
+	for _, k := range want {
+		ids = append(ids, k...)
+	}
+	return ids
 }
 
 func header(r *kgo.Record, key string) (string, bool) {
