@@ -20,12 +20,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // pg is the package's cluster, once started.
@@ -252,22 +252,10 @@ func (e *pgEnv) pgConfig() Config {
 // it returns too.
 func (e *pgEnv) config() (Config, []string) {
 	e.t.Helper()
-	seeds := newKfake(e.t)
+	seeds := testkit.Kfake(e.t).ListenAddrs()
 	cfg := e.pgConfig()
 	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(seeds...)}
 	return cfg, seeds
-}
-
-// newKfake starts a one-broker kfake cluster, closed when the test ends,
-// and returns its seed brokers.
-func newKfake(t *testing.T, opts ...kfake.Opt) []string {
-	t.Helper()
-	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
 }
 
 // consume reads topic from the start until cond holds of every record read

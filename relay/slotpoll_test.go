@@ -18,6 +18,7 @@ import (
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // TestRelayStateSaysWhatTheRelayWaitsFor: the state the slot watch names
@@ -26,11 +27,7 @@ import (
 // restarting, one streaming, one whose events Kafka has not acknowledged
 // since the last poll, and one at its in-flight limit.
 func TestRelayStateSaysWhatTheRelayWaitsFor(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := testkit.Kfake(t)
 	cfg := validConfig()
 	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
 	cfg.Router.MaxInflightEvents = 2

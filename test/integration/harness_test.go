@@ -48,10 +48,11 @@ import (
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/test/kafkacluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/test/kafkacluster"
+	"github.com/walrelay/walrelay/test/testkit"
 )
 
 var (
@@ -256,9 +257,7 @@ func needPG(t *testing.T, major int) {
 // needApache skips tests of what only Apache Kafka shows.
 func needApache(t *testing.T) {
 	t.Helper()
-	if apache == nil {
-		t.Skip("needs Apache Kafka: run with WALRELAY_TEST_KAFKA=apache (make test-kafka)")
-	}
+	testkit.NeedApache(t, apache != nil)
 }
 
 // needKfake skips tests that inject broker faults.
