@@ -25,7 +25,6 @@ import (
 
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/test/kafkacluster"
-	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // apacheOptions configures the package's Apache Kafka node: SCRAM and TLS
@@ -168,15 +167,15 @@ func TestApacheSASLSCRAM(t *testing.T) {
 		code, elapsed, ok := p.wait(10 * time.Second)
 		out := p.out.String()
 		if !ok || code == 0 {
-			t.Fatalf("with a wrong password: exit %d after %s (exited by itself: %v), want a non-zero exit within 10s:\n%s", code, elapsed, ok, testkit.LastLines(out, 5))
+			t.Fatalf("with a wrong password: exit %d after %s (exited by itself: %v), want a non-zero exit within 10s:\n%s", code, elapsed, ok, lastLines(out, 5))
 		}
-		if !strings.Contains(strings.ToLower(testkit.LastLines(out, 1)), "sasl") {
-			t.Errorf("the error does not name SASL authentication: %s", testkit.LastLines(out, 1))
+		if !strings.Contains(strings.ToLower(lastLines(out, 1)), "sasl") {
+			t.Errorf("the error does not name SASL authentication: %s", lastLines(out, 1))
 		}
 		if strings.Contains(out, wrong) {
 			t.Error("the password appears in the relay's output")
 		}
-		t.Logf("wrong password: exit %d after %s: %s", code, elapsed.Round(time.Millisecond), testkit.LastLines(out, 1))
+		t.Logf("wrong password: exit %d after %s: %s", code, elapsed.Round(time.Millisecond), lastLines(out, 1))
 	})
 }
 
@@ -206,10 +205,10 @@ func TestApacheTLS(t *testing.T) {
 		code, elapsed, ok := p.wait(10 * time.Second)
 		out := p.out.String()
 		if !ok || code == 0 {
-			t.Fatalf("with an unknown CA: exit %d after %s (exited by itself: %v), want a non-zero exit within 10s:\n%s", code, elapsed, ok, testkit.LastLines(out, 5))
+			t.Fatalf("with an unknown CA: exit %d after %s (exited by itself: %v), want a non-zero exit within 10s:\n%s", code, elapsed, ok, lastLines(out, 5))
 		}
-		if !strings.Contains(testkit.LastLines(out, 1), "certificate") {
-			t.Errorf("the error does not name the certificate: %s", testkit.LastLines(out, 1))
+		if !strings.Contains(lastLines(out, 1), "certificate") {
+			t.Errorf("the error does not name the certificate: %s", lastLines(out, 1))
 		}
 	})
 }
@@ -248,7 +247,7 @@ func TestApacheNoCreateTopics(t *testing.T) {
 				return true, nil
 			}
 		}
-		return false, fmt.Errorf("output so far ends: %s", testkit.LastLines(p.out.String(), 2))
+		return false, fmt.Errorf("output so far ends: %s", lastLines(p.out.String(), 2))
 	})
 	t.Logf("the relay says: %s", complaint)
 	if !strings.Contains(complaint, "--create-topics") {
@@ -276,12 +275,12 @@ func TestApacheTxnTimeoutAboveBrokerMax(t *testing.T) {
 	code, elapsed, ok := p.wait(30 * time.Second)
 	out := p.out.String()
 	if !ok || code == 0 {
-		t.Fatalf("exit %d after %s (exited by itself: %v), want a non-zero exit within 30s:\n%s", code, elapsed, ok, testkit.LastLines(out, 5))
+		t.Fatalf("exit %d after %s (exited by itself: %v), want a non-zero exit within 30s:\n%s", code, elapsed, ok, lastLines(out, 5))
 	}
-	if !strings.Contains(testkit.LastLines(out, 1), "--txn-timeout") {
-		t.Errorf("the error does not name --txn-timeout: %s", testkit.LastLines(out, 1))
+	if !strings.Contains(lastLines(out, 1), "--txn-timeout") {
+		t.Errorf("the error does not name --txn-timeout: %s", lastLines(out, 1))
 	}
-	t.Logf("exit %d after %s: %s", code, elapsed.Round(time.Millisecond), testkit.LastLines(out, 1))
+	t.Logf("exit %d after %s: %s", code, elapsed.Round(time.Millisecond), lastLines(out, 1))
 }
 
 // TestApacheCheckpointCompaction runs exactly-once delivery with one event
@@ -559,7 +558,7 @@ func TestApacheThreeNodeKills(t *testing.T) {
 				}
 				killLog = append(killLog, fmt.Sprintf("node %d (%s) at %d rows", victim, why, wr.rows.Load()))
 				if exited(p) {
-					t.Fatalf("the relay exited after kill %d (%v):\n%s", i+1, p.err, testkit.LastLines(p.out.String(), 3))
+					t.Fatalf("the relay exited after kill %d (%v):\n%s", i+1, p.err, lastLines(p.out.String(), 3))
 				}
 			}
 			wr.wait(t)

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/checkpoint"
-	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // forgeCheckpoint writes d as the slot's checkpoint, as anyone allowed to
@@ -70,10 +69,10 @@ func TestExactlyOnceRefusesForgedCheckpoint(t *testing.T) {
 			code, _, ok := p.wait(90 * time.Second)
 			out := p.out.String()
 			if !ok || code != 2 {
-				t.Fatalf("relay exited %v with code %d, want exit 2 at start; last lines:\n%s", ok, code, testkit.LastLines(out, 5))
+				t.Fatalf("relay exited %v with code %d, want exit 2 at start; last lines:\n%s", ok, code, lastLines(out, 5))
 			}
 			if !strings.Contains(out, tc.want) || !strings.Contains(out, "--checkpoint-topic") {
-				t.Fatalf("relay output does not refuse the checkpoint with %q and the fix; last lines:\n%s", tc.want, testkit.LastLines(out, 5))
+				t.Fatalf("relay output does not refuse the checkpoint with %q and the fix; last lines:\n%s", tc.want, lastLines(out, 5))
 			}
 		})
 	}
@@ -95,7 +94,7 @@ func TestExactlyOnceRefusesForgedCheckpoint(t *testing.T) {
 		})
 		checkRunning(t, p, "relay")
 		if !strings.Contains(p.out.String(), "does not name its PostgreSQL system") {
-			t.Errorf("no warning about the checkpoint without a system identifier:\n%s", testkit.LastLines(p.out.String(), 5))
+			t.Errorf("no warning about the checkpoint without a system identifier:\n%s", lastLines(p.out.String(), 5))
 		}
 	})
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // TestExactlyOnceStandby runs two walrelay binaries on one slot in
@@ -51,7 +50,7 @@ func TestExactlyOnceStandby(t *testing.T) {
 	roles := func() (int, error) {
 		for i, p := range procs {
 			if exited(p) {
-				return -1, fmt.Errorf("relay %d exited (%v): %s", i, p.err, testkit.LastLines(p.out.String(), 3))
+				return -1, fmt.Errorf("relay %d exited (%v): %s", i, p.err, lastLines(p.out.String(), 3))
 			}
 		}
 		return activeOf(addrs)
@@ -112,7 +111,7 @@ func TestExactlyOnceStandby(t *testing.T) {
 		killed := time.Now()
 		e.waitFor(fmt.Sprintf("relay %d (the standby) streaming after kill %d", standby, k+1), 60*time.Second, func() (bool, error) {
 			if exited(procs[standby]) {
-				return false, fmt.Errorf("the standby exited (%v): %s", procs[standby].err, testkit.LastLines(procs[standby].out.String(), 3))
+				return false, fmt.Errorf("the standby exited (%v): %s", procs[standby].err, lastLines(procs[standby].out.String(), 3))
 			}
 			code := readyz(addrs[standby])
 			return code == 200, fmt.Errorf("the standby's /readyz: %d", code)

@@ -35,7 +35,6 @@ import (
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // TestExactlyOnceKills runs 8 paced writers (30,000 events in transactions
@@ -96,7 +95,7 @@ func TestExactlyOnceKills(t *testing.T) {
 		// into the writes, not a wait for anything.
 		time.Sleep(time.Duration(200+rng.IntN(300)) * time.Millisecond)
 		if exited(p) {
-			t.Fatalf("the relay exited by itself before kill %d (%v):\n%s", done+1, p.err, testkit.LastLines(p.out.String(), 3))
+			t.Fatalf("the relay exited by itself before kill %d (%v):\n%s", done+1, p.err, lastLines(p.out.String(), 3))
 		}
 		kill9(p)
 		done++
@@ -282,7 +281,7 @@ func TestExactlyOncePostgresRestartSlotBehind(t *testing.T) {
 	phase1End := e.currentLSN(conn)
 	rc.waitAll(want1, 2*time.Minute)
 	if exited(p) {
-		t.Fatalf("the relay exited (%v):\n%s", p.err, testkit.LastLines(p.out.String(), 3))
+		t.Fatalf("the relay exited (%v):\n%s", p.err, lastLines(p.out.String(), 3))
 	}
 	kill9(p)
 	// The checkpoint of the last Kafka transaction is committed with its
@@ -382,10 +381,10 @@ func TestExactlyOnceFencing(t *testing.T) {
 	e.waitFor("relay A ending its session after losing the slot", 60*time.Second, func() (bool, error) {
 		out := a.out.String()[thawed:]
 		if exited(a) {
-			return false, fmt.Errorf("relay A exited (%v), want it to become the standby: %s", a.err, testkit.LastLines(out, 3))
+			return false, fmt.Errorf("relay A exited (%v), want it to become the standby: %s", a.err, lastLines(out, 3))
 		}
 		ended = grepLines(out, restartMsg, 1)
-		return ended != "", fmt.Errorf("relay A's last lines:\n%s", testkit.LastLines(out, 3))
+		return ended != "", fmt.Errorf("relay A's last lines:\n%s", lastLines(out, 3))
 	})
 	endedAfter := time.Since(bStarted)
 	fenced := strings.Contains(a.out.String()[thawed:], fencedMsg)
@@ -399,7 +398,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 	e.waitFor("relay A waiting as the standby", 60*time.Second, func() (bool, error) {
 		out := a.out.String()[thawed:]
 		i := strings.Index(out, restartMsg)
-		return strings.Contains(out[i:], "waiting as a standby"), fmt.Errorf("relay A's last lines:\n%s", testkit.LastLines(out, 3))
+		return strings.Contains(out[i:], "waiting as a standby"), fmt.Errorf("relay A's last lines:\n%s", lastLines(out, 3))
 	})
 	wr.wait(t)
 	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
@@ -484,10 +483,10 @@ func TestExactlyOnceSharedTransactionalID(t *testing.T) {
 	code, _, _ := procs[gone].wait(time.Second)
 	out := procs[gone].out.String()
 	if code != 3 {
-		t.Errorf("relay %s exited with code %d, want 3; its last lines:\n%s", name, code, testkit.LastLines(out, 3))
+		t.Errorf("relay %s exited with code %d, want 3; its last lines:\n%s", name, code, lastLines(out, 3))
 	}
 	if !strings.Contains(out, "--transactional-id") {
-		t.Errorf("relay %s's error does not name --transactional-id; its last lines:\n%s", name, testkit.LastLines(out, 3))
+		t.Errorf("relay %s's error does not name --transactional-id; its last lines:\n%s", name, lastLines(out, 3))
 	}
 	for i, p := range procs {
 		if strings.Contains(p.out.String(), "another relay took the slot") {
@@ -773,7 +772,7 @@ func TestExactlyOnceSigterm(t *testing.T) {
 			t.Fatal(err)
 		}
 		if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
-			t.Fatalf("after SIGTERM the relay exited with code %d (in time: %v), want 0:\n%s", code, ok, testkit.LastLines(p.out.String(), 3))
+			t.Fatalf("after SIGTERM the relay exited with code %d (in time: %v), want 0:\n%s", code, ok, lastLines(p.out.String(), 3))
 		}
 		p = startProc(t, nil, args...)
 		// The next SIGTERM must find a relay that handles it: one still
@@ -864,7 +863,7 @@ func TestExactlyOnceTimeoutIsNotFencing(t *testing.T) {
 	case <-p.done:
 		code, _, _ := p.wait(time.Second)
 		if code == 0 || code == 3 || !strings.Contains(p.out.String(), "txn-timeout") {
-			t.Fatalf("the relay exited at startup with code %d without naming --txn-timeout:\n%s", code, testkit.LastLines(p.out.String(), 3))
+			t.Fatalf("the relay exited at startup with code %d without naming --txn-timeout:\n%s", code, lastLines(p.out.String(), 3))
 		}
 		return // refused the flags: fine
 	case <-time.After(5 * time.Second):
@@ -942,7 +941,7 @@ func TestExactlyOnceSigtermUnderBackpressure(t *testing.T) {
 	})
 	fault.Remove()
 	if code, _, ok := p.wait(60 * time.Second); !ok || code != 0 {
-		t.Fatalf("after SIGTERM the relay exited with code %d (in time: %v), want 0:\n%s", code, ok, testkit.LastLines(p.out.String(), 3))
+		t.Fatalf("after SIGTERM the relay exited with code %d (in time: %v), want 0:\n%s", code, ok, lastLines(p.out.String(), 3))
 	}
 	e.fence("", ckc, rc) // the partial checkpoint and its events are read by now
 	var ck string
@@ -1268,7 +1267,7 @@ func kill9(p *proc) {
 func checkRunning(t *testing.T, p *proc, what string) {
 	t.Helper()
 	if exited(p) {
-		t.Errorf("%s exited (%v); its last lines:\n%s", what, p.err, testkit.LastLines(p.out.String(), 3))
+		t.Errorf("%s exited (%v); its last lines:\n%s", what, p.err, lastLines(p.out.String(), 3))
 	}
 }
 

@@ -48,11 +48,10 @@ import (
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/test/kafkacluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/slot"
-	"github.com/walrelay/walrelay/test/kafkacluster"
-	"github.com/walrelay/walrelay/test/testkit"
 )
 
 var (
@@ -252,12 +251,6 @@ func needPG(t *testing.T, major int) {
 	if pgVersion < major*10000 {
 		t.Skipf("needs PostgreSQL %d or later; this server is %d (run with %s=%d or later)", major, pgVersion/10000, devcluster.TestPGEnv, major)
 	}
-}
-
-// needApache skips tests of what only Apache Kafka shows.
-func needApache(t *testing.T) {
-	t.Helper()
-	testkit.NeedApache(t, apache != nil)
 }
 
 // needKfake skips tests that inject broker faults.

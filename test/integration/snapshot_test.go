@@ -27,7 +27,6 @@ import (
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
-	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // insertSeq inserts rows seq from..to (inclusive) in one transaction, keys
@@ -361,7 +360,7 @@ func TestInitialSnapshotTwoRelaysStartedTogether(t *testing.T) {
 	e.waitFor("one relay waiting as the standby", 2*time.Minute, func() (bool, error) {
 		for i, p := range procs {
 			if exited(p) {
-				return false, fmt.Errorf("relay %d exited (%v): %s", i, p.err, testkit.LastLines(p.out.String(), 3))
+				return false, fmt.Errorf("relay %d exited (%v): %s", i, p.err, lastLines(p.out.String(), 3))
 			}
 			if strings.Contains(p.out.String(), "waiting as a standby") {
 				return true, nil
@@ -399,10 +398,10 @@ func TestSnapshotCommand(t *testing.T) {
 		"--linger", "1ms", "--log-level", "info"}
 	out, code, _, exited := runBounded(t, time.Minute, nil, args...)
 	if !exited || code != 0 {
-		t.Fatalf("walrelay snapshot: exit %d (exited %v):\n%s", code, exited, testkit.LastLines(out, 5))
+		t.Fatalf("walrelay snapshot: exit %d (exited %v):\n%s", code, exited, lastLines(out, 5))
 	}
 	if !strings.Contains(out, "published 15 rows of public.late") {
-		t.Errorf("output does not say 15 rows were published:\n%s", testkit.LastLines(out, 3))
+		t.Errorf("output does not say 15 rows were published:\n%s", lastLines(out, 3))
 	}
 	recs := c.waitIDs(15, time.Minute)
 	var seqs []int
@@ -542,7 +541,7 @@ func TestKafkaUnreachableLeavesNoSlot(t *testing.T) {
 			args := withFlag(withFlag(withFlag(e.args(), "--brokers", fmt.Sprintf("127.0.0.1:%d", closedPort(t))), "--startup-timeout", "3s"), "--snapshot", mode)
 			out, code, _, exited := runBounded(t, 45*time.Second, nil, args...)
 			if !exited || code == 0 {
-				t.Fatalf("exit %d (exited %v), want an error exit:\n%s", code, exited, testkit.LastLines(out, 3))
+				t.Fatalf("exit %d (exited %v), want an error exit:\n%s", code, exited, lastLines(out, 3))
 			}
 			var n int
 			if err := e.conn().QueryRow(e.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.name).Scan(&n); err != nil {

@@ -24,7 +24,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
-	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // testCA is a throwaway certificate authority issuing server and client
@@ -260,7 +259,7 @@ func TestPostgresTLS(t *testing.T) {
 			t.Fatal(err)
 		}
 		if repl != 1 {
-			t.Errorf("%d walsenders of this database use TLS, want 1 (relay output:\n%s)", repl, testkit.LastLines(p.out.String(), 3))
+			t.Errorf("%d walsenders of this database use TLS, want 1 (relay output:\n%s)", repl, lastLines(p.out.String(), 3))
 		}
 		if plain != 0 {
 			t.Errorf("%d walrelay connections without TLS", plain)
