@@ -570,7 +570,7 @@ func TestApacheThreeNodeKills(t *testing.T) {
 				conn := e.conn()
 				want, total := committedRows(t, e, conn)
 				n = total
-				recs := c.waitAll(flatIDs(want), 3*time.Minute)
+				recs := waitAllIDs(c, want, 3*time.Minute)
 				dups = checkDelivered(t, recs, want, nil)
 				lost = total - len(distinctIDs(recs))
 			}

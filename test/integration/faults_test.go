@@ -184,7 +184,7 @@ func TestPostgresRestart(t *testing.T) {
 		t.Errorf("the table holds %d rows, the writers counted %d committed", n, rows)
 	}
 	end := e.currentLSN(conn)
-	recs := c.waitAll(flatIDs(want), 2*time.Minute)
+	recs := waitAllIDs(c, want, 2*time.Minute)
 	dups := checkDelivered(t, recs, want, nil)
 	checkPerKeyOrder(t, recs)
 
@@ -507,7 +507,7 @@ func TestSoakKillsAndBrokerRestarts(t *testing.T) {
 	}
 	conn := e.conn()
 	end := e.currentLSN(conn)
-	recs := c.waitAll(flatIDs(want), 3*time.Minute)
+	recs := waitAllIDs(c, want, 3*time.Minute)
 	dups := checkDelivered(t, recs, want, forbidden)
 	checkPerKeyOrder(t, recs)
 	e.waitFor("slot confirmed past the end of the writes", 60*time.Second, func() (bool, error) {

@@ -579,6 +579,12 @@ func (c *consumer) waitAll(want []string, timeout time.Duration) []*kgo.Record {
 	return recs
 }
 
+// waitAllIDs is c.waitAll for want by key (key → ids).
+func waitAllIDs(c *consumer, want map[string][]string, timeout time.Duration) []*kgo.Record {
+	c.e.t.Helper()
+	return c.waitAll(flatIDs(want), timeout)
+}
+
 // idsRead is what c read, for the waits: each id with its number of
 // copies; *recs is left holding the records it counted.
 func (c *consumer) idsRead(recs *[]*kgo.Record) func() map[string]int {
