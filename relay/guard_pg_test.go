@@ -155,7 +155,7 @@ func TestStartPositionRefusesASlotDroppedUnderIt(t *testing.T) {
 	r, _, m, s := preparedRelay(t, e)
 	e.exec("SELECT pg_drop_replication_slot($1)", e.name)
 	_, _, err := r.guard.startPosition(e.ctx)
-	if !isFatal(err) || slot.IsGap(err) || !strings.Contains(err.Error(), "does not exist") {
+	if !isFatal(err) || isGap(err) || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("no slot before the first stream: %v, want a fatal error saying it does not exist", err)
 	}
 	if rec := e.record(); rec.Stopped != "" {
@@ -193,7 +193,7 @@ func TestRefusalIsWrittenDownOnceAndRefusesTheNextStart(t *testing.T) {
 		t.Errorf("walrelay_gap_refusals_total = %v, want 1", n)
 	}
 	_, err := slot.Prepare(e.ctx, r.setupConfig(), zap.NewNop())
-	if !slot.IsGap(err) || !strings.Contains(err.Error(), "the first change") {
+	if !isGap(err) || !strings.Contains(err.Error(), "the first change") {
 		t.Fatalf("the next start: %v, want it refused with the recorded reason", err)
 	}
 }
@@ -245,7 +245,7 @@ func TestPublicationWatchVouchesThenRefusesATableTakenOut(t *testing.T) {
 		t.Fatal("the watch did not stop the relay")
 	}
 	<-done
-	if !slot.IsGap(err) || !strings.Contains(err.Error(), "outbox") {
+	if !isGap(err) || !strings.Contains(err.Error(), "outbox") {
 		t.Fatalf("stopped with %v, want a refusal naming the outbox table", err)
 	}
 	if up := r.guard.clearance.Upto(); up >= after {

@@ -216,3 +216,9 @@ func TestSessionGapPassesOtherErrors(t *testing.T) {
 		t.Fatalf("sessionGap(%v) = %v (refused %v)", err, got, r.guard.refused.Load())
 	}
 }
+
+// isGap reports whether err is a refusal (*slot.GapError).
+func isGap(err error) bool {
+	var g *slot.GapError
+	return errors.As(err, &g)
+}

@@ -229,14 +229,14 @@ func TestRunStopsWhenThePublicationNoLongerPublishesTheOutbox(t *testing.T) {
 	e.exec("ALTER PUBLICATION " + cfg.Publication + " DROP TABLE outbox")
 	skipped := e.insert(id1)
 	err := rr.result(t)
-	if !slot.IsGap(err) || !isFatal(err) || !strings.Contains(err.Error(), "outbox") {
+	if !isGap(err) || !isFatal(err) || !strings.Contains(err.Error(), "outbox") {
 		t.Fatalf("Run returned %v, want a refusal naming the outbox table", err)
 	}
 	if c := e.slotConfirmed(); c >= skipped {
 		t.Errorf("the slot was confirmed to %s, past the skipped insert at %s", c, skipped)
 	}
 	again := runRelay(t, cfg)
-	if err := again.result(t); !slot.IsGap(err) {
+	if err := again.result(t); !isGap(err) {
 		t.Fatalf("the next start returned %v, want the refusal", err)
 	}
 }

@@ -146,7 +146,7 @@ func TestSlotPollerStopsTheRelayOnAnInvalidatedSlot(t *testing.T) {
 	case <-time.After(pgPatience):
 		t.Fatal("the poller did not stop the relay")
 	}
-	if !slot.IsGap(err) || !isFatal(err) {
+	if !isGap(err) || !isFatal(err) {
 		t.Fatalf("stopped with %v, want a refusal", err)
 	}
 	if rec := e.record(); rec.Stopped == "" {
