@@ -12,10 +12,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"regexp"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +22,7 @@ import (
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/test/testdb"
 	"github.com/walrelay/walrelay/test/testkit"
 )
 
@@ -77,28 +75,16 @@ type pgEnv struct {
 	ctx  context.Context
 }
 
-var pgEnvSeq atomic.Int64
-
-var notSlotChar = regexp.MustCompile(`[^a-z0-9_]+`)
-
-// newPGEnv creates the test's database with an outbox table. Its slots are
-// dropped when the test ends.
+// newPGEnv creates the test's database with an outbox table (testdb: its
+// slots are dropped when the test ends).
 func newPGEnv(t *testing.T) *pgEnv {
 	t.Helper()
 	admin := pgAdminURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	name := notSlotChar.ReplaceAllString(strings.ToLower(t.Name()), "_")
 	// Short: the relay's connection names (slot.RelayAppName) must fit
 	// the 63 bytes PostgreSQL keeps.
-	if len(name) > 24 {
-		name = name[:24]
-	}
-	name = fmt.Sprintf("r%d_%s", pgEnvSeq.Add(1), name)
-	url, err := devcluster.CreateDatabase(ctx, admin, name)
-	if err != nil {
-		t.Fatalf("create database: %v", err)
-	}
+	name, url := testdb.Create(t, ctx, admin, "r", 24)
 	e := &pgEnv{t: t, name: name, url: url, ctx: ctx}
 	e.exec(`CREATE TABLE outbox (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -107,23 +93,6 @@ func newPGEnv(t *testing.T) *pgEnv {
 		type text NOT NULL DEFAULT 'created',
 		payload jsonb NOT NULL DEFAULT '{}'
 	)`)
-	t.Cleanup(func() {
-		// A walsender of a relay stopped a moment ago may still hold the
-		// slot: end it, then drop every slot of the database.
-		conn, err := pgx.Connect(context.Background(), url)
-		if err != nil {
-			return
-		}
-		defer conn.Close(context.Background())
-		ctx := context.Background()
-		_, _ = conn.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active", name)
-		_ = devcluster.WaitFor(10*time.Second, 20*time.Millisecond, func() (bool, error) {
-			var active int
-			err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = $1 AND active", name).Scan(&active)
-			return active == 0, err
-		})
-		_, _ = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", name)
-	})
 	return e
 }
 

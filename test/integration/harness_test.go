@@ -166,10 +166,6 @@ type env struct {
 	logCore zapcore.Core
 }
 
-var envSeq atomic.Int64
-
-var nonWord = regexp.MustCompile(`[^a-z0-9_]+`)
-
 // newEnv creates the test's database with an outbox table.
 func newEnv(t *testing.T) *env { return newEnvOn(t, pgAdminURL) }
 
@@ -180,15 +176,7 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	name := nonWord.ReplaceAllString(strings.ToLower(t.Name()), "_")
-	if len(name) > 40 {
-		name = name[:40]
-	}
-	name = fmt.Sprintf("w%d_%s", envSeq.Add(1), name)
-	url, err := devcluster.CreateDatabase(ctx, adminURL, name)
-	if err != nil {
-		t.Fatalf("create database: %v", err)
-	}
+	name, url := testDatabase(t, ctx, adminURL)
 	e := &env{t: t, name: name, url: url, ctx: ctx}
 	e.exec(`CREATE TABLE outbox (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -211,25 +199,6 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 		e.kafka = k
 		e.brokers = []string{k.Addr()}
 	}
-	t.Cleanup(func() {
-		// Drop the test database's slots (a test may make more than one) so
-		// the cluster does not keep WAL for them, nor name them to later
-		// tests' status --explain.
-		// The walsender of a relay stopped a moment ago may still hold its
-		// slot (an active slot cannot be dropped): end it and wait.
-		conn, err := pgx.Connect(context.Background(), e.url)
-		if err == nil {
-			ctx := context.Background()
-			_, _ = conn.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active", e.name)
-			_ = devcluster.WaitFor(10*time.Second, 20*time.Millisecond, func() (bool, error) {
-				var active int
-				err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = $1 AND active", e.name).Scan(&active)
-				return active == 0, err
-			})
-			_, _ = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
-			conn.Close(ctx)
-		}
-	})
 	return e
 }
 
