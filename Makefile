@@ -123,7 +123,8 @@ lint: deps-golangci-lint
 	$(GOLANGCI_LINT) run $(PKGS)
 
 # Every package's tests but test/integration's, with -short: the few that
-# start PostgreSQL (outbox's write test, devcluster's standbys) skip, and
+# start PostgreSQL (outbox's write test, devcluster's standbys, relay's
+# guard, slot poller and whole-Run tests) skip, and
 # kafkacluster's need WALRELAY_TEST_KAFKA=apache; make test runs them all.
 unit:
 	$(GO) test -race -count=1 -short $$($(GO) list $(PKGS) | grep -v '/test/integration$$')

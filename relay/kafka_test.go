@@ -21,25 +21,16 @@ import (
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/test/fakenet"
+	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // kafkaConfig is a valid relay configuration producing to a fresh kfake
 // cluster, with a PostgreSQL URL that refuses connections.
 func kafkaConfig(t *testing.T) Config {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := ln.Addr().String()
-	ln.Close()
+	c := testkit.Kfake(t)
 	cfg := validConfig()
-	cfg.PGURL = "postgres://walrelay:secret@" + closed + "/app?sslmode=disable&connect_timeout=5"
+	cfg.PGURL = refusingPGURL(t)
 	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
 	cfg.Router.CreateTopics = true
 	cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
@@ -195,12 +186,8 @@ func TestInitTransactionsDeniedIsFatalOnlyBeforeTheFirstStream(t *testing.T) {
 	topicOp := func(op kmsg.ACLOperation) kfake.ACL {
 		return kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "*", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableACLs(), kfake.Superuser("SCRAM-SHA-256", "admin", "admin-pass"),
+	c := testkit.Kfake(t, kfake.EnableACLs(), kfake.Superuser("SCRAM-SHA-256", "admin", "admin-pass"),
 		kfake.User("SCRAM-SHA-256", "relay", "relay-pass", topicOp(kmsg.ACLOperationCreate), topicOp(kmsg.ACLOperationWrite), topicOp(kmsg.ACLOperationRead)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
 	cfg := validConfig()
 	cfg.ExactlyOnce = true
 	cfg.KafkaOptions = []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.SASL(scram.Auth{User: "relay", Pass: "relay-pass"}.AsSha256Mechanism())}

@@ -24,6 +24,7 @@ import (
 	"github.com/walrelay/walrelay/deadletter"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // patience bounds every wait on the in-process broker. It is a deadlock
@@ -60,11 +61,7 @@ func newEnv(t *testing.T, cfg Config, opts ...kfake.Opt) *env {
 func newEnvAs(t *testing.T, cfg Config, relay, helper []kgo.Opt, opts ...kfake.Opt) *env {
 	t.Helper()
 	cfg = withDefaults(cfg)
-	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.DefaultNumPartitions(3)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := testkit.Kfake(t, append([]kfake.Opt{kfake.DefaultNumPartitions(3)}, opts...)...)
 	e := &env{t: t, c: c, m: metrics.NewUnregistered(), seeds: c.ListenAddrs(), relayOpts: relay, helperOpts: helper}
 	cfg.CreateTopics = true
 	cfg.OnPublished = func(rec *kgo.Record) {
@@ -73,6 +70,7 @@ func newEnvAs(t *testing.T, cfg Config, relay, helper []kgo.Opt, opts ...kfake.O
 		e.published = append(e.published, &cp)
 		e.mu.Unlock()
 	}
+	var err error
 	e.r, err = New(cfg, e.routerOpts(), zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)), e.m, func(err error) {
 		e.fatals.Add(1)
 		e.mu.Lock()

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walrelay/walrelay/test/testkit"
 )
 
 // startTestPrimary starts a cluster of the server WALRELAY_TEST_PG picks
@@ -238,14 +239,6 @@ func waitSynced(t *testing.T, s *Postgres, primary *pgx.Conn, slot string) {
 		return synced && !temporary && failover, fmt.Errorf("synced %v, temporary %v, failover %v", synced, temporary, failover)
 	})
 	if err != nil {
-		t.Fatalf("slot %s on the standby on port %d: %v\n%s", slot, s.Port, err, lastLines(s.tailLog(), 20))
+		t.Fatalf("slot %s on the standby on port %d: %v\n%s", slot, s.Port, err, testkit.LastLines(s.tailLog(), 20))
 	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"regexp"
@@ -1195,36 +1196,20 @@ func (c *eosConsumer) duplicates() (ids, extra int) {
 // waitDistinct waits until n distinct ids were read.
 func (c *eosConsumer) waitDistinct(n int, timeout time.Duration) {
 	c.e.t.Helper()
-	err := devcluster.WaitFor(timeout, 20*time.Millisecond, func() (bool, error) {
-		got := c.distinct()
-		return got >= n, fmt.Errorf("%d of %d ids read", got, n)
-	})
-	if err != nil {
-		c.e.t.Fatal(err)
-	}
+	waitDistinctIDs(c.e.t, c.idsRead, n, timeout)
 }
 
 // waitAll waits until every id of want (key → ids) was read.
 func (c *eosConsumer) waitAll(want map[string][]string, timeout time.Duration) {
 	c.e.t.Helper()
-	err := devcluster.WaitFor(timeout, 250*time.Millisecond, func() (bool, error) {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		missing, total, example := 0, 0, ""
-		for _, ids := range want {
-			for _, id := range ids {
-				total++
-				if c.count[id] == 0 {
-					missing++
-					example = id
-				}
-			}
-		}
-		return missing == 0, fmt.Errorf("%d of %d committed ids not read (e.g. %s)", missing, total, example)
-	})
-	if err != nil {
-		c.e.t.Fatalf("waiting for every committed id: %v", err)
-	}
+	waitEveryID(c.e.t, c.idsRead, flatIDs(want), timeout)
+}
+
+// idsRead is a copy of what was read: each id with its number of copies.
+func (c *eosConsumer) idsRead() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.count)
 }
 
 // txnState is the broker's state of a transactional id ("Ongoing",
@@ -1284,15 +1269,6 @@ func checkRunning(t *testing.T, p *proc, what string) {
 	if exited(p) {
 		t.Errorf("%s exited (%v); its last lines:\n%s", what, p.err, lastLines(p.out.String(), 3))
 	}
-}
-
-// lastLines returns the last n lines of s.
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // grepLines returns up to n lines of s containing sub.

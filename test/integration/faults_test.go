@@ -46,7 +46,7 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 
 	const writers, perWriter = 8, 500
 	wr := e.startWriters(writers, 0, perWriter, 100*time.Millisecond)
-	waitDistinct(c, writers*perWriter/4, 2*time.Minute)
+	c.waitIDs(writers*perWriter/4, 2*time.Minute)
 
 	b.stop()
 	stopped := time.Now()
@@ -100,7 +100,7 @@ func TestBrokerDownTenSeconds(t *testing.T) {
 
 	wr.wait(t)
 	end := e.currentLSN(conn)
-	recs := waitDistinct(c, writers*perWriter+1, 2*time.Minute)
+	recs := c.waitIDs(writers*perWriter+1, 2*time.Minute)
 	caughtUp := time.Since(restarted)
 	dups := checkPerKeyOrder(t, recs)
 	e.waitFor("slot confirmed past the end of the writes", 60*time.Second, func() (bool, error) {
@@ -150,7 +150,7 @@ func TestPostgresRestart(t *testing.T) {
 	for w := range writers {
 		wg.Go(func() { stats[w], errs[w] = writeRetrying(e, w, 20*time.Millisecond, stop, &committed) })
 	}
-	waitDistinct(c, 500, 2*time.Minute)
+	c.waitIDs(500, 2*time.Minute)
 	began := time.Now()
 	if err := pg.Restart(e.ctx); err != nil {
 		close(stop)
@@ -230,7 +230,7 @@ func TestReplicationConnectionCut(t *testing.T) {
 	}
 	var cutConns []int
 	for _, frac := range []int{4, 2} { // after a quarter, then half of the events
-		waitDistinct(c, writers*perWriter/frac, 2*time.Minute)
+		c.waitIDs(writers*perWriter/frac, 2*time.Minute)
 		pid := e.slotInfo().ActivePID
 		if pid == nil {
 			t.Fatal("slot not active before the cut")
@@ -258,7 +258,7 @@ func TestReplicationConnectionCut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	recs := waitDistinct(c, writers*perWriter, 2*time.Minute)
+	recs := c.waitIDs(writers*perWriter, 2*time.Minute)
 	dups := checkPerKeyOrder(t, recs)
 	restarts := gathered(reg, "walrelay_stream_restarts_total")
 	if sumValues(restarts) < 2 {
@@ -281,7 +281,7 @@ func TestReplicationConnectionSilentlyLost(t *testing.T) {
 	rr, reg := e.startRelayGathered(cfg)
 	c := e.consume()
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('w', 'k', 'T', '{"seq": 0}', 0)`)
-	waitDistinct(c, 1, 30*time.Second)
+	c.waitIDs(1, 30*time.Second)
 	pid := e.slotInfo().ActivePID
 
 	frozen := p.freeze()
@@ -363,7 +363,7 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 
 	const writers, perWriter = 8, 500
 	wr := e.startWriters(writers, 0, perWriter, 40*time.Millisecond)
-	waitDistinct(c, writers*perWriter/4, 2*time.Minute)
+	c.waitIDs(writers*perWriter/4, 2*time.Minute)
 	survivor := 1 - active
 	_ = cmds[active].Process.Kill()
 	_ = cmds[active].Wait()
@@ -380,7 +380,7 @@ func TestTwoRelaysOneSlot(t *testing.T) {
 		t.Errorf("the killed relay still answers /readyz: %d", code)
 	}
 	wr.wait(t)
-	recs := waitDistinct(c, writers*perWriter, 2*time.Minute)
+	recs := c.waitIDs(writers*perWriter, 2*time.Minute)
 	dups := checkPerKeyOrder(t, recs)
 	if cmds[survivor].ProcessState != nil {
 		t.Errorf("the survivor exited: %v", cmds[survivor].ProcessState)
@@ -928,51 +928,6 @@ func countRows(t *testing.T, e *env, conn *pgx.Conn) int {
 		t.Fatal(err)
 	}
 	return n
-}
-
-// waitDistinct waits until n distinct ids were read (polling gently: the
-// record lists get long) and returns everything read.
-func waitDistinct(c *consumer, n int, timeout time.Duration) []*kgo.Record {
-	c.e.t.Helper()
-	var recs []*kgo.Record
-	err := devcluster.WaitFor(timeout, 200*time.Millisecond, func() (bool, error) {
-		recs = c.records()
-		got := len(distinctIDs(recs))
-		return got >= n, fmt.Errorf("%d distinct ids read", got)
-	})
-	if err != nil {
-		c.e.t.Fatalf("waiting for %d distinct ids: %v", n, err)
-	}
-	return recs
-}
-
-// waitAllIDs waits until every id of want was read and returns everything
-// read.
-func waitAllIDs(c *consumer, want map[string][]string, timeout time.Duration) []*kgo.Record {
-	c.e.t.Helper()
-	var recs []*kgo.Record
-	total := 0
-	for _, ids := range want {
-		total += len(ids)
-	}
-	err := devcluster.WaitFor(timeout, 500*time.Millisecond, func() (bool, error) {
-		recs = c.records()
-		got := distinctIDs(recs)
-		missing, example := 0, ""
-		for _, ids := range want {
-			for _, id := range ids {
-				if got[id] == 0 {
-					missing++
-					example = id
-				}
-			}
-		}
-		return missing == 0, fmt.Errorf("%d of %d committed ids not read (e.g. %s)", missing, total, example)
-	})
-	if err != nil {
-		c.e.t.Fatalf("waiting for every committed id: %v", err)
-	}
-	return recs
 }
 
 // checkDelivered fails the test unless the ids read are exactly those of

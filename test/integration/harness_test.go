@@ -172,10 +172,6 @@ type env struct {
 	logCore zapcore.Core
 }
 
-var envSeq atomic.Int64
-
-var nonWord = regexp.MustCompile(`[^a-z0-9_]+`)
-
 // newEnv creates the test's database with an outbox table.
 func newEnv(t *testing.T) *env { return newEnvOn(t, pgAdminURL) }
 
@@ -186,15 +182,7 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	name := nonWord.ReplaceAllString(strings.ToLower(t.Name()), "_")
-	if len(name) > 40 {
-		name = name[:40]
-	}
-	name = fmt.Sprintf("w%d_%s", envSeq.Add(1), name)
-	url, err := devcluster.CreateDatabase(ctx, adminURL, name)
-	if err != nil {
-		t.Fatalf("create database: %v", err)
-	}
+	name, url := testDatabase(t, ctx, adminURL)
 	e := &env{t: t, name: name, url: url, ctx: ctx}
 	e.exec(`CREATE TABLE outbox (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -217,25 +205,6 @@ func newEnvOn(t *testing.T, adminURL string) *env {
 		e.kafka = k
 		e.brokers = []string{k.Addr()}
 	}
-	t.Cleanup(func() {
-		// Drop the test database's slots (a test may make more than one) so
-		// the cluster does not keep WAL for them, nor name them to later
-		// tests' status --explain.
-		// The walsender of a relay stopped a moment ago may still hold its
-		// slot (an active slot cannot be dropped): end it and wait.
-		conn, err := pgx.Connect(context.Background(), e.url)
-		if err == nil {
-			ctx := context.Background()
-			_, _ = conn.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active", e.name)
-			_ = devcluster.WaitFor(10*time.Second, 20*time.Millisecond, func() (bool, error) {
-				var active int
-				err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = $1 AND active", e.name).Scan(&active)
-				return active == 0, err
-			})
-			_, _ = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", e.name)
-			conn.Close(ctx)
-		}
-	})
 	return e
 }
 
@@ -256,14 +225,6 @@ func needPG(t *testing.T, major int) {
 	t.Helper()
 	if pgVersion < major*10000 {
 		t.Skipf("needs PostgreSQL %d or later; this server is %d (run with %s=%d or later)", major, pgVersion/10000, devcluster.TestPGEnv, major)
-	}
-}
-
-// needApache skips tests of what only Apache Kafka shows.
-func needApache(t *testing.T) {
-	t.Helper()
-	if apache == nil {
-		t.Skip("needs Apache Kafka: run with WALRELAY_TEST_KAFKA=apache (make test-kafka)")
 	}
 }
 
@@ -580,12 +541,84 @@ func (c *consumer) records() []*kgo.Record {
 func (c *consumer) waitIDs(n int, timeout time.Duration) []*kgo.Record {
 	c.e.t.Helper()
 	var recs []*kgo.Record
-	c.e.waitFor(fmt.Sprintf("%d distinct ids", n), timeout, func() (bool, error) {
-		recs = c.records()
-		got := len(distinctIDs(recs))
+	waitDistinctIDs(c.e.t, c.idsRead(&recs), n, timeout)
+	return recs
+}
+
+// waitAll waits until every id of want was read, and returns everything
+// read.
+func (c *consumer) waitAll(want []string, timeout time.Duration) []*kgo.Record {
+	c.e.t.Helper()
+	var recs []*kgo.Record
+	waitEveryID(c.e.t, c.idsRead(&recs), want, timeout)
+	return recs
+}
+
+// waitAllIDs is c.waitAll for want by key (key → ids).
+func waitAllIDs(c *consumer, want map[string][]string, timeout time.Duration) []*kgo.Record {
+	c.e.t.Helper()
+	return c.waitAll(flatIDs(want), timeout)
+}
+
+// idsRead is what c read, for the waits: each id with its number of
+// copies; *recs is left holding the records it counted.
+func (c *consumer) idsRead(recs *[]*kgo.Record) func() map[string]int {
+	return func() map[string]int {
+		*recs = c.records()
+		return distinctIDs(*recs)
+	}
+}
+
+// waitDistinctIDs waits until read (the ids read so far, each with its
+// number of copies) holds n distinct ids, failing the test after timeout.
+// Both kinds of consumer wait through it.
+func waitDistinctIDs(t *testing.T, read func() map[string]int, n int, timeout time.Duration) {
+	t.Helper()
+	err := devcluster.WaitFor(timeout, pollEvery(n), func() (bool, error) {
+		got := len(read())
 		return got >= n, fmt.Errorf("%d distinct ids read", got)
 	})
-	return recs
+	if err != nil {
+		t.Fatalf("waiting for %d distinct ids: %v", n, err)
+	}
+}
+
+// waitEveryID waits until read holds every id of want, failing the test
+// after timeout naming one missing.
+func waitEveryID(t *testing.T, read func() map[string]int, want []string, timeout time.Duration) {
+	t.Helper()
+	err := devcluster.WaitFor(timeout, pollEvery(len(want)), func() (bool, error) {
+		got := read()
+		missing, example := 0, ""
+		for _, id := range want {
+			if got[id] == 0 {
+				missing++
+				example = id
+			}
+		}
+		return missing == 0, fmt.Errorf("%d of %d ids not read (e.g. %s)", missing, len(want), example)
+	})
+	if err != nil {
+		t.Fatalf("waiting for every id: %v", err)
+	}
+}
+
+// pollEvery is how often a wait for n ids looks: gently once the lists
+// get long, as each look copies and counts what was read.
+func pollEvery(n int) time.Duration {
+	if n > 1000 {
+		return 250 * time.Millisecond
+	}
+	return 20 * time.Millisecond
+}
+
+// flatIDs is every id of want (key → ids).
+func flatIDs(want map[string][]string) []string {
+	var ids []string
+	for _, k := range want {
+		ids = append(ids, k...)
+	}
+	return ids
 }
 
 func header(r *kgo.Record, key string) (string, bool) {

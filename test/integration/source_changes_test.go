@@ -80,15 +80,6 @@ func (e *env) pubSQL(q string) string {
 	return strings.ReplaceAll(q, "%[1]s", pgx.Identifier{e.name}.Sanitize())
 }
 
-// waitAll waits until the consumer read every id of want.
-func (c *consumer) waitAll(want []string, timeout time.Duration) {
-	c.e.t.Helper()
-	c.e.waitFor(fmt.Sprintf("%d given ids", len(want)), timeout, func() (bool, error) {
-		m := missingIDs(c, want)
-		return len(m) == 0, fmt.Errorf("%d of them not read", len(m))
-	})
-}
-
 // walLSN is the server's WAL write position.
 func (e *env) walLSN(conn *pgx.Conn) decoder.LSN {
 	e.t.Helper()

@@ -243,7 +243,7 @@ func TestPostgresTLS(t *testing.T) {
 			return err == nil && i.Active, err
 		})
 		e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('tls', 'k', 'T', '{"secure": true}')`)
-		waitDistinct(c, 1, 60*time.Second)
+		c.waitIDs(1, 60*time.Second)
 		if got := string(c.records()[0].Value); got != `{"secure": true}` {
 			t.Errorf("value %q", got)
 		}

@@ -8,14 +8,14 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/walrelay/walrelay/test/testkit"
 )
 
-// needApache skips unless the tests were asked to run on Apache Kafka: the
-// JVMs are too slow for `make test`.
+// needApache skips unless the tests were asked to run on Apache Kafka.
 func needApache(t *testing.T) {
-	if os.Getenv("WALRELAY_TEST_KAFKA") != "apache" {
-		t.Skip("starts Apache Kafka: run with WALRELAY_TEST_KAFKA=apache (make test-kafka)")
-	}
+	t.Helper()
+	testkit.NeedApache(t, os.Getenv("WALRELAY_TEST_KAFKA") == "apache")
 }
 
 func TestEscapeValue(t *testing.T) {

@@ -7,17 +7,14 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/walrelay/walrelay/test/testkit"
 )
 
 func cluster(t *testing.T) []kgo.Opt {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := testkit.Kfake(t)
 	return []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
 }
 
