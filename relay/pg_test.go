@@ -22,6 +22,7 @@ import (
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
+	"github.com/walrelay/walrelay/source"
 	"github.com/walrelay/walrelay/test/testdb"
 	"github.com/walrelay/walrelay/test/testkit"
 )
@@ -82,7 +83,7 @@ func newPGEnv(t *testing.T) *pgEnv {
 	admin := pgAdminURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	// Short: the relay's connection names (slot.RelayAppName) must fit
+	// Short: the relay's connection names (doctor.RelayAppName) must fit
 	// the 63 bytes PostgreSQL keeps.
 	name, url := testdb.Create(t, ctx, admin, "r", 24)
 	e := &pgEnv{t: t, name: name, url: url, ctx: ctx}
@@ -162,11 +163,11 @@ func (e *pgEnv) slotConfirmed() decoder.LSN {
 }
 
 // record is walrelay's record of the test's slot.
-func (e *pgEnv) record() slot.Record {
+func (e *pgEnv) record() source.Record {
 	e.t.Helper()
 	conn := e.conn()
 	defer conn.Close(context.Background())
-	rec, ok, err := slot.ReadRecord(e.ctx, conn, slot.DefaultRecordSchema, e.name)
+	rec, ok, err := source.ReadRecord(e.ctx, conn, source.DefaultRecordSchema, e.name)
 	if err != nil || !ok {
 		e.t.Fatalf("read walrelay's record of slot %s: found %v, %v", e.name, ok, err)
 	}

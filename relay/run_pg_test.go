@@ -20,9 +20,9 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/walrelay/walrelay/checkpoint"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/metrics"
-	"github.com/walrelay/walrelay/slot"
 )
 
 // Row ids in primary-key order: the initial snapshot reads in that order.
@@ -124,7 +124,7 @@ func TestRunSnapshotsThenStreamsAndConfirmsWhatKafkaHas(t *testing.T) {
 	}
 	e.waitFor("the slot watch and the heartbeat connections named", func() bool {
 		names := e.appNames()
-		return slices.Contains(names, slot.AppNameAsShown(slot.RelayAppName(cfg.Slot, slot.RelayStreaming))) && slices.Contains(names, slot.AppNameAsShown(slot.HeartbeatAppName(cfg.Slot)))
+		return slices.Contains(names, doctor.AppNameAsShown(doctor.RelayAppName(cfg.Slot, doctor.RelayStreaming))) && slices.Contains(names, doctor.AppNameAsShown(doctor.HeartbeatAppName(cfg.Slot)))
 	})
 	if !rr.logged("failover: ") {
 		t.Error("no startup line saying what a failover would do")
@@ -194,7 +194,7 @@ func TestStandbyTakesOverWhenTheActiveRelayStops(t *testing.T) {
 	standby := runRelay(t, cfg)
 	e.waitFor("the second relay waiting as a standby", func() bool {
 		return testutil.ToFloat64(standby.m.StreamRestarts.WithLabelValues(string(CauseSlotBusy))) > 0 &&
-			slices.Contains(e.appNames(), slot.AppNameAsShown(slot.RelayAppName(cfg.Slot, slot.RelayStandby)))
+			slices.Contains(e.appNames(), doctor.AppNameAsShown(doctor.RelayAppName(cfg.Slot, doctor.RelayStandby)))
 	})
 	if standby.r.Streaming() || standby.r.Ready() == nil {
 		t.Fatal("the standby says it streams, or is ready")

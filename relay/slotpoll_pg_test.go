@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -44,7 +45,7 @@ func TestSlotPollerNamesItsConnectionAfterWhatTheRelayDoes(t *testing.T) {
 	named := func(state string) {
 		t.Helper()
 		e.waitFor("the watch connection named "+state, func() bool {
-			return slices.Contains(e.appNames(), slot.AppNameAsShown(slot.RelayAppName(e.name, state)))
+			return slices.Contains(e.appNames(), doctor.AppNameAsShown(doctor.RelayAppName(e.name, state)))
 		})
 	}
 	func() {
@@ -55,15 +56,15 @@ func TestSlotPollerNamesItsConnectionAfterWhatTheRelayDoes(t *testing.T) {
 			r.poller().watchSlot(ctx, func(error) {})
 		}()
 		defer func() { cancel(); <-done }()
-		named(slot.RelayStarting)
+		named(doctor.RelayStarting)
 		r.sup.streamed.Store(true)
-		named(slot.RelayConnectingKafka)
+		named(doctor.RelayConnectingKafka)
 		stream, err := slot.Start(e.ctx, e.url, s, slot.StreamOptions{Slot: e.name, Publication: r.cfg.Publication})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer stream.Close(context.Background())
-		named(slot.RelayStandby)
+		named(doctor.RelayStandby)
 	}()
 
 	cfg := e.pgConfig()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/walrelay/walrelay/checkpoint"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/slot"
 	"github.com/walrelay/walrelay/test/testkit"
 )
@@ -39,12 +40,12 @@ func TestRelayStateSaysWhatTheRelayWaitsFor(t *testing.T) {
 			t.Fatalf("state %q, want %q", got, want)
 		}
 	}
-	state(false, slot.RelayStarting)
-	state(true, slot.RelayStandby)
+	state(false, doctor.RelayStarting)
+	state(true, doctor.RelayStandby)
 	r.sup.streamed.Store(true)
-	state(false, slot.RelayConnectingKafka)
+	state(false, doctor.RelayConnectingKafka)
 	r.live.streaming.Store(true)
-	state(true, slot.RelayStreaming) // streaming, before a producer is in use
+	state(true, doctor.RelayStreaming) // streaming, before a producer is in use
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -55,9 +56,9 @@ func TestRelayStateSaysWhatTheRelayWaitsFor(t *testing.T) {
 	defer rt.Close()
 	r.live.useRouter(rt)
 	r.live.streaming.Store(false)
-	state(false, slot.RelayRestarting)
+	state(false, doctor.RelayRestarting)
 	r.live.streaming.Store(true)
-	state(true, slot.RelayStreaming)
+	state(true, doctor.RelayStreaming)
 
 	// Kafka stops acknowledging: an event in flight, none acked since the
 	// last poll.
@@ -81,12 +82,12 @@ func TestRelayStateSaysWhatTheRelayWaitsFor(t *testing.T) {
 		}
 	}
 	send("e1")
-	state(true, slot.RelayWaitingForKafka)
+	state(true, doctor.RelayWaitingForKafka)
 	send("e2")
-	state(true, slot.RelayBackpressure)
+	state(true, doctor.RelayBackpressure)
 	hold.Remove()
 	waitFor(t, "Kafka to acknowledge both events", func() bool { return acks.Pending() == 0 })
-	state(true, slot.RelayStreaming)
+	state(true, doctor.RelayStreaming)
 }
 
 // TestWarnOutage: the slot poller warns, once each, when
@@ -101,19 +102,19 @@ func TestWarnOutage(t *testing.T) {
 		rate, known := w.rate(info)
 		return info, rate, known
 	}
-	idle := slot.Settings{IdleSlotTimeout: "1h", IdleSlotTimeoutDur: time.Hour, MaxSlotWALKeepSize: "1GB"}
+	idle := doctor.Settings{IdleSlotTimeout: "1h", IdleSlotTimeoutDur: time.Hour, MaxSlotWALKeepSize: "1GB"}
 	for _, tc := range []struct {
 		name     string
 		plan     time.Duration
-		settings slot.Settings
+		settings doctor.Settings
 		mibPerS  int64
 		polls    int
 		want     []string
 	}{
 		{"both would invalidate the slot within the planned outage", 24 * time.Hour, idle, 1, 3,
 			[]string{"idle_replication_slot_timeout = 1h", "max_slot_wal_keep_size = 1GB: at the server's WAL rate (1.0 MiB (1048576 bytes)/s over the last 10s) the slot survives about 17m4s"}},
-		{"the rate is not known yet", 24 * time.Hour, slot.Settings{MaxSlotWALKeepSize: "1GB"}, 1, 1, nil},
-		{"no WAL written", 24 * time.Hour, slot.Settings{MaxSlotWALKeepSize: "1GB"}, 0, 3, nil},
+		{"the rate is not known yet", 24 * time.Hour, doctor.Settings{MaxSlotWALKeepSize: "1GB"}, 1, 1, nil},
+		{"no WAL written", 24 * time.Hour, doctor.Settings{MaxSlotWALKeepSize: "1GB"}, 0, 3, nil},
 		{"the slot outlasts the outage", 10 * time.Minute, idle, 1, 3, nil},
 		{"no outage planned for", 0, idle, 1, 3, nil},
 	} {
