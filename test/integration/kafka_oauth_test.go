@@ -68,7 +68,11 @@ func TestKafkaOAuthTokenRefresh(t *testing.T) {
 	out := p.out.String()
 	issued := c.issued.Load()
 	t.Logf("%d rows in %s; %d tokens issued; %d connections to the OAUTHBEARER listener seen", n, time.Since(start).Round(time.Second), issued, len(seen))
-	if issued < 3 {
+	// At least one refresh: the first token expired 8 seconds in, and the
+	// relay went on producing without a restart (checked below), so it
+	// re-authenticated with a new one. How many more depends on when the
+	// client re-authenticates, which a busy machine shifts.
+	if issued < 2 {
 		t.Errorf("%d tokens issued over %s of 8-second tokens: the relay did not refresh them", issued, time.Since(start).Round(time.Second))
 	}
 	// A client of one broker holds a handful of connections (metadata,
@@ -163,8 +167,15 @@ func TestKafkaOAuthRefusals(t *testing.T) {
 			out := p.out.String()
 			last := lastLines(out, 1)
 			t.Logf("exit %d after %s: %s", code, elapsed.Round(time.Millisecond), last)
-			if !ok || code != 2 {
-				t.Fatalf("exit %d (exited by itself: %v), want 2:\n%s", code, ok, lastLines(out, 5))
+			// A token endpoint that cannot be reached may come back: the
+			// relay retries it until --startup-timeout (exit 4); a refusal
+			// is a configuration to fix (exit 2).
+			want := 2
+			if tc.name == "unreachable token endpoint" {
+				want = 4
+			}
+			if !ok || code != want {
+				t.Fatalf("exit %d (exited by itself: %v), want %d:\n%s", code, ok, want, lastLines(out, 5))
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(last, w) {
