@@ -192,7 +192,7 @@ func DefaultConfig() Config {
 			MaxMessageBytes:    64 << 20,
 		},
 		Router:            router.DefaultConfig(),
-		Values:            schema.Config{}.WithDefaults(),
+		Values:            schema.DefaultConfig(),
 		Linger:            5 * time.Millisecond,
 		Compression:       kgo.NoCompression(),
 		StatusInterval:    10 * time.Second,
@@ -279,7 +279,7 @@ func (c *Config) validate() error {
 			return fmt.Errorf("relay.Config.StandbyURLs[%d]: %w", i, err)
 		}
 	}
-	return nil
+	return c.Values.Validate()
 }
 
 // setupConfig is what the source database must provide, as configured.

@@ -156,7 +156,7 @@ func TestKafkaDefaultsComeFirst(t *testing.T) {
 }
 
 // TestEveryNumericZero sets each numeric field of DefaultConfig (its
-// router's and read options' included) to zero in turn and checks the
+// router's, read options' and value formats' included) to zero in turn and checks the
 // documented outcome: New refuses it with one line naming the field, or
 // takes it as zero, never as a default it does not say.
 func TestEveryNumericZero(t *testing.T) {
@@ -165,6 +165,7 @@ func TestEveryNumericZero(t *testing.T) {
 		"SlotPollInterval": true, "ReceiveTimeout": true, "Read.BufferBytes": true,
 		"Router.MaxTopics": true, "Router.TopicPartitions": true, "Router.TopicReplicationFactor": true,
 		"Router.MaxInflightEvents": true, "Router.MaxInflightBytes": true, "Router.MaxRecordBytes": true,
+		"Values.Refresh": true, "Values.Timeout": true, "Values.RetryPause": true,
 		// Exactly-once's own (DefaultConfig is at-least-once: checked below).
 	}
 	eosRefused := map[string]bool{"TxnMaxEvents": true, "TxnMaxInterval": true, "Router.TransactionTimeout": true}
@@ -176,7 +177,7 @@ func TestEveryNumericZero(t *testing.T) {
 			name := prefix + f.Name
 			switch f.Type.Kind() {
 			case reflect.Struct:
-				if f.Name == "Read" || f.Name == "Router" {
+				if f.Name == "Read" || f.Name == "Router" || f.Name == "Values" {
 					walk(name+".", v.Field(i), append(append([]int(nil), path...), i))
 				}
 				continue
@@ -198,6 +199,9 @@ func TestEveryNumericZero(t *testing.T) {
 				field := "relay.Config." + name
 				if strings.HasPrefix(name, "Router.") {
 					field = "router.Config." + f.Name
+				}
+				if strings.HasPrefix(name, "Values.") {
+					field = "schema.Config." + f.Name
 				}
 				switch {
 				case want && (err == nil || !strings.Contains(err.Error(), field) || !strings.Contains(err.Error(), "default")):

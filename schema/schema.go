@@ -120,8 +120,9 @@ func ParseRule(s string) (Rule, error) {
 	return r, nil
 }
 
-// Config configures Values. The zero value of each field means its
-// documented default.
+// Config configures Values. Start from DefaultConfig: a zero is taken as
+// zero where zero means something (no URLs, no rules) and refused by
+// Validate, naming the field, where it does not (a zero Refresh).
 type Config struct {
 	// URLs are the registry's base URLs, Confluent's REST API (for
 	// Apicurio Registry 3: http://host:8080/apis/ccompat/v7). Needed when
@@ -155,28 +156,15 @@ type Config struct {
 	RetryPause time.Duration
 }
 
-// WithDefaults returns c with every field left zero set to the default
-// its documentation names.
-func (c Config) WithDefaults() Config {
-	c.setDefaults()
-	return c
-}
-
-func (c *Config) setDefaults() {
-	if c.Default.Format == "" {
-		c.Default.Format = AsIs
-	}
-	if c.Strategy == "" {
-		c.Strategy = TopicName
-	}
-	if c.Refresh <= 0 {
-		c.Refresh = time.Minute
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = 10 * time.Second
-	}
-	if c.RetryPause <= 0 {
-		c.RetryPause = time.Second
+// DefaultConfig returns the defaults each field's documentation names:
+// every value as is, so no registry is needed.
+func DefaultConfig() Config {
+	return Config{
+		Default:    Rule{Format: AsIs},
+		Strategy:   TopicName,
+		Refresh:    time.Minute,
+		Timeout:    10 * time.Second,
+		RetryPause: time.Second,
 	}
 }
 
@@ -200,7 +188,19 @@ func (c Config) Active() bool {
 
 // Validate reports what in c Values cannot work with.
 func (c Config) Validate() error {
-	c.setDefaults()
+	def := DefaultConfig()
+	for _, d := range []struct {
+		field  string
+		d, def time.Duration
+	}{
+		{"schema.Config.Refresh", c.Refresh, def.Refresh},
+		{"schema.Config.Timeout", c.Timeout, def.Timeout},
+		{"schema.Config.RetryPause", c.RetryPause, def.RetryPause},
+	} {
+		if d.d <= 0 {
+			return fmt.Errorf("%s is %s: give it a positive duration (the default is %s)", d.field, d.d, d.def)
+		}
+	}
 	check := func(what string, r Rule) error {
 		switch r.Format {
 		case AsIs, JSONSchema, Avro, Protobuf:
@@ -228,7 +228,7 @@ func (c Config) Validate() error {
 	switch c.Strategy {
 	case TopicName, RecordName, TopicRecordName:
 	default:
-		return fmt.Errorf("schema.Config.Strategy %q: want topic, record or topic-record", c.Strategy)
+		return fmt.Errorf("schema.Config.Strategy %q: want topic, record or topic-record (the default is %s)", c.Strategy, def.Strategy)
 	}
 	if c.Active() && len(c.URLs) == 0 {
 		return errors.New("a value format other than asis needs the schema registry's URL: set schema.Config.URLs")

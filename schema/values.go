@@ -53,7 +53,6 @@ type entry struct {
 // failed read; m counts the registry's answers. Values needs no registry
 // when every rule is AsIs.
 func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Values, error) {
-	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

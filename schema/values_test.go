@@ -49,6 +49,7 @@ message OrderPaid { int64 id = 1; double amount = 2; }`
 // newValues is Values on a fake registry, with cfg's rules.
 func newValues(t *testing.T, reg *srfake.Registry, cfg Config) (*Values, *metrics.Metrics) {
 	t.Helper()
+	cfg = withDefaults(cfg)
 	cfg.URLs = []string{reg.URL()}
 	m := metrics.NewUnregistered()
 	v, err := New(cfg, zap.NewNop(), m)
@@ -57,6 +58,24 @@ func newValues(t *testing.T, reg *srfake.Registry, cfg Config) (*Values, *metric
 	}
 	t.Cleanup(v.Close)
 	return v, m
+}
+
+// withDefaults fills the fields a test leaves zero from DefaultConfig, so
+// each test names only what it is about.
+func withDefaults(c Config) Config {
+	d := DefaultConfig()
+	if c.Default.Format == "" {
+		c.Default = d.Default
+	}
+	if c.Strategy == "" {
+		c.Strategy = d.Strategy
+	}
+	for _, f := range []struct{ got, def *time.Duration }{{&c.Refresh, &d.Refresh}, {&c.Timeout, &d.Timeout}, {&c.RetryPause, &d.RetryPause}} {
+		if *f.got == 0 {
+			*f.got = *f.def
+		}
+	}
+	return c
 }
 
 // value is Values.Value, waiting out the registry reads it asks for (at
@@ -365,8 +384,29 @@ func TestParseRule(t *testing.T) {
 			t.Errorf("ParseRule(%q): want an error", in)
 		}
 	}
-	if err := (Config{Default: Rule{Format: Avro}}).Validate(); err == nil || !strings.Contains(err.Error(), "schema.Config.URLs") {
+	if err := withDefaults(Config{Default: Rule{Format: Avro}}).Validate(); err == nil || !strings.Contains(err.Error(), "schema.Config.URLs") {
 		t.Errorf("a format without a registry URL: %v; want an error naming schema.Config.URLs", err)
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Errorf("DefaultConfig: %v", err)
+	}
+	// A zero is refused where it means nothing, naming the field and its
+	// default, never taken as the default.
+	for _, zero := range []struct {
+		field string
+		set   func(*Config)
+	}{
+		{"schema.Config.Refresh", func(c *Config) { c.Refresh = 0 }},
+		{"schema.Config.Timeout", func(c *Config) { c.Timeout = 0 }},
+		{"schema.Config.RetryPause", func(c *Config) { c.RetryPause = 0 }},
+		{"schema.Config.Strategy", func(c *Config) { c.Strategy = "" }},
+		{"schema.Config.Default", func(c *Config) { c.Default = Rule{} }},
+	} {
+		c := DefaultConfig()
+		zero.set(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), zero.field) {
+			t.Errorf("%s zero: Validate = %v, want a refusal naming it", zero.field, err)
+		}
 	}
 }
 
@@ -406,7 +446,7 @@ func BenchmarkValue(b *testing.B) {
 			if s, ok := schemas[f]; ok {
 				reg.SeedSchema("bench-value", 1, 1, s)
 			}
-			v, err := New(Config{URLs: []string{reg.URL()}, Default: Rule{Format: f}}, zap.NewNop(), nil)
+			v, err := New(withDefaults(Config{URLs: []string{reg.URL()}, Default: Rule{Format: f}}), zap.NewNop(), nil)
 			if err != nil {
 				b.Fatal(err)
 			}

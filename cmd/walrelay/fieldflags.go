@@ -106,6 +106,7 @@ var fieldFlags = map[string]string{
 	"schema.Config.Topics":                   "--value-format TOPIC=",
 	"schema.Config.Types":                    "--value-format type:TYPE=",
 	"schema.Config.Strategy":                 "--subject-strategy",
+	"schema.Config.Refresh":                  "--schema-refresh",
 }
 
 // flagSpeaker rewrites field names into flags, the longest name first so

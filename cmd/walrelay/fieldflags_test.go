@@ -62,6 +62,8 @@ var commandFuncs = map[string]any{
 var unflagged = map[string]string{
 	"relay.Config.BackoffMin":      "the backoff starts at its default; only --backoff-max is a flag",
 	"kafkaauth.OAuth.RefreshAfter": "walrelay refreshes at Kafka's default, 80% of a token's lifetime",
+	"schema.Config.Timeout":        "a registry request is bounded by its default; the flags tune what operators asked for",
+	"schema.Config.RetryPause":     "the pause between failed registry reads is its default",
 }
 
 // realField reports whether name (relay.Config.Read.MaxMessageBytes,

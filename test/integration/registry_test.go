@@ -120,11 +120,12 @@ func TestSchemaRegistryValues(t *testing.T) {
 	payment := register(t, cl, e.topic("payment")+"-value", sr.Schema{Schema: registryProto, Type: sr.TypeProtobuf})
 
 	cfg := e.config()
-	cfg.Values = schema.Config{URLs: []string{url}, Topics: map[string]schema.Rule{
+	cfg.Values.URLs = []string{url}
+	cfg.Values.Topics = map[string]schema.Rule{
 		e.topic("order"):    {Format: schema.Avro},
 		e.topic("customer"): {Format: schema.JSONSchema},
 		e.topic("payment"):  {Format: schema.Protobuf},
-	}}
+	}
 	e.startRelay(cfg)
 	c := e.consume()
 	conn := e.conn()
@@ -238,7 +239,9 @@ func TestSchemaRegistryDownDelays(t *testing.T) {
 	addr := listenLoopback(t, srv)
 
 	cfg := e.config()
-	cfg.Values = schema.Config{URLs: []string{"http://" + addr + u.Path}, Default: schema.Rule{Format: schema.JSONSchema}, RetryPause: 200 * time.Millisecond}
+	cfg.Values.URLs = []string{"http://" + addr + u.Path}
+	cfg.Values.Default = schema.Rule{Format: schema.JSONSchema}
+	cfg.Values.RetryPause = 200 * time.Millisecond
 	_, reg := e.startRelayGathered(cfg)
 	c := e.consume()
 	conn := e.conn()
@@ -305,7 +308,10 @@ func TestSchemaRegistryWriterCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	register(t, cl, e.topic("order")+"-value", sr.Schema{Schema: registryAvro, Type: sr.TypeAvro})
-	values, err := schema.New(schema.Config{URLs: []string{url}, Default: schema.Rule{Format: schema.Avro}}, zaptest.NewLogger(t), metrics.NewUnregistered())
+	vcfg := schema.DefaultConfig()
+	vcfg.URLs = []string{url}
+	vcfg.Default = schema.Rule{Format: schema.Avro}
+	values, err := schema.New(vcfg, zaptest.NewLogger(t), metrics.NewUnregistered())
 	if err != nil {
 		t.Fatal(err)
 	}
