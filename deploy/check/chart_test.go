@@ -697,6 +697,7 @@ func TestChartRefuses(t *testing.T) {
 	for _, tc := range []struct{ set, want string }{
 		{"config.pg-url=postgres://u:p@h/db", "config.pg-url: set by the chart's own values"},
 		{"config.kafka-sasl-password=x", "config.kafka-sasl-password: set by the chart's own values"},
+		{"config.schema-registry-password=x", "config.schema-registry-password: set by the chart's own values"},
 		{"config.max-inflight-byte=1", "config.max-inflight-byte: not a flag of `walrelay run`"},
 		{"postgres.urlSecret.name=", "postgres.urlSecret.name: name the Secret"},
 		{"kafka.sasl.mechanism=plain", "kafka.sasl.passwordSecret.name"},
