@@ -1,12 +1,15 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // hbaFile is a pg_hba.conf of lines, in a directory the server (run as
@@ -79,23 +82,39 @@ func TestPGPasswordCommand(t *testing.T) {
 	}
 	setPassword := func(pw string) { e.exec(fmt.Sprintf("ALTER ROLE walrelay_cmd PASSWORD '%s'", pw)) }
 	restarts := func() int { return strings.Count(p.out.String(), "relay restarting") }
+	// untilRestarts kicks the role's backends until the relay has restarted
+	// n times since before. A kick again after a few quiet seconds covers a
+	// connection the relay opened just after the previous one (CI saw a
+	// first kick leave the relay streaming, once in many runs); each
+	// re-kick logs what the role's backends were doing, so a relay that
+	// never notices a terminated walsender still fails, with the evidence.
+	untilRestarts := func(what string, before, n int) {
+		t.Helper()
+		kick()
+		last := time.Now()
+		e.waitFor(what, 60*time.Second, func() (bool, error) {
+			if restarts() >= before+n {
+				return true, nil
+			}
+			if time.Since(last) > 5*time.Second {
+				t.Logf("no restart %s after the kick; the role's backends: %s", time.Since(last).Round(time.Second), e.roleBackends("walrelay_cmd"))
+				kick()
+				last = time.Now()
+			}
+			return false, nil
+		})
+	}
 	wr := e.startWriters(2, 0, 400, 20*time.Millisecond)
 
 	// 1. Rotated: the source answers the new password.
 	setPassword(pws[1])
 	answer(pws[1])
-	before := restarts()
-	kick()
-	e.waitFor("a restart after the backends ended", 30*time.Second, func() (bool, error) { return restarts() > before, nil })
+	untilRestarts("a restart after the backends ended", restarts(), 1)
 	e.waitSlotActive(p)
 
 	// 2. Stale: the role has a new password, the source the old one.
 	setPassword(pws[2])
-	before = restarts()
-	kick()
-	e.waitFor("reconnections refused with the stale password", 30*time.Second, func() (bool, error) {
-		return restarts() >= before+2, nil
-	})
+	untilRestarts("reconnections refused with the stale password", restarts(), 2)
 	if !strings.Contains(p.out.String(), "the password came from --pg-password-command") {
 		t.Errorf("the refusals do not name the source:\n%s", lastLines(p.out.String(), 3))
 	}
@@ -106,9 +125,8 @@ func TestPGPasswordCommand(t *testing.T) {
 	if err := os.WriteFile(failFile, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	before = restarts()
-	kick()
-	e.waitFor("retries while the command fails", 30*time.Second, func() (bool, error) { return restarts() >= before+3, nil })
+	before := restarts()
+	untilRestarts("retries while the command fails", before, 3)
 	warns := 0
 	for _, l := range strings.Split(p.out.String(), "\n") {
 		if strings.Contains(l, "no PostgreSQL password from its source") {
@@ -173,4 +191,20 @@ func TestPGPasswordCommand(t *testing.T) {
 func firstLine(s string) string {
 	l, _, _ := strings.Cut(s, "\n")
 	return l
+}
+
+// roleBackends describes the backends of role: pid, type, state and wait
+// event, for a test's log when they did not do what it expected.
+func (e *env) roleBackends(role string) string {
+	c, err := pgx.Connect(e.ctx, e.url)
+	if err != nil {
+		return err.Error()
+	}
+	defer c.Close(context.Background())
+	var s string
+	if err := c.QueryRow(e.ctx, `SELECT coalesce(string_agg(format('%s %s %s %s/%s since %s', pid, backend_type, state, wait_event_type, wait_event, backend_start), '; '), 'none')
+		FROM pg_stat_activity WHERE usename = $1`, role).Scan(&s); err != nil {
+		return err.Error()
+	}
+	return s
 }
