@@ -30,7 +30,7 @@ import (
 
 // Config says what to run.
 type Config struct {
-	Scenarios    []string // drain, latency, big, idle, tracing, peer
+	Scenarios    []string // drain, latency, big, idle, tracing, txnfloor, peer
 	Events       int      // drain backlog size
 	TxnSizes     []int    // rows per transaction, one drain run each
 	PayloadBytes int
@@ -106,8 +106,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			rs, err = b.peerAll(ctx)
 		case "tracing":
 			rs, err = b.tracingAll(ctx)
+		case "txnfloor":
+			rs, err = b.txnFloorAll(ctx)
 		default:
-			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing or peer", sc)
+			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing, txnfloor or peer", sc)
 		}
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", sc, err)

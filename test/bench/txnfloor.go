@@ -1,0 +1,261 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// The txnfloor scenario is the broker's own cost of exactly-once latency,
+// with no relay and no PostgreSQL: events made in the bench process at
+// each --rate, evenly spaced, go through a minimal franz-go transactional
+// loop (begin, produce what is waiting, flush, commit) to a read_committed
+// consumer, which measures event-to-read latency as the latency scenario
+// does. It runs with one transactional producer (each transaction's first
+// record waits for the previous commit, the relay's protocol before the
+// commits overlapped) and with two taking turns (one fills and flushes
+// its transaction while the other's EndTxn is in flight). The relay's
+// exactly-once p99 is judged as a ratio to this floor (issue 36): if the
+// broker alone cannot reach a latency on this machine, neither can the
+// relay.
+
+// txnFloorProducers is how many transactional producers take turns in a
+// txnfloor run, one run each.
+var txnFloorProducers = []int{1, 2}
+
+func (b *bencher) txnFloorAll(ctx context.Context) ([]Result, error) {
+	runs := map[string][]Result{}
+	var order []string
+	for _, rate := range b.cfg.Rates {
+		for range b.cfg.Repeat {
+			for _, n := range txnFloorProducers {
+				r, err := b.txnFloor(ctx, rate, n)
+				if err != nil {
+					return collect(runs, order), err
+				}
+				if _, ok := runs[r.Params]; !ok {
+					order = append(order, r.Params)
+				}
+				runs[r.Params] = append(runs[r.Params], r)
+			}
+		}
+	}
+	return collect(runs, order), nil
+}
+
+// txnFloor runs the transactional loop at rate events per second with
+// producers transactional producers taking turns.
+func (b *bencher) txnFloor(ctx context.Context, rate, producers int) (Result, error) {
+	mode := "store"
+	if has(b.cfg.Brokers, "apache") {
+		mode = "apache"
+	}
+	k := b.oneBroker(mode)
+	if err := k.start(); err != nil {
+		return Result{}, err
+	}
+	defer k.stop()
+	if err := b.warmTransactions(k); err != nil {
+		return Result{}, err
+	}
+	b.seq++
+	topic := fmt.Sprintf("bench.txnfloor.%d", b.seq)
+	adm, err := kgo.NewClient(kgo.SeedBrokers(k.addrs...))
+	if err != nil {
+		return Result{}, err
+	}
+	_, err = kadm.NewClient(adm).CreateTopic(ctx, 1, -1, nil, topic)
+	adm.Close()
+	if err != nil {
+		return Result{}, fmt.Errorf("create %s: %w", topic, err)
+	}
+
+	measureFrom := time.Now().Add(2 * time.Second)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addrs...), kgo.ConsumeTopics(topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond),
+		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second))
+	if err != nil {
+		return Result{}, err
+	}
+	defer cl.Close()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var seen atomic.Int64
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for cctx.Err() == nil {
+			fs := cl.PollFetches(cctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) {
+				seen.Add(1)
+				if r.Timestamp.Before(measureFrom) {
+					return
+				}
+				mu.Lock()
+				lat = append(lat, now.Sub(r.Timestamp))
+				mu.Unlock()
+			})
+		}
+	}()
+
+	// The producers, each with its own transactional id, initialized
+	// before anything is timed.
+	pcs := make([]*kgo.Client, producers)
+	for i := range pcs {
+		pc, err := kgo.NewClient(kgo.SeedBrokers(k.addrs...), kgo.DefaultProduceTopic(topic),
+			kgo.TransactionalID(fmt.Sprintf("%s-%d", topic, i)), kgo.ProducerLinger(0),
+			kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		if err != nil {
+			return Result{}, err
+		}
+		defer pc.Close()
+		if _, _, err := pc.ProducerID(ctx); err != nil {
+			return Result{}, fmt.Errorf("init producer %d: %w", i, err)
+		}
+		pcs[i] = pc
+	}
+
+	events := make(chan time.Time, 1<<16)
+	total := b.cfg.Duration + time.Until(measureFrom)
+	stop := time.Now().Add(total)
+	var made atomic.Int64
+	go func() {
+		// Events are due at evenly spaced times; a late wake-up makes
+		// every event due by then, each stamped with its due time.
+		defer close(events)
+		interval := time.Second / time.Duration(rate)
+		for next := time.Now(); next.Before(stop); {
+			if d := time.Until(next); d > 0 {
+				time.Sleep(d)
+			}
+			for now := time.Now(); !next.After(now) && next.Before(stop); next = next.Add(interval) {
+				events <- next
+				made.Add(1)
+			}
+		}
+	}()
+
+	brokerStart := k.cpu()
+	runStart := time.Now()
+	// turn[i] holds a token while producer i may open the next
+	// transaction: it passes the token on once its records are
+	// acknowledged, before its commit, so that the next producer's
+	// records follow them in the log while its EndTxn is in flight.
+	turn := make([]chan struct{}, producers)
+	for i := range turn {
+		turn[i] = make(chan struct{}, 1)
+	}
+	turn[0] <- struct{}{}
+	var txns atomic.Int64
+	errs := make(chan error, 1)
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	fail := func(err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+		pcancel()
+	}
+	var wg sync.WaitGroup
+	for i, pc := range pcs {
+		wg.Go(func() {
+			for {
+				var first time.Time
+				ok := false
+				select {
+				case <-turn[i]:
+					first, ok = <-events
+				case <-pctx.Done():
+					return
+				}
+				if !ok {
+					turn[(i+1)%producers] <- struct{}{}
+					return
+				}
+				if err := pc.BeginTransaction(); err != nil {
+					fail(err)
+					return
+				}
+				produce := func(at time.Time) {
+					pc.Produce(pctx, &kgo.Record{Timestamp: at, Value: []byte("floor")}, func(_ *kgo.Record, err error) {
+						if err != nil {
+							fail(err)
+						}
+					})
+				}
+				produce(first)
+			more:
+				for {
+					select {
+					case at, ok := <-events:
+						if !ok {
+							break more
+						}
+						produce(at)
+					default:
+						break more
+					}
+				}
+				if err := pc.Flush(pctx); err != nil {
+					fail(err)
+					return
+				}
+				turn[(i+1)%producers] <- struct{}{}
+				if err := pc.EndTransaction(pctx, kgo.TryCommit); err != nil {
+					fail(err)
+					return
+				}
+				txns.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return Result{}, err
+	default:
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for seen.Load() < made.Load() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	runTime, brokerCPU := time.Since(runStart), k.cpu()-brokerStart
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lat) == 0 {
+		return Result{}, fmt.Errorf("no record measured (%d made, %d read)", made.Load(), seen.Load())
+	}
+	slices.Sort(lat)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	res := Result{
+		Scenario: "txnfloor",
+		Params:   fmt.Sprintf("rate=%d/s duration=%s broker=%s producers=%d", rate, b.cfg.Duration, k.name, producers),
+		Metrics: map[string]float64{
+			"p50_ms":           ms(lat[len(lat)/2]),
+			"p99_ms":           ms(lat[len(lat)*99/100]),
+			"max_ms":           ms(lat[len(lat)-1]),
+			"achieved_rate":    float64(made.Load()) / total.Seconds(),
+			"events":           float64(len(lat)),
+			"kafka_txns_per_s": float64(txns.Load()) / runTime.Seconds(),
+		},
+	}
+	if k.kafka != nil || k.apache != nil {
+		res.Metrics["broker_cpu_percent"] = 100 * brokerCPU.Seconds() / runTime.Seconds()
+	}
+	if seen.Load() < made.Load() {
+		res.Notes = fmt.Sprintf("MISSING %d records", made.Load()-seen.Load())
+	}
+	b.logf("txnfloor rate=%d producers=%d: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, producers,
+		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])
+	return res, nil
+}
