@@ -41,7 +41,7 @@ const (
 // benchCmd is the command line: which scenarios, at which sizes, against
 // which relay, PostgreSQL and broker.
 type benchCmd struct {
-	Scenario     []string      `default:"drain,latency,big,idle" help:"Scenarios to run: drain, latency, big, idle, tracing (the drain with OpenTelemetry tracing off, on with every trace sampled and with 1%, per --txn-size on the first --broker; txnfloor: the broker alone, a minimal transactional producer (one, then two taking turns) at each --rate to a read_committed consumer, the floor of exactly-once latency; peer: see --peer)."`
+	Scenario     []string      `default:"drain,latency,big,idle" help:"Scenarios to run: drain, latency, big, idle, tracing (the drain with OpenTelemetry tracing off, on with every trace sampled and with 1%, per --txn-size on the first --broker; txnfloor: the broker alone, a minimal transactional producer (one, or two taking turns; each with and without waiting for the commit markers) at each --rate to a read_committed consumer, the floor of exactly-once latency; peer: see --peer)."`
 	Peer         string        `default:"none" enum:"none,debezium" help:"debezium: run only the peer scenario: walrelay --preset debezium, Debezium with its defaults and Debezium tuned, one after the other on one Apache Kafka node (needs Java and Maven; see make deps-debezium): drain rate per --txn-size, latency per --peer-rate, peak RSS, CPU per event, and a kill -9 under load."`
 	PeerRate     []int         `default:"1000,5000" help:"peer: commits per second of the latency runs; one run per value."`
 	PeerRun      []string      `default:"walrelay,debezium,debezium-tuned" help:"peer: which to run: walrelay, debezium (its defaults), debezium-tuned."`

@@ -18,24 +18,49 @@ import (
 // loop (begin, produce what is waiting, flush, commit) to a read_committed
 // consumer, which measures event-to-read latency as the latency scenario
 // does. It runs with one transactional producer (each transaction's first
-// record waits for the previous commit, the relay's protocol before the
-// commits overlapped) and with two taking turns (one fills and flushes
-// its transaction while the other's EndTxn is in flight). The relay's
+// record waits for the previous commit: the relay's protocol) and with two
+// taking turns (one fills and flushes its transaction while the other's
+// EndTxn is in flight), each with and without waiting for the markers
+// (floorVariant). All runs share one broker. The relay's
 // exactly-once p99 is judged as a ratio to this floor (issue 36): if the
 // broker alone cannot reach a latency on this machine, neither can the
 // relay.
 
-// txnFloorProducers is how many transactional producers take turns in a
-// txnfloor run, one run each.
-var txnFloorProducers = []int{1, 2}
+// floorVariant is one way a txnfloor run commits: with how many
+// transactional producers taking turns, and whether a producer, after its
+// commit, waits for the coordinator to complete it (the markers written)
+// before its next transaction's first record, as the relay's settle does.
+// Without that wait, Apache Kafka answers the next produce
+// CONCURRENT_TRANSACTIONS inside the broker and retries it after
+// add.partitions.to.txn.retry.backoff.ms (20 ms).
+type floorVariant struct {
+	producers int
+	settle    bool
+}
+
+var floorVariants = []floorVariant{{1, false}, {1, true}, {2, false}, {2, true}}
 
 func (b *bencher) txnFloorAll(ctx context.Context) ([]Result, error) {
+	// One broker for all runs (each has its own topic and transactional
+	// ids): Apache Kafka's start is most of a run's time otherwise.
+	mode := "store"
+	if has(b.cfg.Brokers, "apache") {
+		mode = "apache"
+	}
+	k := b.oneBroker(mode)
+	if err := k.start(); err != nil {
+		return nil, err
+	}
+	defer k.stop()
+	if err := b.warmTransactions(k); err != nil {
+		return nil, err
+	}
 	runs := map[string][]Result{}
 	var order []string
 	for _, rate := range b.cfg.Rates {
 		for range b.cfg.Repeat {
-			for _, n := range txnFloorProducers {
-				r, err := b.txnFloor(ctx, rate, n)
+			for _, v := range floorVariants {
+				r, err := b.txnFloor(ctx, k, rate, v)
 				if err != nil {
 					return collect(runs, order), err
 				}
@@ -49,29 +74,19 @@ func (b *bencher) txnFloorAll(ctx context.Context) ([]Result, error) {
 	return collect(runs, order), nil
 }
 
-// txnFloor runs the transactional loop at rate events per second with
-// producers transactional producers taking turns.
-func (b *bencher) txnFloor(ctx context.Context, rate, producers int) (Result, error) {
-	mode := "store"
-	if has(b.cfg.Brokers, "apache") {
-		mode = "apache"
-	}
-	k := b.oneBroker(mode)
-	if err := k.start(); err != nil {
-		return Result{}, err
-	}
-	defer k.stop()
-	if err := b.warmTransactions(k); err != nil {
-		return Result{}, err
-	}
+// txnFloor runs the transactional loop on k at rate events per second,
+// committing as v says.
+func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVariant) (Result, error) {
+	producers := v.producers
 	b.seq++
 	topic := fmt.Sprintf("bench.txnfloor.%d", b.seq)
 	adm, err := kgo.NewClient(kgo.SeedBrokers(k.addrs...))
 	if err != nil {
 		return Result{}, err
 	}
-	_, err = kadm.NewClient(adm).CreateTopic(ctx, 1, -1, nil, topic)
-	adm.Close()
+	admin := kadm.NewClient(adm)
+	defer adm.Close()
+	_, err = admin.CreateTopic(ctx, 1, -1, nil, topic)
 	if err != nil {
 		return Result{}, fmt.Errorf("create %s: %w", topic, err)
 	}
@@ -215,6 +230,9 @@ func (b *bencher) txnFloor(ctx context.Context, rate, producers int) (Result, er
 					return
 				}
 				txns.Add(1)
+				if v.settle {
+					settleTxn(pctx, admin, fmt.Sprintf("%s-%d", topic, i))
+				}
 			}
 		})
 	}
@@ -239,7 +257,7 @@ func (b *bencher) txnFloor(ctx context.Context, rate, producers int) (Result, er
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	res := Result{
 		Scenario: "txnfloor",
-		Params:   fmt.Sprintf("rate=%d/s duration=%s broker=%s producers=%d", rate, b.cfg.Duration, k.name, producers),
+		Params:   fmt.Sprintf("rate=%d/s duration=%s broker=%s producers=%d settle=%v", rate, b.cfg.Duration, k.name, producers, v.settle),
 		Metrics: map[string]float64{
 			"p50_ms":           ms(lat[len(lat)/2]),
 			"p99_ms":           ms(lat[len(lat)*99/100]),
@@ -255,7 +273,24 @@ func (b *bencher) txnFloor(ctx context.Context, rate, producers int) (Result, er
 	if seen.Load() < made.Load() {
 		res.Notes = fmt.Sprintf("MISSING %d records", made.Load()-seen.Load())
 	}
-	b.logf("txnfloor rate=%d producers=%d: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, producers,
+	b.logf("txnfloor rate=%d producers=%d settle=%v: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, producers, v.settle,
 		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])
 	return res, nil
+}
+
+// settleTxn waits until the coordinator completed the transaction id just
+// committed (at most 100 ms), asking every 500 µs, as router.Txn's settle.
+func settleTxn(ctx context.Context, admin *kadm.Client, id string) {
+	ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	for ctx.Err() == nil {
+		d, err := admin.DescribeTransactions(ctx, id)
+		if err != nil || d[id].Err != nil {
+			return
+		}
+		if st := d[id].State; st != "PrepareCommit" && st != "PrepareAbort" {
+			return
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
 }
