@@ -41,11 +41,14 @@ type Config struct {
 	PeerRates    []int    // peer: commits per second of its latency runs
 	Peers        []string // peer: walrelay, debezium, debezium-tuned; empty: all
 	PeerMeasures []string // peer: drain, latency, kill; empty: all
-	Duration     time.Duration
-	BigRows      []int
-	IdleFor      time.Duration
-	Repeat       int
-	RelayArgs    []string // extra flags for walrelay run
+	// FloorVariants: txnfloor, how its producer commits (floorVariant):
+	// "1", "2", with "s" and/or "c" appended; empty: all of the defaults.
+	FloorVariants []string
+	Duration      time.Duration
+	BigRows       []int
+	IdleFor       time.Duration
+	Repeat        int
+	RelayArgs     []string // extra flags for walrelay run
 	// ColdCheckpoints leaves the checkpoint topic to the relay (a first
 	// start on a new cluster); by default the broker's setup creates and
 	// uses it first, as on a cluster in service (see warmTransactions).

@@ -20,8 +20,9 @@ import (
 // does. It runs with one transactional producer (each transaction's first
 // record waits for the previous commit: the relay's protocol) and with two
 // taking turns (one fills and flushes its transaction while the other's
-// EndTxn is in flight), each with and without waiting for the markers
-// (floorVariant). All runs share one broker. The relay's
+// EndTxn is in flight), with or without waiting for the markers, with or
+// without a second partition (floorVariant, --floor). All runs share one
+// broker. The relay's
 // exactly-once p99 is judged as a ratio to this floor (issue 36): if the
 // broker alone cannot reach a latency on this machine, neither can the
 // relay.
@@ -33,14 +34,48 @@ import (
 // Without that wait, Apache Kafka answers the next produce
 // CONCURRENT_TRANSACTIONS inside the broker and retries it after
 // add.partitions.to.txn.retry.backoff.ms (20 ms).
+// With checkpoint, each transaction ends with one record to a second
+// topic, as the relay's ends with its checkpoint: two partitions' markers.
 type floorVariant struct {
-	producers int
-	settle    bool
+	producers  int
+	settle     bool
+	checkpoint bool
 }
 
-var floorVariants = []floorVariant{{1, false}, {1, true}, {2, false}, {2, true}}
+// parseFloorVariant reads a --floor value: "1" or "2", then "s" for
+// settle and "c" for checkpoint.
+func parseFloorVariant(s string) (floorVariant, error) {
+	var v floorVariant
+	if s == "" || s[0] != '1' && s[0] != '2' {
+		return v, fmt.Errorf("--floor %q: want 1 or 2 producers, then s (settle) and/or c (checkpoint), as in 2sc", s)
+	}
+	v.producers = int(s[0] - '0')
+	for _, c := range s[1:] {
+		switch c {
+		case 's':
+			v.settle = true
+		case 'c':
+			v.checkpoint = true
+		default:
+			return v, fmt.Errorf("--floor %q: want 1 or 2 producers, then s (settle) and/or c (checkpoint), as in 2sc", s)
+		}
+	}
+	return v, nil
+}
 
 func (b *bencher) txnFloorAll(ctx context.Context) ([]Result, error) {
+	names := b.cfg.FloorVariants
+	if len(names) == 0 {
+		names = []string{"1", "1s", "2", "2s", "1sc", "2sc"}
+	}
+	var variants []floorVariant
+	for _, n := range names {
+		v, err := parseFloorVariant(n)
+		if err != nil {
+			return nil, err
+		}
+		variants = append(variants, v)
+	}
 	// One broker for all runs (each has its own topic and transactional
 	// ids): Apache Kafka's start is most of a run's time otherwise.
 	mode := "store"
@@ -59,7 +94,7 @@ func (b *bencher) txnFloorAll(ctx context.Context) ([]Result, error) {
 	var order []string
 	for _, rate := range b.cfg.Rates {
 		for range b.cfg.Repeat {
-			for _, v := range floorVariants {
+			for _, v := range variants {
 				r, err := b.txnFloor(ctx, k, rate, v)
 				if err != nil {
 					return collect(runs, order), err
@@ -87,6 +122,9 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 	admin := kadm.NewClient(adm)
 	defer adm.Close()
 	_, err = admin.CreateTopic(ctx, 1, -1, nil, topic)
+	if err == nil && v.checkpoint {
+		_, err = admin.CreateTopic(ctx, 1, -1, nil, topic+".ckpt")
+	}
 	if err != nil {
 		return Result{}, fmt.Errorf("create %s: %w", topic, err)
 	}
@@ -105,7 +143,11 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 		defer pc.Close()
 		// A first transaction to the new topic waits for the broker and
 		// the client to learn of it (seconds on Apache Kafka): paid here.
-		if err := warmTxn(ctx, pc); err != nil {
+		warm := []string{topic}
+		if v.checkpoint {
+			warm = append(warm, topic+".ckpt")
+		}
+		if err := warmTxn(ctx, pc, warm); err != nil {
 			return Result{}, fmt.Errorf("warm up producer %d: %w", i, err)
 		}
 		pcs[i] = pc
@@ -223,6 +265,13 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 						break more
 					}
 				}
+				if v.checkpoint {
+					pc.Produce(pctx, &kgo.Record{Topic: topic + ".ckpt", Value: []byte("checkpoint")}, func(_ *kgo.Record, err error) {
+						if err != nil {
+							fail(err)
+						}
+					})
+				}
 				if err := pc.Flush(pctx); err != nil {
 					fail(err)
 					return
@@ -260,7 +309,7 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	res := Result{
 		Scenario: "txnfloor",
-		Params:   fmt.Sprintf("rate=%d/s duration=%s broker=%s producers=%d settle=%v", rate, b.cfg.Duration, k.name, producers, v.settle),
+		Params:   fmt.Sprintf("rate=%d/s duration=%s broker=%s producers=%d settle=%v checkpoint=%v", rate, b.cfg.Duration, k.name, producers, v.settle, v.checkpoint),
 		Metrics: map[string]float64{
 			"p50_ms":           ms(lat[len(lat)/2]),
 			"p99_ms":           ms(lat[len(lat)*99/100]),
@@ -276,7 +325,7 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 	if seen.Load() < made.Load()+int64(producers) {
 		res.Notes = fmt.Sprintf("MISSING %d records", made.Load()+int64(producers)-seen.Load())
 	}
-	b.logf("txnfloor rate=%d producers=%d settle=%v: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, producers, v.settle,
+	b.logf("txnfloor rate=%d producers=%d settle=%v checkpoint=%v: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, producers, v.settle, v.checkpoint,
 		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])
 	return res, nil
 }
@@ -298,16 +347,18 @@ func settleTxn(ctx context.Context, admin *kadm.Client, id string) {
 	}
 }
 
-// warmTxn commits one transaction of one record, stamped in the past so
-// that it is never measured.
-func warmTxn(ctx context.Context, pc *kgo.Client) error {
+// warmTxn commits one transaction of one record to each topic, stamped in
+// the past so that it is never measured.
+func warmTxn(ctx context.Context, pc *kgo.Client, topics []string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := pc.BeginTransaction(); err != nil {
 		return err
 	}
-	if err := pc.ProduceSync(ctx, &kgo.Record{Timestamp: time.Unix(1, 0), Value: []byte("warm")}).FirstErr(); err != nil {
-		return err
+	for _, t := range topics {
+		if err := pc.ProduceSync(ctx, &kgo.Record{Topic: t, Timestamp: time.Unix(1, 0), Value: []byte("warm")}).FirstErr(); err != nil {
+			return err
+		}
 	}
 	return pc.EndTransaction(ctx, kgo.TryCommit)
 }
