@@ -97,6 +97,10 @@ func (c *benchCmd) run(ctx context.Context) int {
 		fmt.Fprintln(os.Stderr, "walrelay-bench:", err)
 		return exitSetup
 	}
+	if err := bench.CheckFloorVariants(c.Floor); err != nil {
+		fmt.Fprintln(os.Stderr, "walrelay-bench:", err)
+		return exitSetup
+	}
 	if c.Peer == "debezium" {
 		c.Scenario = []string{"peer"}
 	}
