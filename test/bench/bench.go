@@ -30,7 +30,7 @@ import (
 
 // Config says what to run.
 type Config struct {
-	Scenarios    []string // drain, latency, big, idle, tracing, peer
+	Scenarios    []string // drain, latency, big, idle, tracing, txnfloor, peer
 	Events       int      // drain backlog size
 	TxnSizes     []int    // rows per transaction, one drain run each
 	PayloadBytes int
@@ -41,11 +41,14 @@ type Config struct {
 	PeerRates    []int    // peer: commits per second of its latency runs
 	Peers        []string // peer: walrelay, debezium, debezium-tuned; empty: all
 	PeerMeasures []string // peer: drain, latency, kill; empty: all
-	Duration     time.Duration
-	BigRows      []int
-	IdleFor      time.Duration
-	Repeat       int
-	RelayArgs    []string // extra flags for walrelay run
+	// FloorVariants: txnfloor, how its producer commits (floorVariant):
+	// "1", "2", with "s" and/or "c" appended; empty: all of the defaults.
+	FloorVariants []string
+	Duration      time.Duration
+	BigRows       []int
+	IdleFor       time.Duration
+	Repeat        int
+	RelayArgs     []string // extra flags for walrelay run
 	// ColdCheckpoints leaves the checkpoint topic to the relay (a first
 	// start on a new cluster); by default the broker's setup creates and
 	// uses it first, as on a cluster in service (see warmTransactions).
@@ -106,8 +109,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			rs, err = b.peerAll(ctx)
 		case "tracing":
 			rs, err = b.tracingAll(ctx)
+		case "txnfloor":
+			rs, err = b.txnFloorAll(ctx)
 		default:
-			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing or peer", sc)
+			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing, txnfloor or peer", sc)
 		}
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", sc, err)
