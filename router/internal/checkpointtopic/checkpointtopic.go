@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -28,6 +29,7 @@ import (
 // checks that it exists with exactly one partition. Creation that is not
 // authorized is fine when an administrator created the topic.
 func Prepare(ctx context.Context, admin *kadm.Client, name string, create bool, replicationFactor int16) error {
+	created := false
 	if create {
 		compact, segment := "compact", "3600000"
 		_, err := admin.CreateTopic(ctx, 1, replicationFactor, map[string]*string{
@@ -37,12 +39,13 @@ func Prepare(ctx context.Context, admin *kadm.Client, name string, create bool, 
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) && !notAllowed(err) {
 			return fmt.Errorf("create checkpoint topic %q: %w", name, err)
 		}
+		created = err == nil || errors.Is(err, kerr.TopicAlreadyExists)
 	}
-	details, err := admin.ListTopics(ctx, name)
+	list := func(ctx context.Context) (kadm.TopicDetails, error) { return admin.ListTopics(ctx, name) }
+	d, ok, err := describe(ctx, list, name, created)
 	if err != nil {
 		return fmt.Errorf("describe checkpoint topic %q: %w", name, err)
 	}
-	d, ok := details[name]
 	if ok && notAllowed(d.Err) {
 		// Kafka hides whether a topic exists from a principal that may
 		// not describe it: an ACL to grant, not a topic to create.
@@ -55,6 +58,36 @@ func Prepare(ctx context.Context, admin *kadm.Client, name string, create bool, 
 		return fmt.Errorf("checkpoint topic %q has %d partitions: it needs exactly one", name, n)
 	}
 	return nil
+}
+
+// visibleWithin bounds describe's wait for a topic the controller has
+// created: brokers learn of it from the metadata log, in milliseconds
+// normally, seconds on a loaded machine.
+const visibleWithin = 15 * time.Second
+
+// describe reads name's metadata. When the topic was just created (or
+// another relay was creating it), a broker whose metadata cache has not
+// caught up with the controller calls it unknown or leaderless for a
+// moment: describe asks again until it shows, for visibleWithin at most,
+// so that this is not taken for a topic that does not exist.
+func describe(ctx context.Context, list func(context.Context) (kadm.TopicDetails, error), name string, created bool) (kadm.TopicDetail, bool, error) {
+	deadline := time.Now().Add(visibleWithin)
+	for {
+		details, err := list(ctx)
+		if err != nil {
+			return kadm.TopicDetail{}, false, err
+		}
+		d, ok := details[name]
+		catchingUp := !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) || errors.Is(d.Err, kerr.LeaderNotAvailable)
+		if !created || !catchingUp || time.Now().After(deadline) {
+			return d, ok, nil
+		}
+		select {
+		case <-ctx.Done():
+			return d, ok, nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func notAllowed(err error) bool {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/test/testkit"
@@ -164,5 +165,38 @@ func TestReaderOpenedBeforeTheProbe(t *testing.T) {
 	v, found, err := rd.Until(ctx, key, probeKey, probe)
 	if err != nil || !found || string(v) != "second" {
 		t.Fatalf("Until = %q, %v, %v; want \"second\", committed after the reader opened and before the probe", v, found, err)
+	}
+}
+
+// A broker answers metadata from a cache the controller updates after
+// CreateTopics returns: right after creating the topic, it may still call
+// it unknown or leaderless (a loaded Apache Kafka did, and the relay
+// refused to start with "does not exist"). Prepare's describe asks again
+// for a topic it just created; for one it did not create, a first answer
+// stands.
+func TestDescribeWaitsForATopicItJustCreated(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	answers := func() func(context.Context) (kadm.TopicDetails, error) {
+		calls := 0
+		return func(context.Context) (kadm.TopicDetails, error) {
+			calls++
+			switch calls {
+			case 1:
+				return kadm.TopicDetails{}, nil
+			case 2:
+				return kadm.TopicDetails{topic: {Topic: topic, Err: kerr.UnknownTopicOrPartition}}, nil
+			case 3:
+				return kadm.TopicDetails{topic: {Topic: topic, Err: kerr.LeaderNotAvailable}}, nil
+			}
+			return kadm.TopicDetails{topic: {Topic: topic, Partitions: kadm.PartitionDetails{0: {}}}}, nil
+		}
+	}
+	d, ok, err := describe(ctx, answers(), topic, true)
+	if err != nil || !ok || d.Err != nil || len(d.Partitions) != 1 {
+		t.Fatalf("a topic just created, unknown then leaderless: %+v %v %v", d, ok, err)
+	}
+	if _, ok, err := describe(ctx, answers(), topic, false); ok || err != nil {
+		t.Fatalf("a topic not created: the first answer (none) stands, got ok=%v err=%v", ok, err)
 	}
 }
