@@ -1,0 +1,303 @@
+package integration
+
+// Decoding on a hot standby (PostgreSQL 16+, --primary-url): the relay's
+// slot and replication connection are on the standby, its writes (the
+// heartbeat, the publication, walrelay's record, pg_log_standby_snapshot
+// while the slot is created) on the primary. Under load from writers on
+// the primary: every committed row delivered while the relay streams from
+// the standby, after the relay is killed and restarted (duplicates
+// counted), and after the standby is promoted (the slot is local to it).
+// Each preflight refusal of a bad standby and primary pair is one line
+// naming the fix.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walrelay/walrelay/internal/devcluster"
+	"github.com/walrelay/walrelay/slot"
+)
+
+// standbyArgs are e.args() reading from the standby at standbyURL, with
+// the primary at primaryURL.
+func (e *env) standbyArgs(standbyURL, primaryURL string, extra ...string) []string {
+	args := e.args()
+	for i := range args {
+		if args[i] == "--pg-url" {
+			args[i+1] = standbyURL
+		}
+	}
+	args = append(args, "--primary-url", primaryURL, "--slot-poll-interval", "1s")
+	return append(args, extra...)
+}
+
+// standbySlot reads the slot on the server of url (the standby).
+func (e *env) standbySlot(url string) (slot.Info, error) {
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return slot.Info{}, err
+	}
+	defer c.Close(context.Background())
+	return slot.ReadInfo(ctx, c, e.name)
+}
+
+// waitStandbySlotActive waits until p streams from the slot on the
+// standby at url.
+func (e *env) waitStandbySlotActive(p *proc, url string) {
+	e.t.Helper()
+	e.waitFor("slot active on the standby", 2*time.Minute, func() (bool, error) {
+		select {
+		case <-p.done:
+			return false, fmt.Errorf("walrelay exited: %v: %s", p.err, finalLines(p.out.String()))
+		default:
+		}
+		i, err := e.standbySlot(url)
+		return err == nil && i.Active, err
+	})
+}
+
+func TestStandbyDecodeUnderLoad(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed() // the standby has the test's database
+	standbyURL := rs.standby.URL(e.name)
+	c := e.consume()
+	args := e.standbyArgs(standbyURL, e.url, "--heartbeat-interval", "1s")
+	p := startProc(t, nil, args...)
+	e.waitStandbySlotActive(p, standbyURL)
+	if i, err := e.standbySlot(rs.primary.URL(e.name)); err == nil {
+		t.Fatalf("the slot is on the primary too (%+v): it must be on the standby only", i)
+	}
+
+	fw := e.startFailoverWriters(4, 5*time.Millisecond)
+	defer fw.halt()
+	waitMore := func(what string, more int, p *proc) {
+		t.Helper()
+		n := len(distinctIDs(c.records()))
+		e.waitFor(what, 2*time.Minute, func() (bool, error) {
+			select {
+			case <-p.done:
+				return false, fmt.Errorf("the relay exited: %s", finalLines(p.out.String()))
+			default:
+			}
+			got := len(distinctIDs(c.records()))
+			return got >= n+more, fmt.Errorf("%d ids read", got)
+		})
+	}
+	waitMore("records streamed from the standby", 300, p)
+
+	// The relay killed and started again: it resumes from the slot on the
+	// standby.
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	p = startProc(t, nil, args...)
+	e.waitStandbySlotActive(p, standbyURL)
+	waitMore("records after the relay's restart", 300, p)
+
+	// The standby promoted: the old primary is gone, the writers reach the
+	// promoted server through the multi-host URL, and the slot, local to
+	// it, goes on.
+	oldStandby := rs.standby.Port
+	rs.failover(nil)
+	if rs.primary.Port != oldStandby {
+		t.Fatalf("the promoted server is on port %d, want the standby's %d", rs.primary.Port, oldStandby)
+	}
+	waitMore("records after the standby's promotion", 300, p)
+	if !strings.Contains(p.out.String(), "was promoted") {
+		t.Errorf("the relay did not log the standby's promotion")
+	}
+	// And a start after the promotion, --primary-url still given, goes
+	// on: the promoted server holds the slot.
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	p = startProc(t, nil, args...)
+	e.waitStandbySlotActive(p, standbyURL)
+	waitMore("records after a restart on the promoted standby", 100, p)
+
+	fw.halt()
+	committed := e.committedIDs()
+	var all []string
+	for id := range committed {
+		all = append(all, id)
+	}
+	err := devcluster.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+		m := missingIDs(c, all)
+		return len(m) == 0, fmt.Errorf("%d of %d committed ids not read", len(m), len(all))
+	})
+	if err != nil {
+		t.Fatalf("%v; %s", err, rs.replicationState(e.name))
+	}
+	recs := c.records()
+	delivered := distinctIDs(recs)
+	phantoms, dups := 0, 0
+	for id, n := range delivered {
+		if !committed[id] {
+			phantoms++
+		}
+		dups += n - 1
+	}
+	inv := orderInversions(recs)
+	t.Logf("decoding on a standby, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates (1 relay kill -9, 1 promotion, 1 restart), %d delivered without committing, %d order inversions",
+		pgVersion/10000, len(committed), len(delivered), dups, phantoms, inv)
+	if phantoms > 0 {
+		t.Errorf("%d records published of transactions the surviving history does not have", phantoms)
+	}
+	if inv > 0 {
+		t.Errorf("%d records out of per-key order", inv)
+	}
+}
+
+// TestStandbyDecodeRefusals: each bad standby and primary pair is refused
+// at start, in one line naming the fix, and leaves no slot behind.
+func TestStandbyDecodeRefusals(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL, primaryURL := rs.standby.URL(e.name), rs.primary.URL(e.name)
+	otherSystem, err := devcluster.CreateDatabase(e.ctx, pgAdminURL, e.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := pgx.Connect(context.Background(), pgAdminURL); err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{e.name}.Sanitize())
+			c.Close(context.Background())
+		}
+	})
+	set := func(url string, settings ...string) {
+		t.Helper()
+		c, err := pgx.Connect(e.ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		for _, s := range settings {
+			if _, err := c.Exec(e.ctx, s); err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+		}
+		if _, err := c.Exec(e.ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// showing waits until a reload took effect.
+	showing := func(url, name, want string) {
+		t.Helper()
+		e.waitFor(name+" = "+want, 30*time.Second, func() (bool, error) {
+			c, err := pgx.Connect(e.ctx, url)
+			if err != nil {
+				return false, err
+			}
+			defer c.Close(context.Background())
+			var v string
+			err = c.QueryRow(e.ctx, "SELECT current_setting($1)", name).Scan(&v)
+			return v == want, fmt.Errorf("%s = %q", name, v)
+		})
+	}
+	cases := []struct {
+		name   string
+		args   []string
+		before func()
+		after  func()
+		want   []string
+	}{
+		{name: "standby without --primary-url", args: nil, // e.args() on the standby
+			want: []string{"is a hot standby", "--primary-url"}},
+		{name: "--primary-url with a primary", args: e.standbyArgs(primaryURL, primaryURL),
+			want: []string{"is not a hot standby", "leave --primary-url out"}},
+		{name: "primary of another system", args: e.standbyArgs(standbyURL, otherSystem),
+			want: []string{"not primary and standby of one cluster", "name the standby's own primary in --primary-url"}},
+		{name: "primary URL names a standby", args: e.standbyArgs(standbyURL, standbyURL),
+			want: []string{"is a hot standby too", "name the primary that accepts writes"}},
+		{name: "hot_standby_feedback off", args: e.standbyArgs(standbyURL, primaryURL),
+			before: func() {
+				set(standbyURL, "ALTER SYSTEM SET hot_standby_feedback = off")
+				showing(standbyURL, "hot_standby_feedback", "off")
+			},
+			after: func() {
+				set(standbyURL, "ALTER SYSTEM RESET hot_standby_feedback")
+				showing(standbyURL, "hot_standby_feedback", "on")
+			},
+			want: []string{"hot_standby_feedback is off", "rows_removed", "set hot_standby_feedback = on on the standby"}},
+		{name: "no primary_slot_name", args: e.standbyArgs(standbyURL, primaryURL),
+			before: func() {
+				set(standbyURL, "ALTER SYSTEM SET primary_slot_name = ''")
+				showing(standbyURL, "primary_slot_name", "")
+			},
+			after: func() {
+				set(standbyURL, "ALTER SYSTEM RESET primary_slot_name")
+				showing(standbyURL, "primary_slot_name", rs.standby.Slot)
+			},
+			want: []string{"primary_slot_name is empty", "pg_create_physical_replication_slot"}},
+		{name: "wal_level replica on the primary", args: e.standbyArgs(standbyURL, primaryURL),
+			before: func() {
+				set(primaryURL, "ALTER SYSTEM SET wal_level = replica")
+				if err := rs.primary.Restart(e.ctx); err != nil {
+					t.Fatal(err)
+				}
+			},
+			after: func() {
+				set(primaryURL, "ALTER SYSTEM RESET wal_level")
+				if err := rs.primary.Restart(e.ctx); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []string{`wal_level is "replica" on the primary`, "set wal_level = logical on the primary"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if len(args) == 0 {
+				args = e.args()
+				for i := range args {
+					if args[i] == "--pg-url" {
+						args[i+1] = standbyURL
+					}
+				}
+			}
+			if tc.before != nil {
+				tc.before()
+			}
+			if tc.after != nil {
+				defer tc.after()
+			}
+			p := startProc(t, nil, args...)
+			code, elapsed, ok := p.wait(60 * time.Second)
+			if !ok {
+				t.Fatalf("walrelay did not refuse within %v", elapsed)
+			}
+			out := finalLines(p.out.String())
+			var line string
+			for _, l := range strings.Split(out, "\n") {
+				if strings.Contains(l, tc.want[0]) {
+					line = l
+				}
+			}
+			if line == "" || code == 0 {
+				t.Fatalf("exit %d, no line saying %q:\n%s", code, tc.want[0], out)
+			}
+			for _, w := range tc.want[1:] {
+				if !strings.Contains(line, w) {
+					t.Errorf("the refusal does not say %q: %s", w, line)
+				}
+			}
+			for _, url := range []string{standbyURL, primaryURL} {
+				if _, err := e.standbySlot(url); err == nil {
+					t.Errorf("a refused start left slot %s behind", e.name)
+				}
+			}
+			t.Logf("refused in %v, exit %d: %s", elapsed.Round(time.Millisecond), code, line)
+		})
+	}
+}
