@@ -183,6 +183,9 @@ func printStatus(w io.Writer, st doctor.Status) {
 	if st.TimeToInvalidation != nil {
 		rows = append(rows, [2]string{"time_left", fmt.Sprintf("about %s at this WAL rate before max_slot_wal_keep_size invalidates the slot, if it stops moving", doctor.DurationText(time.Duration(*st.TimeToInvalidation*float64(time.Second))))})
 	}
+	if r := st.StandbyReplay; r != nil {
+		rows = append(rows, [2]string{"standby_replay", r.Text()})
+	}
 	rows = append(rows, [2]string{"inactive_since", inactive}, [2]string{"invalidated", invalidated},
 		[2]string{"failover", st.Failover}, [2]string{"health", health})
 	for _, row := range rows {
