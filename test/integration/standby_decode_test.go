@@ -301,3 +301,110 @@ func TestStandbyDecodeRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestStandbyDecodeReplayPaused: with replay paused on the standby,
+// commits on the primary do not reach the relay; the replay metrics, walrelay
+// status and --explain say why, and resuming replay delivers them.
+func TestStandbyDecodeReplayPaused(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL := rs.standby.URL(e.name)
+	cfg := e.config()
+	cfg.PGURL, cfg.PrimaryURL = standbyURL, e.url
+	cfg.SlotPollInterval = 200 * time.Millisecond
+	c := e.consume()
+	_, reg := e.startRelayGathered(cfg)
+	insert := func(n int) []string {
+		t.Helper()
+		rows, err := e.conn().Query(e.ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+			SELECT 'order', 'o' || g, 'created', '{}' FROM generate_series(1, $1) g RETURNING id::text`, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	c.waitAll(insert(5), time.Minute)
+
+	sc, err := pgx.Connect(e.ctx, standbyURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close(context.Background())
+	if _, err := sc.Exec(e.ctx, "SELECT pg_wal_replay_pause()"); err != nil {
+		t.Fatal(err)
+	}
+	held := insert(5)
+	e.waitFor("the replay-paused metric", time.Minute, func() (bool, error) {
+		m := gathered(reg, "walrelay_standby_replay_paused")
+		return m[""] == 1, fmt.Errorf("walrelay_standby_replay_paused %v", m)
+	})
+	e.waitFor("the replay lag metric", time.Minute, func() (bool, error) {
+		m := gathered(reg, "walrelay_standby_replay_lag_bytes")
+		return m[""] > 0, fmt.Errorf("walrelay_standby_replay_lag_bytes %v", m)
+	})
+	if got := missingIDs(c, held); len(got) != len(held) {
+		t.Errorf("%d of %d rows committed while replay was paused reached Kafka", len(held)-len(got), len(held))
+	}
+	out, code := runOutput(t, "status", "--pg-url", standbyURL, "--slot", e.name, "--explain")
+	for _, want := range []string{"standby_replay", "PAUSED", "standby_replay_paused", "pg_wal_replay_resume()"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("walrelay status --explain (exit %d) does not say %q:\n%s", code, want, out)
+		}
+	}
+	if _, err := sc.Exec(e.ctx, "SELECT pg_wal_replay_resume()"); err != nil {
+		t.Fatal(err)
+	}
+	c.waitAll(held, time.Minute)
+	e.waitFor("the replay-paused metric cleared", time.Minute, func() (bool, error) {
+		m := gathered(reg, "walrelay_standby_replay_paused")
+		return m[""] == 0, fmt.Errorf("walrelay_standby_replay_paused %v", m)
+	})
+}
+
+// TestStandbyDecodeWalLevelLowered: the primary restarted with wal_level =
+// replica invalidates the slot on the standby (wal_level_insufficient, a
+// conflict with recovery); the relay stops, naming it and the setting that
+// prevents it.
+func TestStandbyDecodeWalLevelLowered(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL := rs.standby.URL(e.name)
+	p := startProc(t, nil, e.standbyArgs(standbyURL, e.url)...)
+	e.waitStandbySlotActive(p, standbyURL)
+	pc, err := pgx.Connect(e.ctx, rs.primary.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pc.Exec(e.ctx, "ALTER SYSTEM SET wal_level = replica")
+	pc.Close(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.primary.Restart(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	code, elapsed, ok := p.wait(2 * time.Minute)
+	if !ok {
+		i, err := e.standbySlot(standbyURL)
+		t.Fatalf("the relay did not stop within %v after wal_level was lowered; slot %+v (%v)", elapsed, i, err)
+	}
+	out := finalLines(p.out.String())
+	want := "wal_level_insufficient"
+	if pgVersion < 170000 {
+		want = "rows_removed or wal_level_insufficient"
+	}
+	for _, w := range []string{want, "keep wal_level = logical on the primary"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("the relay's refusal (exit %d) does not say %q:\n%s", code, w, out)
+		}
+	}
+	t.Logf("stopped %v after the primary's restart, exit %d", elapsed.Round(time.Millisecond), code)
+}
