@@ -408,3 +408,58 @@ func TestStandbyDecodeWalLevelLowered(t *testing.T) {
 	}
 	t.Logf("stopped %v after the primary's restart, exit %d", elapsed.Round(time.Millisecond), code)
 }
+
+// TestStandbyDecodeSetupAndDrop: walrelay setup with --primary-url
+// creates the slot on the standby and the publication and record on the
+// primary; status reads the slot there; drop removes all three.
+func TestStandbyDecodeSetupAndDrop(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL, primaryURL := rs.standby.URL(e.name), rs.primary.URL(e.name)
+	base := []string{"--pg-url", standbyURL, "--primary-url", primaryURL, "--slot", e.name}
+	out, code := runOutput(t, append([]string{"setup", "--publication", e.name}, base...)...)
+	if code != 0 || !strings.Contains(out, "ready: publication") {
+		t.Fatalf("setup exit %d:\n%s", code, out)
+	}
+	if _, err := e.standbySlot(standbyURL); err != nil {
+		t.Errorf("no slot on the standby after setup: %v", err)
+	}
+	if _, err := e.standbySlot(primaryURL); err == nil {
+		t.Errorf("setup made the slot on the primary")
+	}
+	countOn := func(url, sql string) int {
+		t.Helper()
+		c, err := pgx.Connect(e.ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		var n int
+		if err := c.QueryRow(e.ctx, sql, e.name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := countOn(primaryURL, "SELECT count(*) FROM walrelay.slots WHERE slot_name = $1"); n != 1 {
+		t.Errorf("%d records of the slot on the primary, want 1", n)
+	}
+	out, code = runOutput(t, append([]string{"status"}, base...)...)
+	if !strings.Contains(out, "standby_replay") {
+		t.Errorf("status (exit %d) shows no standby_replay row:\n%s", code, out)
+	}
+	out, code = runOutput(t, append([]string{"drop", "--publication", e.name, "--drop-publication"}, base...)...)
+	if code != 0 {
+		t.Fatalf("drop exit %d:\n%s", code, out)
+	}
+	if _, err := e.standbySlot(standbyURL); err == nil {
+		t.Errorf("the slot is still on the standby after drop")
+	}
+	if n := countOn(primaryURL, "SELECT count(*) FROM walrelay.slots WHERE slot_name = $1"); n != 0 {
+		t.Errorf("%d records of the slot left on the primary after drop", n)
+	}
+	if n := countOn(primaryURL, "SELECT count(*) FROM pg_publication WHERE pubname = $1"); n != 0 {
+		t.Errorf("the publication is still on the primary after drop")
+	}
+}
