@@ -463,3 +463,63 @@ func TestStandbyDecodeSetupAndDrop(t *testing.T) {
 		t.Errorf("the publication is still on the primary after drop")
 	}
 }
+
+// TestStandbyDecodeRowsRemoved: hot_standby_feedback turned off under a
+// running relay lets the primary vacuum catalog rows the standby's slot
+// needs; PostgreSQL invalidates the slot (rows_removed, a conflict with
+// recovery) and the relay stops naming it and the setting that prevents
+// it.
+func TestStandbyDecodeRowsRemoved(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL := rs.standby.URL(e.name)
+	p := startProc(t, nil, e.standbyArgs(standbyURL, e.url)...)
+	e.waitStandbySlotActive(p, standbyURL)
+	exec := func(url string, sqls ...string) {
+		t.Helper()
+		c, err := pgx.Connect(e.ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		for _, q := range sqls {
+			if _, err := c.Exec(e.ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+	exec(rs.standby.URL("postgres"), "ALTER SYSTEM SET hot_standby_feedback = off", "SELECT pg_reload_conf()")
+	// The primary forgets the standby's xmin once the standby says so.
+	e.waitFor("the standby's physical slot without xmin on the primary", time.Minute, func() (bool, error) {
+		c, err := pgx.Connect(e.ctx, rs.primary.URL("postgres"))
+		if err != nil {
+			return false, err
+		}
+		defer c.Close(context.Background())
+		var xmin, catalogXmin *string
+		err = c.QueryRow(e.ctx, "SELECT xmin::text, catalog_xmin::text FROM pg_replication_slots WHERE slot_name = $1", rs.standby.Slot).Scan(&xmin, &catalogXmin)
+		return err == nil && xmin == nil && catalogXmin == nil, fmt.Errorf("xmin %v, catalog_xmin %v (%v)", xmin, catalogXmin, err)
+	})
+	e.waitFor("the relay stops on rows_removed", 2*time.Minute, func() (bool, error) {
+		select {
+		case <-p.done:
+			return true, nil
+		default:
+		}
+		// Catalog rows dead before the slot's catalog_xmin, vacuumed.
+		exec(e.url, "CREATE TABLE rows_removed_probe (x int)", "DROP TABLE rows_removed_probe", "VACUUM pg_class")
+		return false, fmt.Errorf("the relay still runs")
+	})
+	out := finalLines(p.out.String())
+	want := "rows_removed"
+	if pgVersion < 170000 {
+		want = "rows_removed or wal_level_insufficient"
+	}
+	for _, w := range []string{want, "hot_standby_feedback = on"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("the relay's refusal does not say %q:\n%s", w, out)
+		}
+	}
+}
