@@ -289,6 +289,7 @@ func (g *guard) logFailover(ctx context.Context) {
 		g.log.Warn("cannot read the failover settings", zap.Error(err))
 		return
 	}
+	f.DecodedHere = f.DecodedHere || f.Local != nil && g.cfg.PrimaryURL != ""
 	g.recordFailover(f)
 }
 

@@ -91,6 +91,7 @@ func (p *slotPoller) watchSlot(ctx context.Context, stop context.CancelCauseFunc
 				p.nameWatch(ctx, conn, w, info)
 				p.recordFacts(ctx, conn, w, info)
 				if f, err := doctor.ReadFailover(ctx, conn, info, p.cfg.StandbyURLs); err == nil {
+					f.DecodedHere = f.DecodedHere || f.Local != nil && p.cfg.PrimaryURL != ""
 					p.guard.recordFailover(f)
 				}
 				p.watchStandby(ctx, conn)

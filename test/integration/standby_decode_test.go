@@ -93,6 +93,11 @@ func TestStandbyDecodeUnderLoad(t *testing.T) {
 		})
 	}
 	waitMore("records streamed from the standby", 300, p)
+	// What a failover does is said of the slot decoded on the standby, not
+	// of a stale copy of the primary's to drop.
+	if out := p.out.String(); !strings.Contains(out, "the slot is this standby's own, decoded on it") || strings.Contains(out, "not a synchronized copy") {
+		t.Errorf("the relay's failover line does not describe a slot decoded on the standby:\n%s", finalLines(out))
+	}
 
 	// The relay killed and started again: it resumes from the slot on the
 	// standby.
