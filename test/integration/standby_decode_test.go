@@ -528,3 +528,33 @@ func TestStandbyDecodeRowsRemoved(t *testing.T) {
 		}
 	}
 }
+
+// TestStandbyDecodeHeartbeat: on a quiet outbox the heartbeat, written on
+// the primary, reaches the standby's decoding through replay and moves the
+// slot on the standby past the primary's WAL: it pins no WAL there nor,
+// through hot_standby_feedback, on the primary.
+func TestStandbyDecodeHeartbeat(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL := rs.standby.URL(e.name)
+	cfg := e.config()
+	cfg.PGURL, cfg.PrimaryURL = standbyURL, e.url
+	cfg.HeartbeatInterval = 200 * time.Millisecond
+	_, reg := e.startRelayGathered(cfg)
+	// Traffic outside the outbox moves the primary's WAL past the slot.
+	e.exec("CREATE TABLE noise (x int)")
+	e.exec("INSERT INTO noise SELECT generate_series(1, 1000)")
+	target := e.currentLSN(e.conn())
+	e.waitFor("the standby's slot confirmed past the primary's WAL", time.Minute, func() (bool, error) {
+		i, err := e.standbySlot(standbyURL)
+		if err != nil {
+			return false, err
+		}
+		return i.ConfirmedLSN >= target, fmt.Errorf("confirmed %s, target %s, heartbeats %v", i.ConfirmedLSN, target, gathered(reg, "walrelay_heartbeats_total"))
+	})
+	if n := gathered(reg, "walrelay_heartbeats_total")["wal"]; n < 1 {
+		t.Errorf("no WAL heartbeat counted: %v", gathered(reg, "walrelay_heartbeats_total"))
+	}
+}
