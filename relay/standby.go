@@ -7,6 +7,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -40,6 +41,13 @@ func (p *slotPoller) watchStandby(ctx context.Context, conn *pgx.Conn) {
 		p.metrics.StandbyReplayPaused.Clear()
 		p.log.Warn("the standby the relay decodes on was promoted: the slot stays, and the relay writes its heartbeat and record to it from now on; leave relay.Config.PrimaryURL out at the next start",
 			zap.String("slot", p.cfg.Slot))
+		if p.cfg.ExactlyOnce {
+			// The session's checkpoints name the timeline it started on;
+			// a new session names the promoted server's, so that a later
+			// start does not take them for the old primary's WAL past the
+			// fork and publish what follows it again.
+			p.live.endSession(errors.New("the standby was promoted: a new session records its new timeline in the checkpoints"))
+		}
 		return
 	}
 	p.metrics.StandbyReplayLagBytes.Set(float64(lagBytes))

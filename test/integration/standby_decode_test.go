@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
@@ -65,100 +66,111 @@ func (e *env) waitStandbySlotActive(p *proc, url string) {
 
 func TestStandbyDecodeUnderLoad(t *testing.T) {
 	needPG(t, 16)
-	rs := startReplicaSet(t, replicaSetOptions{})
-	e := rs.newEnv()
-	rs.waitReplayed() // the standby has the test's database
-	standbyURL := rs.standby.URL(e.name)
-	c := e.consume()
-	args := e.standbyArgs(standbyURL, e.url, "--heartbeat-interval", "1s")
-	p := startProc(t, nil, args...)
-	e.waitStandbySlotActive(p, standbyURL)
-	if i, err := e.standbySlot(rs.primary.URL(e.name)); err == nil {
-		t.Fatalf("the slot is on the primary too (%+v): it must be on the standby only", i)
-	}
-
-	fw := e.startFailoverWriters(4, 5*time.Millisecond)
-	defer fw.halt()
-	waitMore := func(what string, more int, p *proc) {
-		t.Helper()
-		n := len(distinctIDs(c.records()))
-		e.waitFor(what, 2*time.Minute, func() (bool, error) {
-			select {
-			case <-p.done:
-				return false, fmt.Errorf("the relay exited: %s", finalLines(p.out.String()))
-			default:
+	for _, mode := range []string{"at-least-once", "exactly-once"} {
+		t.Run(mode, func(t *testing.T) {
+			rs := startReplicaSet(t, replicaSetOptions{})
+			e := rs.newEnv()
+			rs.waitReplayed() // the standby has the test's database
+			standbyURL := rs.standby.URL(e.name)
+			c := e.consume()
+			args := e.standbyArgs(standbyURL, e.url, "--heartbeat-interval", "1s")
+			if mode == "exactly-once" {
+				c = e.consumeWith(kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+				args = append(args, "--delivery", "exactly-once", "--checkpoint-topic", e.checkpointTopic())
 			}
-			got := len(distinctIDs(c.records()))
-			return got >= n+more, fmt.Errorf("%d ids read", got)
+			p := startProc(t, nil, args...)
+			e.waitStandbySlotActive(p, standbyURL)
+			if i, err := e.standbySlot(rs.primary.URL(e.name)); err == nil {
+				t.Fatalf("the slot is on the primary too (%+v): it must be on the standby only", i)
+			}
+
+			fw := e.startFailoverWriters(4, 5*time.Millisecond)
+			defer fw.halt()
+			waitMore := func(what string, more int, p *proc) {
+				t.Helper()
+				n := len(distinctIDs(c.records()))
+				e.waitFor(what, 2*time.Minute, func() (bool, error) {
+					select {
+					case <-p.done:
+						return false, fmt.Errorf("the relay exited: %s", finalLines(p.out.String()))
+					default:
+					}
+					got := len(distinctIDs(c.records()))
+					return got >= n+more, fmt.Errorf("%d ids read", got)
+				})
+			}
+			waitMore("records streamed from the standby", 300, p)
+			// What a failover does is said of the slot decoded on the standby, not
+			// of a stale copy of the primary's to drop.
+			if out := p.out.String(); !strings.Contains(out, "the slot is this standby's own, decoded on it") || strings.Contains(out, "not a synchronized copy") {
+				t.Errorf("the relay's failover line does not describe a slot decoded on the standby:\n%s", finalLines(out))
+			}
+
+			// The relay killed and started again: it resumes from the slot on the
+			// standby.
+			if err := p.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			<-p.done
+			p = startProc(t, nil, args...)
+			e.waitStandbySlotActive(p, standbyURL)
+			waitMore("records after the relay's restart", 300, p)
+
+			// The standby promoted: the old primary is gone, the writers reach the
+			// promoted server through the multi-host URL, and the slot, local to
+			// it, goes on.
+			oldStandby := rs.standby.Port
+			rs.failover(nil)
+			if rs.primary.Port != oldStandby {
+				t.Fatalf("the promoted server is on port %d, want the standby's %d", rs.primary.Port, oldStandby)
+			}
+			waitMore("records after the standby's promotion", 300, p)
+			if !strings.Contains(p.out.String(), "was promoted") {
+				t.Errorf("the relay did not log the standby's promotion")
+			}
+			// And a start after the promotion, --primary-url still given, goes
+			// on: the promoted server holds the slot.
+			_ = p.cmd.Process.Kill()
+			<-p.done
+			p = startProc(t, nil, args...)
+			e.waitStandbySlotActive(p, standbyURL)
+			waitMore("records after a restart on the promoted standby", 100, p)
+
+			fw.halt()
+			committed := e.committedIDs()
+			var all []string
+			for id := range committed {
+				all = append(all, id)
+			}
+			err := devcluster.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+				m := missingIDs(c, all)
+				return len(m) == 0, fmt.Errorf("%d of %d committed ids not read", len(m), len(all))
+			})
+			if err != nil {
+				t.Fatalf("%v; %s", err, rs.replicationState(e.name))
+			}
+			recs := c.records()
+			delivered := distinctIDs(recs)
+			phantoms, dups := 0, 0
+			for id, n := range delivered {
+				if !committed[id] {
+					phantoms++
+				}
+				dups += n - 1
+			}
+			inv := orderInversions(recs)
+			t.Logf("decoding on a standby, %s, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates (1 relay kill -9, 1 promotion, 1 restart), %d delivered without committing, %d order inversions",
+				mode, pgVersion/10000, len(committed), len(delivered), dups, phantoms, inv)
+			if phantoms > 0 {
+				t.Errorf("%d records published of transactions the surviving history does not have", phantoms)
+			}
+			if inv > 0 {
+				t.Errorf("%d records out of per-key order", inv)
+			}
+			if mode == "exactly-once" && dups > 0 {
+				t.Errorf("%d duplicates under exactly-once with a read_committed consumer", dups)
+			}
 		})
-	}
-	waitMore("records streamed from the standby", 300, p)
-	// What a failover does is said of the slot decoded on the standby, not
-	// of a stale copy of the primary's to drop.
-	if out := p.out.String(); !strings.Contains(out, "the slot is this standby's own, decoded on it") || strings.Contains(out, "not a synchronized copy") {
-		t.Errorf("the relay's failover line does not describe a slot decoded on the standby:\n%s", finalLines(out))
-	}
-
-	// The relay killed and started again: it resumes from the slot on the
-	// standby.
-	if err := p.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-p.done
-	p = startProc(t, nil, args...)
-	e.waitStandbySlotActive(p, standbyURL)
-	waitMore("records after the relay's restart", 300, p)
-
-	// The standby promoted: the old primary is gone, the writers reach the
-	// promoted server through the multi-host URL, and the slot, local to
-	// it, goes on.
-	oldStandby := rs.standby.Port
-	rs.failover(nil)
-	if rs.primary.Port != oldStandby {
-		t.Fatalf("the promoted server is on port %d, want the standby's %d", rs.primary.Port, oldStandby)
-	}
-	waitMore("records after the standby's promotion", 300, p)
-	if !strings.Contains(p.out.String(), "was promoted") {
-		t.Errorf("the relay did not log the standby's promotion")
-	}
-	// And a start after the promotion, --primary-url still given, goes
-	// on: the promoted server holds the slot.
-	_ = p.cmd.Process.Kill()
-	<-p.done
-	p = startProc(t, nil, args...)
-	e.waitStandbySlotActive(p, standbyURL)
-	waitMore("records after a restart on the promoted standby", 100, p)
-
-	fw.halt()
-	committed := e.committedIDs()
-	var all []string
-	for id := range committed {
-		all = append(all, id)
-	}
-	err := devcluster.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		m := missingIDs(c, all)
-		return len(m) == 0, fmt.Errorf("%d of %d committed ids not read", len(m), len(all))
-	})
-	if err != nil {
-		t.Fatalf("%v; %s", err, rs.replicationState(e.name))
-	}
-	recs := c.records()
-	delivered := distinctIDs(recs)
-	phantoms, dups := 0, 0
-	for id, n := range delivered {
-		if !committed[id] {
-			phantoms++
-		}
-		dups += n - 1
-	}
-	inv := orderInversions(recs)
-	t.Logf("decoding on a standby, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates (1 relay kill -9, 1 promotion, 1 restart), %d delivered without committing, %d order inversions",
-		pgVersion/10000, len(committed), len(delivered), dups, phantoms, inv)
-	if phantoms > 0 {
-		t.Errorf("%d records published of transactions the surviving history does not have", phantoms)
-	}
-	if inv > 0 {
-		t.Errorf("%d records out of per-key order", inv)
 	}
 }
 
