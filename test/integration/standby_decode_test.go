@@ -466,7 +466,19 @@ func TestStandbyDecodeSetupAndDrop(t *testing.T) {
 	if !strings.Contains(out, "standby_replay") {
 		t.Errorf("status (exit %d) shows no standby_replay row:\n%s", code, out)
 	}
-	out, code = runOutput(t, append([]string{"drop", "--publication", e.name, "--drop-publication"}, base...)...)
+	// walrelay snapshot reads the rows on the standby.
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+		SELECT 'order', 'k', 'T', '{}', s FROM generate_series(1, 10) s`)
+	rs.waitReplayed()
+	c := e.consume()
+	out, code, _, exited := runBounded(t, time.Minute, nil, "snapshot", "--pg-url", standbyURL, "--brokers", strings.Join(e.brokers, ","),
+		"--topic-template", e.topicPrefix()+"{aggregate_type}", "--dead-letter-topic", e.topicPrefix()+"dlq", "--linger", "1ms")
+	if !exited || code != 0 {
+		t.Fatalf("walrelay snapshot on the standby: exit %d (exited %v):\n%s", code, exited, lastLines(out, 5))
+	}
+	c.waitIDs(10, time.Minute)
+
+	out, code = runOutput(t, append([]string{"drop", "--publication", e.name, "--drop-publication", "--force"}, base...)...)
 	if code != 0 {
 		t.Fatalf("drop exit %d:\n%s", code, out)
 	}
