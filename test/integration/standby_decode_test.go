@@ -471,7 +471,7 @@ func TestStandbyDecodeSetupAndDrop(t *testing.T) {
 		SELECT 'order', 'k', 'T', '{}', s FROM generate_series(1, 10) s`)
 	rs.waitReplayed()
 	c := e.consume()
-	out, code, _, exited := runBounded(t, time.Minute, nil, "snapshot", "--pg-url", standbyURL, "--brokers", strings.Join(e.brokers, ","),
+	out, code, _, exited := runBounded(t, time.Minute, nil, "snapshot", "--pg-url", standbyURL, "--brokers", strings.Join(e.brokers, ","), "--table", "public.outbox",
 		"--topic-template", e.topicPrefix()+"{aggregate_type}", "--dead-letter-topic", e.topicPrefix()+"dlq", "--linger", "1ms")
 	if !exited || code != 0 {
 		t.Fatalf("walrelay snapshot on the standby: exit %d (exited %v):\n%s", code, exited, lastLines(out, 5))
