@@ -29,6 +29,10 @@ type StatusOptions struct {
 	// StandbyURLs are the standbys whose copies of the slot are read
 	// (ReadFailover).
 	StandbyURLs []string
+	// DecodedOnStandby says the slot, on a hot standby, is decoded there
+	// (relay.Config.PrimaryURL): its own, not a copy of the primary's,
+	// even while no relay streams from it.
+	DecodedOnStandby bool
 	// Explain names what holds the slot (Status.Explain).
 	Explain bool
 	// RateWindow is how long the server's WAL position is watched, when
@@ -131,6 +135,7 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 	if err != nil {
 		return Status{}, err
 	}
+	failover.DecodedHere = failover.DecodedHere || failover.Local != nil && o.DecodedOnStandby
 	settings, err := readSettings(ctx, conn)
 	if err != nil {
 		return Status{}, err

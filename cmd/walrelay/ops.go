@@ -73,6 +73,7 @@ func (c *statusCmd) Run(ctx context.Context, lf *LogFlags) error {
 	opts := doctor.StatusOptions{
 		Slot: c.Slot, MaxLagBytes: c.MaxLagBytes, RequireActive: c.RequireActive, StandbyURLs: c.StandbyURL,
 		Explain: c.Explain, RateWindow: c.RateWindow, PlannedOutage: c.PlannedOutage,
+		DecodedOnStandby: c.PrimaryURL != "",
 	}
 	rconn, closeRecord, err := c.PrimaryFlag.writeConn(ctx, conn)
 	if err != nil {

@@ -466,6 +466,11 @@ func TestStandbyDecodeSetupAndDrop(t *testing.T) {
 	if !strings.Contains(out, "standby_replay") {
 		t.Errorf("status (exit %d) shows no standby_replay row:\n%s", code, out)
 	}
+	// No relay streams from it, and the slot is still the standby's own,
+	// not a stale copy of the primary's to drop.
+	if !strings.Contains(out, "the slot is this standby's own") || strings.Contains(out, "pg_drop_replication_slot") {
+		t.Errorf("status describes the slot decoded on the standby as something else:\n%s", out)
+	}
 	// walrelay snapshot reads the rows on the standby.
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
 		SELECT 'order', 'k', 'T', '{}', s FROM generate_series(1, 10) s`)
