@@ -439,8 +439,9 @@ func (f *Facts) readStandbys(ctx context.Context, conn *pgx.Conn) error {
 type Cause struct {
 	// Kind is invalidated, relay_stopped, relay_not_streaming,
 	// relay_waiting_for_kafka, relay_behind, open_transaction,
-	// prepared_transaction, replication_slot, standby, quiet_outbox or
-	// standby_slot (Failover.Causes).
+	// prepared_transaction, replication_slot, standby, quiet_outbox,
+	// standby_replay_paused, standby_replay_behind (the slot on a hot
+	// standby: StandbyReplay.Cause) or standby_slot (Failover.Causes).
 	Kind string `json:"cause"`
 	// Holds is what it holds back.
 	Holds string `json:"holds"`

@@ -58,6 +58,12 @@ type Failover struct {
 	// Local is the server's own copy when the server itself is a standby
 	// (status run against one); nil on a primary.
 	Local *Copy
+	// DecodedHere says the slot is the standby's own, decoded on it
+	// (PostgreSQL 16+, relay.Config.PrimaryURL): not a copy of the
+	// primary's. Set for a standby's slot that is not synced and a
+	// walsender streams from (only decoding on the standby does that), or
+	// by a relay that decodes there.
+	DecodedHere bool
 }
 
 // Copy is a standby's copy of the slot, as read on the standby.
@@ -145,6 +151,9 @@ func (c Copy) problem(slot string) (text, fix string) {
 // from.
 func (f Failover) Causes() []Cause {
 	copies := f.Copies
+	if f.DecodedHere {
+		return nil // no copy: the slot itself (Describe)
+	}
 	if f.Local != nil {
 		copies = []Copy{*f.Local}
 	}
@@ -222,6 +231,7 @@ func ReadFailover(ctx context.Context, conn *pgx.Conn, info slot.Info, standbyUR
 	if inRecovery {
 		c := readCopy(ctx, conn, info.Name)
 		f.Local = &c
+		f.DecodedHere = info.Active && (info.Synced == nil || !*info.Synced)
 		return f, nil
 	}
 	for _, s := range strings.Split(standbySlots, ",") {
@@ -328,6 +338,8 @@ func readCopy(ctx context.Context, conn *pgx.Conn, name string) Copy {
 // whether that needs the operator's attention.
 func (f Failover) Describe() (text string, warn bool) {
 	switch {
+	case f.DecodedHere:
+		return "the slot is this standby's own, decoded on it: promoting this standby keeps the slot; losing or rebuilding it loses the slot, and a failover of the primary to another server leaves this standby to follow the new primary (repoint its primary_conninfo, and relay.Config.PrimaryURL unless a multi-host URL follows the primary)", false
 	case f.Local != nil:
 		return f.describeLocal()
 	case !f.Supported && f.Standbys > 0:

@@ -29,6 +29,10 @@ type StatusOptions struct {
 	// StandbyURLs are the standbys whose copies of the slot are read
 	// (ReadFailover).
 	StandbyURLs []string
+	// DecodedOnStandby says the slot, on a hot standby, is decoded there
+	// (relay.Config.PrimaryURL): its own, not a copy of the primary's,
+	// even while no relay streams from it.
+	DecodedOnStandby bool
 	// Explain names what holds the slot (Status.Explain).
 	Explain bool
 	// RateWindow is how long the server's WAL position is watched, when
@@ -70,6 +74,10 @@ type Status struct {
 	InvalidationSource string `json:"invalidation_source"`
 	// Failover says what a failover of the primary does to the slot.
 	Failover string `json:"failover"`
+	// StandbyReplay is, when the slot is on a hot standby, how far its
+	// replay is behind what it received: part of the relay's lag (null
+	// on a primary).
+	StandbyReplay *StandbyReplay `json:"standby_replay"`
 	// Creating is, while a relay creates the slot, what the creation waits
 	// for (null otherwise): the slot's figures are then empty.
 	Creating *CreationStatus `json:"creating"`
@@ -127,6 +135,7 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 	if err != nil {
 		return Status{}, err
 	}
+	failover.DecodedHere = failover.DecodedHere || failover.Local != nil && o.DecodedOnStandby
 	settings, err := readSettings(ctx, conn)
 	if err != nil {
 		return Status{}, err
@@ -141,6 +150,12 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 		st.RecordUpdatedAt = &o.Record.UpdatedAt
 	}
 	st.judge(o, info, settings)
+	if st.StandbyReplay, err = ReadStandbyReplay(ctx, conn); err != nil {
+		return Status{}, err
+	}
+	if r := st.StandbyReplay; r != nil && r.Paused {
+		st.Warnings = append(st.Warnings, "replay is paused on the standby the slot is on: nothing committed since reaches the relay (SELECT pg_wal_replay_resume() on the standby)")
+	}
 	if err := st.timeLeft(ctx, conn, o, info, settings); err != nil {
 		return Status{}, err
 	}
@@ -154,7 +169,13 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 		if err != nil {
 			return Status{}, err
 		}
-		st.Explain = append(facts.explain(explainOptions{Record: o.Record}), failover.Causes()...)
+		st.Explain = facts.explain(explainOptions{Record: o.Record})
+		if r := st.StandbyReplay; r != nil {
+			if c, ok := r.Cause(); ok {
+				st.Explain = append([]Cause{c}, st.Explain...)
+			}
+		}
+		st.Explain = append(st.Explain, failover.Causes()...)
 		if st.Explain == nil {
 			st.Explain = []Cause{}
 		}

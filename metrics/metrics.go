@@ -64,6 +64,9 @@ type Metrics struct {
 	SourceOldestPreparedXactAge prometheus.Gauge
 	SourceOldestSlotRetainedWAL prometheus.Gauge
 	SourceReplicationXminAge    prometheus.Gauge
+	StandbyReplayLagBytes       *OptionalGauge
+	StandbyReplayLagSeconds     *OptionalGauge
+	StandbyReplayPaused         *OptionalGauge
 
 	ready atomic.Pointer[func() error] // what walrelay_ready reports; see SetReadiness
 }
@@ -189,6 +192,18 @@ func New(reg prometheus.Registerer) *Metrics {
 		SlotSafeWALSize: optional(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_slot_safe_wal_size_bytes",
 			Help: "WAL that may still be written before the slot risks invalidation (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited or the slot is lost. Near zero: the slot is about to be lost, get the relay confirming now.",
+		})),
+		StandbyReplayLagBytes: optional(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_standby_replay_lag_bytes",
+			Help: "WAL the hot standby the relay decodes on received but has not replayed: decoding sees a commit only once replayed, so this adds to the relay's lag. Absent unless decoding on a standby.",
+		})),
+		StandbyReplayLagSeconds: optional(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_standby_replay_lag_seconds",
+			Help: "How long ago the standby the relay decodes on replayed its last transaction, while it has received WAL it has not replayed (0 when caught up): the delay replay adds before the relay sees a commit. Absent unless decoding on a standby.",
+		})),
+		StandbyReplayPaused: optional(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_standby_replay_paused",
+			Help: "1 while replay is paused on the standby the relay decodes on (pg_is_wal_replay_paused(); resume with SELECT pg_wal_replay_resume()): nothing new reaches the relay. Absent unless decoding on a standby.",
 		})),
 		SlotWALStatus: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "walrelay_slot_wal_status",

@@ -26,8 +26,10 @@ func (r *Relay) beater(hb *heartbeatProducer) *heartbeat.Beater {
 		Query:    r.cfg.HeartbeatQuery,
 		Topic:    r.cfg.HeartbeatTopic,
 		// Named, so that walrelay status --explain sees the heartbeat.
-		Connect: func(ctx context.Context, url string) (*pgx.Conn, error) {
-			conn, err := slot.Connect(ctx, url)
+		// On a standby, the primary (whichever it is now): the standby's
+		// decoding sees the heartbeat once it replays it.
+		Connect: func(ctx context.Context, _ string) (*pgx.Conn, error) {
+			conn, err := slot.Connect(ctx, r.live.writeURL(r.cfg))
 			if err == nil && defaultAppName(ctx, conn) {
 				if err := nameConn(ctx, conn, doctor.HeartbeatAppName(r.cfg.Slot)); err != nil {
 					conn.Close(context.Background())

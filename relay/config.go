@@ -24,6 +24,12 @@ type Config struct {
 	// PGURL is the source database; the replication connection is derived
 	// from it. Required: no default.
 	PGURL string
+	// PrimaryURL, when set, names the primary of PGURL, a hot standby
+	// (PostgreSQL 16+) the relay decodes on; default none. The slot and
+	// the replication connection are on the standby; the heartbeat, the
+	// publication and walrelay's record are written on the primary (see
+	// source.SetupConfig.PrimaryURL).
+	PrimaryURL string
 	// Slot is the logical replication slot (pgoutput); default "walrelay".
 	Slot string
 	// Publication is the publication the slot streams; default
@@ -274,6 +280,11 @@ func (c *Config) validate() error {
 	if c.RecordSchema == "" {
 		return fmt.Errorf("relay.Config.RecordSchema is empty: name the schema of walrelay's record (the default is %s)", def.RecordSchema)
 	}
+	if c.PrimaryURL != "" {
+		if err := slot.CheckURL(c.PrimaryURL); err != nil {
+			return fmt.Errorf("relay.Config.PrimaryURL: %w", err)
+		}
+	}
 	for i, u := range c.StandbyURLs {
 		if err := slot.CheckURL(u); err != nil {
 			return fmt.Errorf("relay.Config.StandbyURLs[%d]: %w", i, err)
@@ -285,7 +296,7 @@ func (c *Config) validate() error {
 // setupConfig is what the source database must provide, as configured.
 func (c *Config) setupConfig() source.SetupConfig {
 	return source.SetupConfig{
-		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: c.Tables,
+		URL: c.PGURL, PrimaryURL: c.PrimaryURL, Slot: c.Slot, Publication: c.Publication, Tables: c.Tables,
 		Columns: c.Mapping.Columns(), CreatePublication: c.CreatePublication, CreateSlot: c.CreateSlot,
 		AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,
 		Failover: !c.NoFailoverSlot, RecordSchema: c.RecordSchema,

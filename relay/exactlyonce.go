@@ -132,6 +132,16 @@ func (r *Relay) onThisTimeline(ctx context.Context, p resumePoint, sys pglogrepl
 	if !p.found || p.ckpt.Timeline == 0 || p.ckpt.Timeline == sys.Timeline {
 		return p, nil
 	}
+	if r.cfg.PrimaryURL != "" {
+		// Decoding on a standby that was promoted since: its slot is its
+		// own (no standby's slot is a synchronized copy one decodes
+		// from), so every position the checkpoint names was decoded from
+		// this server's WAL, on either side of the fork.
+		r.log.Info("exactly-once: the standby the slot is on was promoted (a new timeline); the checkpoint's positions are this server's WAL and hold",
+			zap.Int32("checkpoint_timeline", p.ckpt.Timeline), zap.Int32("timeline", sys.Timeline))
+		p.ckpt.Timeline = sys.Timeline
+		return p, nil
+	}
 	switchpoint, err := slot.TimelineSwitch(ctx, r.cfg.PGURL, p.ckpt.Timeline, sys.Timeline)
 	if err != nil {
 		return p, err

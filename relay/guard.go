@@ -236,8 +236,9 @@ func (g *guard) refuse(ctx context.Context, conn *pgx.Conn, gap *slot.GapError) 
 	// next start would name a vaguer cause.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refusalWriteTimeout)
 	defer cancel()
-	if conn == nil || conn.IsClosed() {
-		c, err := slot.Connect(ctx, g.cfg.PGURL)
+	if w := g.live.writeURL(g.cfg); conn == nil || conn.IsClosed() || w != g.cfg.PGURL {
+		// A standby's conn cannot write: the record is on its primary.
+		c, err := slot.Connect(ctx, w)
 		if err != nil {
 			g.log.Error("cannot write the refusal into walrelay's record; a restart may not refuse", zap.Error(err))
 			return
@@ -288,6 +289,7 @@ func (g *guard) logFailover(ctx context.Context) {
 		g.log.Warn("cannot read the failover settings", zap.Error(err))
 		return
 	}
+	f.DecodedHere = f.DecodedHere || f.Local != nil && g.cfg.PrimaryURL != ""
 	g.recordFailover(f)
 }
 

@@ -24,6 +24,19 @@ type live struct {
 	lag       atomic.Int64  // replication lag in nanoseconds
 	current   atomic.Pointer[session]
 	router    atomic.Pointer[router.Router]
+	// promoted is set when the standby the relay decodes on
+	// (Config.PrimaryURL set) was found promoted: it takes writes itself
+	// from then on.
+	promoted atomic.Bool
+}
+
+// writeURL is where the relay writes (the heartbeat, its record): the
+// primary of the standby it decodes on, or the source database itself.
+func (l *live) writeURL(cfg Config) string {
+	if cfg.PrimaryURL == "" || l.promoted.Load() {
+		return cfg.PGURL
+	}
+	return cfg.PrimaryURL
 }
 
 // begin records that s streams.

@@ -49,11 +49,17 @@ type slotPoller struct {
 // relay outage of PlannedOutage.
 func (p *slotPoller) watchSlot(ctx context.Context, stop context.CancelCauseFunc) {
 	var conn *pgx.Conn
+	// wconn is where the record is written: the primary of a standby the
+	// relay decodes on (which cannot write), else conn.
+	var wconn *pgx.Conn
 	var recorded decoder.LSN
 	w := &slotWatch{}
 	defer func() {
 		if conn != nil {
 			conn.Close(context.Background())
+		}
+		if wconn != nil {
+			wconn.Close(context.Background())
 		}
 	}()
 	t := time.NewTicker(p.cfg.SlotPollInterval)
@@ -85,10 +91,19 @@ func (p *slotPoller) watchSlot(ctx context.Context, stop context.CancelCauseFunc
 				p.nameWatch(ctx, conn, w, info)
 				p.recordFacts(ctx, conn, w, info)
 				if f, err := doctor.ReadFailover(ctx, conn, info, p.cfg.StandbyURLs); err == nil {
+					f.DecodedHere = f.DecodedHere || f.Local != nil && p.cfg.PrimaryURL != ""
 					p.guard.recordFailover(f)
 				}
-				if c := p.progress.Confirmed(); c > recorded {
-					if after, err := source.RecordConfirmed(ctx, conn, p.cfg.RecordSchema, p.cfg.Slot, c); err != nil {
+				p.watchStandby(ctx, conn)
+				rconn := conn
+				if url := p.live.writeURL(p.cfg); url != p.cfg.PGURL {
+					if wconn == nil || wconn.IsClosed() {
+						wconn, _ = slot.Connect(ctx, url) // the write below says why not
+					}
+					rconn = wconn
+				}
+				if c := p.progress.Confirmed(); c > recorded && rconn != nil {
+					if after, err := source.RecordConfirmed(ctx, rconn, p.cfg.RecordSchema, p.cfg.Slot, c); err != nil {
 						if ctx.Err() == nil {
 							p.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
 						}

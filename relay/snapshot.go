@@ -90,7 +90,9 @@ func PublishSnapshot(ctx context.Context, cfg Config, log *zap.Logger, m *metric
 		return 0, err
 	}
 	var at decoder.LSN
-	err = conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()").Scan(&at)
+	// A standby (snapshot run on the one a relay decodes on) has no WAL
+	// position of its own: what it replayed is what its rows show.
+	err = conn.QueryRow(ctx, "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END").Scan(&at)
 	conn.Close(context.Background())
 	if err != nil {
 		return 0, fmt.Errorf("read the current WAL position: %w", err)

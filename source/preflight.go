@@ -36,29 +36,40 @@ import (
 // looked for before conn runs a query: through a pooler in transaction
 // mode, a server connection may still hold prepared statements of an
 // earlier client, on which the first query would fail instead.
-func checkEndpoint(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) error {
+func checkEndpoint(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) (standby bool, err error) {
 	if err := checkReplicationConnection(ctx, cfg.URL); err != nil {
-		return err
+		return false, err
 	}
 	var inRecovery bool
 	var version int
 	var encoding, db string
-	err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('server_version_num')::int,
+	err = conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('server_version_num')::int,
 		current_setting('server_encoding'), current_database()`).Scan(&inRecovery, &version, &encoding, &db)
 	if err != nil {
-		return fmt.Errorf("read server state: %w", err)
+		return false, fmt.Errorf("read server state: %w", err)
 	}
 	target := slot.Redact(cfg.URL)
-	if inRecovery {
-		if version < 160000 {
-			return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): PostgreSQL %d cannot decode logically on a standby, nor create a publication there; point source.SetupConfig.URL at the primary", target, version/10000)
+	switch {
+	case inRecovery && version < StandbyDecoding:
+		return false, setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): PostgreSQL %d cannot decode logically on a standby, nor create a publication there; point source.SetupConfig.URL at the primary (PostgreSQL 16+ decodes on a standby, with source.SetupConfig.PrimaryURL naming its primary)", target, version/10000)
+	case inRecovery && cfg.PrimaryURL == "":
+		return false, setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): to decode on it, name its primary in source.SetupConfig.PrimaryURL (walrelay writes its heartbeat, publication and record there); or point source.SetupConfig.URL at the primary", target)
+	case !inRecovery && cfg.PrimaryURL != "":
+		// A standby walrelay decoded on and that was promoted since keeps
+		// the slot: it is now a primary of its own, written to directly.
+		var promoted bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", cfg.Slot).Scan(&promoted); err != nil {
+			return false, fmt.Errorf("look up replication slot %q: %w", cfg.Slot, err)
 		}
-		return setupErrorf("PostgreSQL at %s is a hot standby (pg_is_in_recovery() is true): walrelay streams from the primary; point source.SetupConfig.URL at it. (PostgreSQL 16+ can decode on a standby, but only with the publication created on the primary, hot_standby_feedback = on, and no WAL written by the relay, which its heartbeats need; walrelay does not stream from a standby)", target)
+		if promoted {
+			break
+		}
+		return false, setupErrorf("source.SetupConfig.PrimaryURL is set, but PostgreSQL at %s (source.SetupConfig.URL) is not a hot standby (pg_is_in_recovery() is false): leave source.SetupConfig.PrimaryURL out to stream from this primary, or point source.SetupConfig.URL at a hot standby of it", target)
 	}
 	if encoding == "SQL_ASCII" {
-		return setupErrorf("database %q has encoding SQL_ASCII: PostgreSQL stores its text as bytes of no known encoding, which walrelay cannot convert to the UTF-8 its records carry; move the outbox to a database created with ENCODING 'UTF8' (or any encoding PostgreSQL converts to UTF-8, such as LATIN1)", db)
+		return false, setupErrorf("database %q has encoding SQL_ASCII: PostgreSQL stores its text as bytes of no known encoding, which walrelay cannot convert to the UTF-8 its records carry; move the outbox to a database created with ENCODING 'UTF8' (or any encoding PostgreSQL converts to UTF-8, such as LATIN1)", db)
 	}
-	return nil
+	return inRecovery, nil
 }
 
 // checkReplicationConnection opens a replication connection and runs

@@ -22,7 +22,12 @@ import (
 
 // SetupConfig says what the source database must provide.
 type SetupConfig struct {
-	URL         string
+	URL string
+	// PrimaryURL, when set, names the primary of URL, a hot standby
+	// (PostgreSQL 16+) walrelay decodes on: the publication, walrelay's
+	// record and the nudges a slot created on a standby waits for are
+	// written there (standby.go); the slot stays on the standby.
+	PrimaryURL  string
 	Slot        string
 	Publication string
 	Tables      []decoder.Table
@@ -98,12 +103,30 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 	}
 	defer conn.Close(context.Background())
 
-	if err := checkEndpoint(ctx, conn, cfg); err != nil {
+	standby, err := checkEndpoint(ctx, conn, cfg)
+	if err != nil {
 		return Record{}, err
+	}
+	if !standby && cfg.PrimaryURL != "" {
+		log.Warn("source.SetupConfig.URL names a primary that holds the slot, though source.SetupConfig.PrimaryURL is set: the standby walrelay decoded on was promoted; walrelay writes to it directly now (leave source.SetupConfig.PrimaryURL out)",
+			zap.String("postgres", slot.Redact(cfg.URL)), zap.String("slot", cfg.Slot))
+		cfg.PrimaryURL = ""
 	}
 	version, err := checkServer(ctx, conn)
 	if err != nil {
 		return Record{}, err
+	}
+	// pconn is where walrelay writes: the primary of a standby decoded on,
+	// else conn.
+	pconn := conn
+	if standby {
+		if pconn, err = slot.Connect(ctx, cfg.PrimaryURL); err != nil {
+			return Record{}, fmt.Errorf("connect to the primary (source.SetupConfig.PrimaryURL): %w", err)
+		}
+		defer pconn.Close(context.Background())
+		if err := checkStandby(ctx, conn, pconn, cfg); err != nil {
+			return Record{}, err
+		}
 	}
 	for _, t := range cfg.Tables {
 		if err := checkTable(ctx, conn, t, cfg.Columns); err != nil {
@@ -113,32 +136,32 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 	if err := checkOutbox(ctx, conn, cfg, log); err != nil {
 		return Record{}, err
 	}
-	haveRecords, err := recordTableReady(ctx, conn, cfg.RecordSchema)
+	haveRecords, err := recordTableReady(ctx, pconn, cfg.RecordSchema)
 	if err != nil {
 		return Record{}, err
 	}
 	if haveRecords {
-		if err := ensureRecordColumns(ctx, conn, cfg.RecordSchema); err != nil {
+		if err := ensureRecordColumns(ctx, pconn, cfg.RecordSchema); err != nil {
 			return Record{}, err
 		}
 	}
 	var rec Record
 	var recorded bool
 	if haveRecords {
-		if rec, recorded, err = ReadRecord(ctx, conn, cfg.RecordSchema, cfg.Slot); err != nil {
+		if rec, recorded, err = ReadRecord(ctx, pconn, cfg.RecordSchema, cfg.Slot); err != nil {
 			return Record{}, err
 		}
 	}
 	var accepted *slot.GapError
 	if recorded {
-		gap, err := checkRecord(ctx, conn, cfg, rec, log)
+		gap, err := checkRecord(ctx, conn, pconn, cfg, rec, log)
 		if err != nil {
 			return Record{}, err
 		}
 		if gap != nil && !cfg.AcceptGap {
 			// Written down, so that undoing the change does not make the
 			// next start forget the rows it skipped.
-			if err := RecordStop(ctx, conn, cfg.RecordSchema, cfg.Slot, gap.What, gap.Since); err != nil {
+			if err := RecordStop(ctx, pconn, cfg.RecordSchema, cfg.Slot, gap.What, gap.Since); err != nil {
 				log.Warn("cannot write the refusal into walrelay's record", zap.Error(err))
 			}
 			return Record{}, gap
@@ -146,7 +169,7 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 		if gap != nil {
 			log.Warn("accepting a gap: events committed meanwhile may be missing from Kafka for good; walrelay recreates what is missing and goes on",
 				zap.String("slot", cfg.Slot), zap.String("what", gap.What), zap.Stringer("missing_after_lsn", gap.Since))
-			if err := acceptGap(ctx, conn, cfg.RecordSchema, cfg.Slot, gap); err != nil {
+			if err := acceptGap(ctx, pconn, cfg.RecordSchema, cfg.Slot, gap); err != nil {
 				return Record{}, fmt.Errorf("write the accepted gap into walrelay's record: %w", err)
 			}
 			accepted = gap
@@ -159,20 +182,20 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 	if recorded && accepted == nil && rec.Publication == cfg.Publication {
 		known = &rec
 	}
-	if err := ensurePublication(ctx, conn, cfg, known, log); err != nil {
+	if err := ensurePublication(ctx, pconn, cfg, known, log); err != nil {
 		return Record{}, err
 	}
 	// Before the slot: a refusal here must not leave a slot holding WAL.
 	if !haveRecords {
-		if err := ensureRecordTable(ctx, conn, cfg.RecordSchema); err != nil {
+		if err := ensureRecordTable(ctx, pconn, cfg.RecordSchema); err != nil {
 			return Record{}, err
 		}
 	}
-	replaced, err := ensureSlot(ctx, conn, cfg, version, recorded && rec.SnapshotPending != 0, log)
+	replaced, err := ensureSlot(ctx, conn, pconn, cfg, version, recorded && rec.SnapshotPending != 0, log)
 	if err != nil {
 		return Record{}, err
 	}
-	now, err := currentRecord(ctx, conn, cfg)
+	now, err := currentRecord(ctx, conn, pconn, cfg)
 	if err != nil {
 		return Record{}, err
 	}
@@ -198,13 +221,13 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 		now.ConfirmedLSN = max(now.ConfirmedLSN, rec.ConfirmedLSN)
 		return now, nil
 	}
-	if err := writeRecord(ctx, conn, cfg.RecordSchema, now); err != nil {
+	if err := writeRecord(ctx, pconn, cfg.RecordSchema, now); err != nil {
 		return Record{}, err
 	}
 	if replaced != nil && accepted == nil {
 		// An invalidated slot without a record: the gap goes into the
 		// record written just now.
-		if err := acceptGap(ctx, conn, cfg.RecordSchema, cfg.Slot, replaced); err != nil {
+		if err := acceptGap(ctx, pconn, cfg.RecordSchema, cfg.Slot, replaced); err != nil {
 			return Record{}, fmt.Errorf("write the accepted gap into walrelay's record: %w", err)
 		}
 		now.Accepted = replaced
@@ -219,10 +242,12 @@ func sameSource(a, b Record) bool {
 		a.SystemID == b.SystemID && slices.Equal(a.Tables, b.Tables) && slices.Equal(a.Others, b.Others)
 }
 
-// currentRecord is the record of what the slot streams from now.
-func currentRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) (Record, error) {
+// currentRecord is the record of what the slot streams from now: the slot
+// as conn has it, the publication as pconn (the primary, where it was
+// just made or changed) has it.
+func currentRecord(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig) (Record, error) {
 	rec := Record{Slot: cfg.Slot, Publication: cfg.Publication}
-	pub, err := ReadPublication(ctx, conn, cfg.Publication, cfg.Tables)
+	pub, err := ReadPublication(ctx, pconn, cfg.Publication, cfg.Tables)
 	if err != nil {
 		return rec, err
 	}
@@ -246,7 +271,7 @@ func currentRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig) (Record
 // checkRecord compares what the database holds now with the record of
 // what the slot streamed from: a *slot.GapError names the first thing
 // replaced or removed since.
-func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Record, log *zap.Logger) (*slot.GapError, error) {
+func checkRecord(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, rec Record, log *zap.Logger) (*slot.GapError, error) {
 	if rec.Stopped != "" {
 		return &slot.GapError{What: rec.Stopped, Since: rec.StoppedAt}, nil
 	}
@@ -289,7 +314,7 @@ func checkRecord(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, rec Recor
 			recorded[t.Table] = t
 		}
 	}
-	pub, err := ReadPublication(ctx, conn, cfg.Publication, tables)
+	pub, err := ReadPublication(ctx, pconn, cfg.Publication, tables)
 	if err != nil {
 		return nil, err
 	}
@@ -335,7 +360,8 @@ func publicationGap(cfg SetupConfig, rec Record, recorded map[decoder.Table]Reco
 // advanceSlot moves the slot's confirmed position to the server's WAL end.
 func advanceSlot(ctx context.Context, conn *pgx.Conn, slotName string) (decoder.LSN, error) {
 	var end string
-	err := conn.QueryRow(ctx, "SELECT end_lsn::text FROM pg_replication_slot_advance($1, pg_current_wal_lsn())", slotName).Scan(&end)
+	err := conn.QueryRow(ctx, `SELECT end_lsn::text FROM pg_replication_slot_advance($1,
+		CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)`, slotName).Scan(&end)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
 		return 0, setupErrorf("replication slot %q is in use (%s): stop the relay streaming from it, then accept the gap", slotName, pgErr.Message)
@@ -401,15 +427,17 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 // gap accepted when it dropped an invalidated slot to create a new one.
 // snapshotPending says the record marks the slot's initial snapshot as
 // unfinished (Record.SnapshotPending).
-func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version int, snapshotPending bool, log *zap.Logger) (replaced *slot.GapError, err error) {
-	failover := cfg.Failover && version >= slot.FailoverSlots
+func ensureSlot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, version int, snapshotPending bool, log *zap.Logger) (replaced *slot.GapError, err error) {
+	// A slot on a standby cannot be a failover slot (PostgreSQL refuses
+	// it): promoting the standby keeps the slot itself.
+	failover := cfg.Failover && version >= slot.FailoverSlots && cfg.PrimaryURL == ""
 	info, err := slot.ReadInfo(ctx, conn, cfg.Slot)
 	create := func() (*slot.GapError, error) {
 		if !cfg.CreateSlot {
 			return nil, setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or turn on source.SetupConfig.CreateSlot", cfg.Slot, cfg.Slot)
 		}
 		if cfg.Snapshot != nil {
-			return replaced, createSlotWithSnapshot(ctx, conn, cfg, failover, log)
+			return replaced, createSlotWithSnapshot(ctx, conn, pconn, cfg, failover, log)
 		}
 		return replaced, createSlot(ctx, cfg, failover, log)
 	}
@@ -432,7 +460,7 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, version in
 		}
 		log.Warn("the initial snapshot of an earlier start did not finish, and this start takes none: the slot streams from its consistent point; rows present then that the snapshot did not publish are not published (relay.PublishSnapshot publishes the current rows)",
 			zap.String("slot", cfg.Slot))
-		if err := snapshotDone(ctx, conn, cfg.RecordSchema, cfg.Slot); err != nil {
+		if err := snapshotDone(ctx, pconn, cfg.RecordSchema, cfg.Slot); err != nil {
 			return nil, err
 		}
 	}
@@ -544,14 +572,14 @@ func createSlot(ctx context.Context, cfg SetupConfig, failover bool, log *zap.Lo
 // serialised by an advisory lock on the slot's name: the relay that waited
 // finds the slot, publishes no snapshot and streams (or waits as the
 // standby).
-func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, failover bool, log *zap.Logger) error {
+func createSlotWithSnapshot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, failover bool, log *zap.Logger) error {
 	lockKey := "walrelay slot " + cfg.Slot
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockKey); err != nil {
 		return fmt.Errorf("wait for the lock on creating slot %q: %w", cfg.Slot, err)
 	}
 	// A failed unlock is released with the session, when conn closes.
 	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", lockKey) }()
-	if done, err := unfinishedSnapshot(ctx, conn, cfg, log); done || err != nil {
+	if done, err := unfinishedSnapshot(ctx, conn, pconn, cfg, log); done || err != nil {
 		return err
 	}
 	rcfg, err := slot.ReplicationConfig(cfg.URL)
@@ -599,12 +627,12 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 		}
 		return fmt.Errorf("create replication slot %q from the snapshot's temporary slot: %w", cfg.Slot, err)
 	}
-	rec, err := currentRecord(ctx, conn, cfg)
+	rec, err := currentRecord(ctx, conn, pconn, cfg)
 	if err != nil {
 		return err
 	}
 	rec.SnapshotPending = at
-	if err := writeRecord(ctx, conn, cfg.RecordSchema, rec); err != nil {
+	if err := writeRecord(ctx, pconn, cfg.RecordSchema, rec); err != nil {
 		return err
 	}
 	log.Info("created replication slot at the snapshot's consistent point; publishing the initial snapshot", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at))
@@ -620,7 +648,7 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 		cancel()
 		return err
 	}
-	if err := snapshotDone(ctx, conn, cfg.RecordSchema, cfg.Slot); err != nil {
+	if err := snapshotDone(ctx, pconn, cfg.RecordSchema, cfg.Slot); err != nil {
 		return err
 	}
 	if failover {
@@ -640,13 +668,13 @@ func createSlotWithSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig
 // the slot with its snapshot meanwhile (use it); when an earlier start
 // died publishing its snapshot, it drops the slot that start created,
 // never streamed from, so that this one snapshots again.
-func unfinishedSnapshot(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) (done bool, err error) {
+func unfinishedSnapshot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, log *zap.Logger) (done bool, err error) {
 	if _, err := slot.ReadInfo(ctx, conn, cfg.Slot); errors.Is(err, slot.ErrNoSlot) {
 		return false, nil
 	} else if err != nil {
 		return false, err
 	}
-	rec, ok, err := ReadRecord(ctx, conn, cfg.RecordSchema, cfg.Slot)
+	rec, ok, err := ReadRecord(ctx, pconn, cfg.RecordSchema, cfg.Slot)
 	if err != nil {
 		return false, err
 	}

@@ -91,6 +91,11 @@ func createWatched(ctx context.Context, cfg SetupConfig, rconn *pgconn.PgConn, c
 	defer abandon()
 	done := make(chan error, 1)
 	go func() { done <- create(runCtx) }()
+	if cfg.PrimaryURL != "" {
+		nudgeCtx, stopNudge := context.WithCancel(ctx)
+		defer stopNudge()
+		go nudgeStandbySnapshot(nudgeCtx, cfg.PrimaryURL, standbySnapshotInterval, log)
+	}
 	w := &createWatch{cfg: cfg, pid: int32(rconn.PID()), creating: creating, log: log}
 	defer w.close()
 	tick := time.NewTicker(interval)

@@ -22,6 +22,8 @@ import (
 // walrelay's, and that the libraries name none it lacks.
 var fieldFlags = map[string]string{
 	"relay.Config.PGURL":                     "--pg-url",
+	"relay.Config.PrimaryURL":                "--primary-url",
+	"source.SetupConfig.PrimaryURL":          "--primary-url",
 	"relay.Config.Tables":                    "--table",
 	"relay.Config.Publication":               "--publication",
 	"relay.Config.StartupTimeout":            "--startup-timeout",

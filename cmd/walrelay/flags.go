@@ -63,6 +63,18 @@ type SourceFlags struct {
 	SnapshotOrder     string   `default:"${snapshot_order}" placeholder:"SQL" help:"SQL ORDER BY list of the initial snapshot (e.g. 'created_at, id'); empty for the table's primary key."`
 }
 
+// validatePrimaryURL refuses a --primary-url that does not parse (empty
+// is none: the source is not a standby).
+func validatePrimaryURL(url string) error {
+	if url == "" {
+		return nil
+	}
+	if err := slot.CheckURL(url); err != nil {
+		return fmt.Errorf("--primary-url: %w", err)
+	}
+	return nil
+}
+
 // validateSource checks the flags every command that touches the database
 // shares. An empty URL or one that does not parse is refused (a malformed
 // flag, exit 80); an empty URL is refused because pgx would dial a local Unix

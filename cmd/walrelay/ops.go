@@ -22,12 +22,13 @@ import (
 // statusCmd is `walrelay status`: the slot at a glance, for people, cron
 // and probes.
 type statusCmd struct {
-	PGURL         string   `name:"pg-url" required:"" help:"Source database URL."`
-	Slot          string   `default:"${slot}" help:"Logical replication slot."`
-	JSON          bool     `name:"json" help:"Print JSON instead of text."`
-	MaxLagBytes   int64    `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
-	RequireActive bool     `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
-	RecordSchema  string   `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from."`
+	PGURL         string `name:"pg-url" required:"" help:"Source database URL."`
+	Slot          string `default:"${slot}" help:"Logical replication slot."`
+	JSON          bool   `name:"json" help:"Print JSON instead of text."`
+	MaxLagBytes   int64  `default:"1073741824" help:"Exit 1 when the slot's confirmed lag (current LSN − confirmed_flush_lsn) exceeds this; 0 disables."`
+	RequireActive bool   `help:"Exit 1 when no relay is streaming from the slot (without it, an idle slot is a warning)."`
+	RecordSchema  string `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from."`
+	PrimaryFlag   `embed:""`
 	StandbyURL    []string `name:"standby-url" placeholder:"URL" help:"URL of a standby of the primary (repeat the flag, or separate with commas; every node may be listed, a server that accepts writes is skipped): walrelay reads the slot's copy there, which the primary cannot see, and says the failover is protected only when every standby's copy is synchronized and current. Give it as WALRELAY_STANDBY_URL, passwords in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
 	PGAuthFlags   `embed:""`
 	Explain       bool `help:"Name what holds the slot's restart_lsn and catalog_xmin back, most to blame first (the relay stopped, not streaming, waiting for Kafka or behind; open and prepared transactions; a quiet outbox without heartbeats), then what holds the cluster's WAL or xmin (other slots, standbys), each with its fix."`
@@ -42,6 +43,9 @@ func (c *statusCmd) Validate() error {
 		if err := slot.CheckURL(u); err != nil {
 			return fmt.Errorf("--standby-url: %w", err)
 		}
+	}
+	if err := validatePrimaryURL(c.PrimaryURL); err != nil {
+		return err
 	}
 	return validateSource(c.PGURL, c.Slot, nil)
 }
@@ -69,8 +73,14 @@ func (c *statusCmd) Run(ctx context.Context, lf *LogFlags) error {
 	opts := doctor.StatusOptions{
 		Slot: c.Slot, MaxLagBytes: c.MaxLagBytes, RequireActive: c.RequireActive, StandbyURLs: c.StandbyURL,
 		Explain: c.Explain, RateWindow: c.RateWindow, PlannedOutage: c.PlannedOutage,
+		DecodedOnStandby: c.PrimaryURL != "",
 	}
-	rec, recorded, err := source.ReadRecord(ctx, conn, c.RecordSchema, c.Slot)
+	rconn, closeRecord, err := c.PrimaryFlag.writeConn(ctx, conn)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
+	defer closeRecord()
+	rec, recorded, err := source.ReadRecord(ctx, rconn, c.RecordSchema, c.Slot)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
@@ -183,6 +193,9 @@ func printStatus(w io.Writer, st doctor.Status) {
 	if st.TimeToInvalidation != nil {
 		rows = append(rows, [2]string{"time_left", fmt.Sprintf("about %s at this WAL rate before max_slot_wal_keep_size invalidates the slot, if it stops moving", doctor.DurationText(time.Duration(*st.TimeToInvalidation*float64(time.Second))))})
 	}
+	if r := st.StandbyReplay; r != nil {
+		rows = append(rows, [2]string{"standby_replay", r.Text()})
+	}
 	rows = append(rows, [2]string{"inactive_since", inactive}, [2]string{"invalidated", invalidated},
 		[2]string{"failover", st.Failover}, [2]string{"health", health})
 	for _, row := range rows {
@@ -219,6 +232,7 @@ type setupCmd struct {
 	CreateTable bool     `help:"Create missing outbox tables with the printed DDL."`
 	ColumnFlags `embed:""`
 	PGAuthFlags `embed:""`
+	PrimaryFlag `embed:""`
 
 	// What setup may accept of an existing publication, as for run.
 	AlterPublication bool   `help:"Add missing outbox tables to an existing publication walrelay did not create (it may be shared)."`
@@ -231,6 +245,9 @@ type setupCmd struct {
 // Validate refuses malformed flags before anything is connected.
 func (c *setupCmd) Validate() error {
 	if err := validateSource(c.PGURL, c.Slot, &c.Publication); err != nil {
+		return err
+	}
+	if err := validatePrimaryURL(c.PrimaryURL); err != nil {
 		return err
 	}
 	if _, err := parseTables(c.Table); err != nil {
@@ -261,7 +278,7 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 		fmt.Printf("-- outbox table walrelay expects (write pattern: insert and delete in the business transaction)\n%s\n\n", outboxDDL(t))
 	}
 	if c.CreateTable {
-		conn, err := slot.Connect(ctx, c.PGURL)
+		conn, err := slot.Connect(ctx, c.PrimaryFlag.writeURL(c.PGURL))
 		if err != nil {
 			return &exitError{code: exitFailed, err: err}
 		}
@@ -277,7 +294,7 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 		}
 	}
 	rec, err := source.Prepare(ctx, source.SetupConfig{
-		URL: c.PGURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: m.Columns(),
+		URL: c.PGURL, PrimaryURL: c.PrimaryURL, Slot: c.Slot, Publication: c.Publication, Tables: tabs, Columns: m.Columns(),
 		CreatePublication: true, CreateSlot: true, AlterPublication: c.AlterPublication, AllowRowFilter: c.AllowRowFilter,
 		Failover: c.FailoverSlot, RecordSchema: c.RecordSchema, AcceptGap: c.AcceptGap,
 	}, log)
@@ -288,7 +305,7 @@ func (c *setupCmd) Run(ctx context.Context, lf *LogFlags) error {
 		fmt.Printf("accepted a gap, kept in %s.slots: %s; events committed after %s are not published through the slot: publish the rows still in the outbox tables with walrelay snapshot --pg-url … --brokers … --table %s\n",
 			c.RecordSchema, g.What, g.Since, strings.Join(c.Table, " --table "))
 	}
-	conn, err := slot.Connect(ctx, c.PGURL)
+	conn, err := slot.Connect(ctx, c.PrimaryFlag.writeURL(c.PGURL))
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
@@ -350,10 +367,16 @@ type dropCmd struct {
 	Force           bool   `help:"Drop the slot even when it holds committed outbox rows not yet published (they are lost to the relay), or when they cannot be counted."`
 	RecordSchema    string `default:"${record_schema}" help:"Schema of walrelay's record of what each slot streams from: the slot's record is removed with it, so the next start is a first start."`
 	PGAuthFlags     `embed:""`
+	PrimaryFlag     `embed:""`
 }
 
 // Validate refuses malformed flags before anything is connected.
-func (c *dropCmd) Validate() error { return validateSource(c.PGURL, c.Slot, &c.Publication) }
+func (c *dropCmd) Validate() error {
+	if err := validatePrimaryURL(c.PrimaryURL); err != nil {
+		return err
+	}
+	return validateSource(c.PGURL, c.Slot, &c.Publication)
+}
 
 // maxPeekChanges bounds how much of the slot drop decodes to count pending
 // rows; past it drop says "at least".
@@ -387,7 +410,12 @@ func (c *dropCmd) Run(ctx context.Context, lf *LogFlags) error {
 		}
 	}
 	if c.DropPublication {
-		if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{c.Publication}.Sanitize()); err != nil {
+		wconn, closeW, err := c.PrimaryFlag.writeConn(ctx, conn)
+		if err != nil {
+			return &exitError{code: exitFailed, err: err}
+		}
+		defer closeW()
+		if _, err := wconn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{c.Publication}.Sanitize()); err != nil {
 			return &exitError{code: exitFailed, err: fmt.Errorf("drop publication %q: %w", c.Publication, err)}
 		}
 		fmt.Printf("dropped publication %q\n", c.Publication)
@@ -427,7 +455,7 @@ func (c *dropCmd) dropSlot(ctx context.Context, conn *pgx.Conn, info slot.Info, 
 	case err != nil:
 		return &exitError{code: exitFailed, err: fmt.Errorf("drop slot %q: %w", c.Slot, err)}
 	}
-	if err := source.DropRecord(ctx, conn, c.RecordSchema, c.Slot); err != nil {
+	if err := c.dropRecord(ctx, conn); err != nil {
 		return &exitError{code: exitFailed, err: fmt.Errorf("dropped slot %q, but cannot remove walrelay's record of it (the next start refuses as if the slot had been lost): %w", c.Slot, err)}
 	}
 	fmt.Printf("dropped slot %q, discarding %s: PostgreSQL no longer keeps WAL for it; events written from now on are not captured until a new slot exists\n", c.Slot, discards)
@@ -450,7 +478,7 @@ func (c *dropCmd) dropInvalidated(ctx context.Context, conn *pgx.Conn, info slot
 		}
 		return &exitError{code: exitFailed, err: fmt.Errorf("drop slot %q: %w", c.Slot, err)}
 	}
-	if err := source.DropRecord(ctx, conn, c.RecordSchema, c.Slot); err != nil {
+	if err := c.dropRecord(ctx, conn); err != nil {
 		return &exitError{code: exitFailed, err: fmt.Errorf("dropped slot %q, but cannot remove walrelay's record of it (the next start refuses as if the slot had been lost): %w", c.Slot, err)}
 	}
 	fmt.Printf("dropped slot %q without counting its pending rows: %s, and PostgreSQL kept no WAL for it, so what it had not delivered can be neither counted nor read; events committed after %s may be missing from Kafka. Next: walrelay run creates a new slot and, with --snapshot initial (the default), first publishes the rows still in the outbox tables (or: walrelay setup, then walrelay snapshot)\n",
@@ -482,4 +510,43 @@ func pidText(pid *int32) string {
 		return "unknown"
 	}
 	return fmt.Sprint(*pid)
+}
+
+// dropRecord removes walrelay's record of the slot, on the primary when
+// the slot is on a standby (--primary-url).
+func (c *dropCmd) dropRecord(ctx context.Context, conn *pgx.Conn) error {
+	wconn, closeW, err := c.PrimaryFlag.writeConn(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer closeW()
+	return source.DropRecord(ctx, wconn, c.RecordSchema, c.Slot)
+}
+
+// PrimaryFlag is --primary-url for the commands that act on a slot: with
+// --pg-url naming a hot standby, its primary, where walrelay's record and
+// the publication are written.
+type PrimaryFlag struct {
+	PrimaryURL string `name:"primary-url" placeholder:"URL" help:"With --pg-url naming a hot standby walrelay decodes on (PostgreSQL 16+): its primary, where walrelay's record and the publication are written (and read, without waiting for replay). Give it as WALRELAY_PRIMARY_URL."`
+}
+
+// writeURL is the primary's URL, or pgURL without one.
+func (f PrimaryFlag) writeURL(pgURL string) string {
+	if f.PrimaryURL != "" {
+		return f.PrimaryURL
+	}
+	return pgURL
+}
+
+// writeConn is a connection to the primary, or conn without one; close
+// closes what it opened.
+func (f PrimaryFlag) writeConn(ctx context.Context, conn *pgx.Conn) (*pgx.Conn, func(), error) {
+	if f.PrimaryURL == "" {
+		return conn, func() {}, nil
+	}
+	w, err := slot.Connect(ctx, f.PrimaryURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to the primary (--primary-url): %w", err)
+	}
+	return w, func() { w.Close(context.Background()) }, nil
 }

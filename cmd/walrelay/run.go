@@ -20,7 +20,8 @@ import (
 
 // runCmd is `walrelay run`, the daemon.
 type runCmd struct {
-	PGURL         string   `name:"pg-url" required:"" help:"Source database URL (postgres://user@host:5432/db?sslrootcert=…; sslmode defaults to verify-full, sslcert and sslkey for a client certificate): the primary itself, not a hot standby nor a connection pooler such as pgbouncer (both refused at start); the replication connection is derived from it. Give it as WALRELAY_PG_URL and the password in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
+	PGURL         string   `name:"pg-url" required:"" help:"Source database URL (postgres://user@host:5432/db?sslrootcert=…; sslmode defaults to verify-full, sslcert and sslkey for a client certificate): the primary, or a hot standby of it (PostgreSQL 16+) with --primary-url, never a connection pooler such as pgbouncer (refused at start); the replication connection is derived from it. Give it as WALRELAY_PG_URL and the password in a passfile or PGPASSWORD: arguments are visible to every user in ps."`
+	PrimaryURL    string   `name:"primary-url" placeholder:"URL" help:"Decode on a hot standby (PostgreSQL 16+): --pg-url names the standby, which holds the slot and the replication connection, and this URL its primary, where walrelay writes its heartbeat, publication and record (and asks for pg_log_standby_snapshot() while creating the slot). The standby needs hot_standby_feedback = on and primary_slot_name; the primary wal_level = logical. Give it as WALRELAY_PRIMARY_URL, the password in a passfile or PGPASSWORD."`
 	Brokers       []string `required:"" help:"Kafka bootstrap brokers, host:port, comma-separated."`
 	MetricsAddr   string   `default:":9187" help:"Address serving /metrics, /healthz and /readyz (all interfaces by default: bind to one, e.g. 127.0.0.1:9187, or protect it with --web-config-file); empty disables."`
 	WebConfigFile string   `name:"web-config-file" aliases:"web.config.file" placeholder:"FILE" help:"Prometheus exporter web configuration (TLS, basic auth) for the --metrics-addr listener, the format exporters read with --web.config.file."`
@@ -38,7 +39,10 @@ type runCmd struct {
 // Validate refuses malformed flags before anything is connected (kong
 // calls it; its errors exit 80).
 func (c *runCmd) Validate() error {
-	return validateSource(c.PGURL, c.Slot, &c.Publication)
+	if err := validateSource(c.PGURL, c.Slot, &c.Publication); err != nil {
+		return err
+	}
+	return validatePrimaryURL(c.PrimaryURL)
 }
 
 func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
@@ -96,6 +100,10 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		zap.Strings("tables", c.Table), zap.String("kafka_sasl", c.KafkaSASLMechanism), zap.Bool("kafka_tls", c.KafkaFlags.tlsEnabled()))
 	// What the operator relaxed, loudly, once at startup.
 	warnPGTLS(log, c.PGURL)
+	if c.PrimaryURL != "" {
+		log.Info("decoding on a hot standby: writing the heartbeat, publication and record on its primary", zap.String("primary", slot.Redact(c.PrimaryURL)))
+		warnPGTLS(log, c.PrimaryURL)
+	}
 	for _, w := range c.KafkaFlags.warnings() {
 		log.Warn(w)
 	}
@@ -127,6 +135,7 @@ func (c *runCmd) config(log *zap.Logger) (relay.Config, error) {
 	}
 	cfg.KafkaOptions = append(cfg.KafkaOptions, kopts...)
 	cfg.Router.Principal = c.KafkaFlags.principal()
+	cfg.PrimaryURL = c.PrimaryURL
 	return cfg, nil
 }
 

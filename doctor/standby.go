@@ -1,0 +1,75 @@
+package doctor
+
+// standby.go: the replay of a hot standby a relay decodes on (PostgreSQL
+// 16+): decoding sees a commit only once the standby replayed it, so its
+// replay delay is part of the relay's lag, and a paused replay stops the
+// relay's stream without anything looking wrong on the slot.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// StandbyReplay is the replay of the standby a slot is on; nil on a
+// primary.
+type StandbyReplay struct {
+	ReceiveLSN string `json:"receive_lsn"`
+	ReplayLSN  string `json:"replay_lsn"`
+	// LagBytes is WAL received but not replayed yet; LagSeconds how long
+	// ago the last replayed transaction committed on the primary, while
+	// there is WAL to replay (0 when caught up).
+	LagBytes   int64   `json:"lag_bytes"`
+	LagSeconds float64 `json:"lag_seconds"`
+	Paused     bool    `json:"paused"`
+}
+
+// ReadStandbyReplay reads the replay on conn; nil when conn's server is
+// not in recovery.
+func ReadStandbyReplay(ctx context.Context, conn *pgx.Conn) (*StandbyReplay, error) {
+	var inRecovery bool
+	var r StandbyReplay
+	err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery(),
+		       coalesce(pg_last_wal_receive_lsn()::text, ''), coalesce(pg_last_wal_replay_lsn()::text, ''),
+		       CASE WHEN pg_is_in_recovery() THEN pg_is_wal_replay_paused() ELSE false END,
+		       coalesce(greatest(pg_last_wal_receive_lsn() - pg_last_wal_replay_lsn(), 0), 0)::bigint,
+		       CASE WHEN pg_last_wal_receive_lsn() IS NULL OR pg_last_wal_receive_lsn() <= pg_last_wal_replay_lsn() THEN 0
+		            ELSE coalesce(extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0) END::float8`).
+		Scan(&inRecovery, &r.ReceiveLSN, &r.ReplayLSN, &r.Paused, &r.LagBytes, &r.LagSeconds)
+	if err != nil {
+		return nil, fmt.Errorf("read the standby's replay: %w", err)
+	}
+	if !inRecovery {
+		return nil, nil
+	}
+	return &r, nil
+}
+
+func secondsDuration(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// Text is the replay for people.
+func (r StandbyReplay) Text() string {
+	s := fmt.Sprintf("%s behind what the standby received (%s), replayed to %s", BytesText(r.LagBytes), DurationText(secondsDuration(r.LagSeconds)), r.ReplayLSN)
+	if r.Paused {
+		s += "; PAUSED"
+	}
+	return s
+}
+
+// Cause is the replay as --explain names it, when it holds the relay
+// back: paused, or behind.
+func (r StandbyReplay) Cause() (Cause, bool) {
+	switch {
+	case r.Paused:
+		return Cause{Kind: "standby_replay_paused", Holds: "the relay's stream: nothing committed since reaches the slot",
+			Text: fmt.Sprintf("replay is paused on the standby the slot is on (pg_is_wal_replay_paused()), at %s with %s received and waiting: decoding sees only replayed WAL", r.ReplayLSN, BytesText(r.LagBytes)),
+			Fix:  "on the standby, SELECT pg_wal_replay_resume() (it was paused by pg_wal_replay_pause(), or by recovery_target_action = pause at a recovery target)"}, true
+	case r.LagBytes > behindBytes:
+		return Cause{Kind: "standby_replay_behind", Holds: "the relay's lag: commits reach the slot only once replayed",
+			Text: fmt.Sprintf("the standby the slot is on replays %s behind what it received (%s): the delay adds to the relay's lag", BytesText(r.LagBytes), DurationText(secondsDuration(r.LagSeconds))),
+			Fix:  "look for replay conflicts and slow I/O on the standby (pg_stat_database_conflicts, max_standby_streaming_delay); recovery_min_apply_delay delays it on purpose"}, true
+	}
+	return Cause{}, false
+}

@@ -1,0 +1,50 @@
+package doctor
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestStandbyReplayCause(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    StandbyReplay
+		kind string
+	}{
+		{"caught up", StandbyReplay{ReplayLSN: "0/3000000"}, ""},
+		{"a little behind", StandbyReplay{LagBytes: 1 << 20, LagSeconds: 0.2}, ""},
+		{"far behind", StandbyReplay{LagBytes: 64 << 20, LagSeconds: 30}, "standby_replay_behind"},
+		{"paused", StandbyReplay{Paused: true, LagBytes: 8192}, "standby_replay_paused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, ok := tc.r.Cause()
+			if ok != (tc.kind != "") || c.Kind != tc.kind {
+				t.Fatalf("Cause() = %q, %v; want %q", c.Kind, ok, tc.kind)
+			}
+			if tc.kind == "standby_replay_paused" && !strings.Contains(c.Fix, "pg_wal_replay_resume()") {
+				t.Errorf("the fix does not name pg_wal_replay_resume(): %s", c.Fix)
+			}
+			if tc.r.Paused && !strings.Contains(tc.r.Text(), "PAUSED") {
+				t.Errorf("Text() does not say PAUSED: %s", tc.r.Text())
+			}
+		})
+	}
+}
+
+// A slot decoded on the standby is its own: neither described nor
+// explained as a stale copy of the primary's to drop.
+func TestFailoverDecodedHere(t *testing.T) {
+	f := Failover{Name: "walrelay", Supported: true, Local: &Copy{Exists: true, SyncSlots: false, Synced: false}}
+	text, _ := f.Describe()
+	if !strings.Contains(text, "of its own") {
+		t.Fatalf("without DecodedHere the local slot should read as a stale copy, got: %s", text)
+	}
+	f.DecodedHere = true
+	text, warn := f.Describe()
+	if warn || !strings.Contains(text, "promoting this standby keeps the slot") {
+		t.Errorf("Describe() = %q, warn %v", text, warn)
+	}
+	if c := f.Causes(); len(c) != 0 {
+		t.Errorf("Causes() = %+v, want none", c)
+	}
+}
