@@ -218,7 +218,9 @@ func TestStandbyDecodeRefusals(t *testing.T) {
 			}
 			defer c.Close(context.Background())
 			var v string
-			err = c.QueryRow(e.ctx, "SELECT current_setting($1)", name).Scan(&v)
+			if err := c.QueryRow(e.ctx, "SELECT current_setting($1)", name).Scan(&v); err != nil {
+				return false, err
+			}
 			return v == want, fmt.Errorf("%s = %q", name, v)
 		})
 	}
