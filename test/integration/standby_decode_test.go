@@ -194,19 +194,7 @@ func TestStandbyDecodeRefusals(t *testing.T) {
 	})
 	set := func(url string, settings ...string) {
 		t.Helper()
-		c, err := pgx.Connect(e.ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		for _, s := range settings {
-			if _, err := c.Exec(e.ctx, s); err != nil {
-				t.Fatalf("%s: %v", s, err)
-			}
-		}
-		if _, err := c.Exec(e.ctx, "SELECT pg_reload_conf()"); err != nil {
-			t.Fatal(err)
-		}
+		execAt(t, e.ctx, url, append(settings, "SELECT pg_reload_conf()")...)
 	}
 	// showing waits until a reload took effect.
 	showing := func(url, name, want string) {
@@ -515,16 +503,7 @@ func TestStandbyDecodeRowsRemoved(t *testing.T) {
 	e.waitStandbySlotActive(p, standbyURL)
 	exec := func(url string, sqls ...string) {
 		t.Helper()
-		c, err := pgx.Connect(e.ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		for _, q := range sqls {
-			if _, err := c.Exec(e.ctx, q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
+		execAt(t, e.ctx, url, sqls...)
 	}
 	exec(rs.standby.URL("postgres"), "ALTER SYSTEM SET hot_standby_feedback = off", "SELECT pg_reload_conf()")
 	// The primary forgets the standby's xmin once the standby says so.
@@ -587,5 +566,21 @@ func TestStandbyDecodeHeartbeat(t *testing.T) {
 	})
 	if n := gathered(reg, "walrelay_heartbeats_total")["wal"]; n < 1 {
 		t.Errorf("no WAL heartbeat counted: %v", gathered(reg, "walrelay_heartbeats_total"))
+	}
+}
+
+// execAt runs sqls one by one on a connection of its own to url (a server
+// other than the env's, or a database other than its own).
+func execAt(t *testing.T, ctx context.Context, url string, sqls ...string) {
+	t.Helper()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	for _, q := range sqls {
+		if _, err := c.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
 	}
 }
