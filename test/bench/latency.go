@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,34 +60,11 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 	// The consumer records commit-to-read latencies of records committed
 	// after the warm-up.
 	measureFrom := time.Now().Add(2 * time.Second)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addrs...), kgo.ConsumeTopics("outbox.event.bench"),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond),
-		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second))
+	cr, err := readCommits(ctx, k.addrs, "outbox.event.bench", measureFrom, time.Time{})
 	if err != nil {
 		return Result{}, err
 	}
-	defer cl.Close()
-	var mu sync.Mutex
-	var lat []time.Duration
-	var seen atomic.Int64
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		for cctx.Err() == nil {
-			fs := cl.PollFetches(cctx)
-			now := time.Now()
-			fs.EachRecord(func(r *kgo.Record) {
-				seen.Add(1)
-				if r.Timestamp.Before(measureFrom) {
-					return
-				}
-				mu.Lock()
-				lat = append(lat, now.Sub(r.Timestamp))
-				mu.Unlock()
-			})
-		}
-	}()
+	defer cr.Stop()
 
 	// The broker's CPU over the run (with an in-process kfake, the bench
 	// process's own: writers and consumer included, alike in both modes).
@@ -138,22 +114,16 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 		return Result{}, err
 	}
 	// Let the last records arrive.
-	deadline := time.Now().Add(30 * time.Second)
-	for seen.Load() < committed.Load() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
+	cr.WaitFor(committed.Load(), 30*time.Second)
+	lat := cr.Stop()
 	runTime, brokerCPU := time.Since(runStart), k.cpu()-brokerStart
 	txns, err := kafkaTxns(ctx, k.addrs)
 	if err != nil {
 		return Result{}, err
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	if len(lat) == 0 {
-		return Result{}, fmt.Errorf("no record measured (%d committed, %d read)\n%s", committed.Load(), seen.Load(), rl.out)
+		return Result{}, fmt.Errorf("no record measured (%d committed, %d read)\n%s", committed.Load(), cr.Seen(), rl.out)
 	}
-	slices.Sort(lat)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	res := Result{
 		Scenario: "latency",
@@ -172,8 +142,8 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 	if k.kafka != nil || k.apache != nil {
 		res.Metrics["broker_cpu_percent"] = 100 * brokerCPU.Seconds() / runTime.Seconds()
 	}
-	if seen.Load() < committed.Load() {
-		res.Notes = fmt.Sprintf("MISSING %d records", committed.Load()-seen.Load())
+	if cr.Seen() < committed.Load() {
+		res.Notes = fmt.Sprintf("MISSING %d records", committed.Load()-cr.Seen())
 	}
 	b.logf("latency rate=%d delivery=%s: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, delivery,
 		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])

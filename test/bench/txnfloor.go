@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,37 +174,11 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 	}
 
 	measureFrom := time.Now().Add(2 * time.Second)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addrs...), kgo.ConsumeTopics(topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond),
-		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second))
+	cr, err := readCommits(ctx, k.addrs, topic, measureFrom, time.Unix(2, 0))
 	if err != nil {
 		return Result{}, err
 	}
-	defer cl.Close()
-	var mu sync.Mutex
-	var lat []time.Duration
-	var seen atomic.Int64
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		for cctx.Err() == nil {
-			fs := cl.PollFetches(cctx)
-			now := time.Now()
-			fs.EachRecord(func(r *kgo.Record) {
-				if r.Timestamp.Before(time.Unix(2, 0)) {
-					return // a warm-up record (warmTxn)
-				}
-				seen.Add(1)
-				if r.Timestamp.Before(measureFrom) {
-					return
-				}
-				mu.Lock()
-				lat = append(lat, now.Sub(r.Timestamp))
-				mu.Unlock()
-			})
-		}
-	}()
+	defer cr.Stop()
 
 	events := make(chan time.Time, 1<<16)
 	total := b.cfg.Duration + time.Until(measureFrom)
@@ -320,18 +293,12 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 		return Result{}, err
 	default:
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for seen.Load() < made.Load() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
+	cr.WaitFor(made.Load(), 30*time.Second)
+	lat := cr.Stop()
 	runTime, brokerCPU := time.Since(runStart), k.cpu()-brokerStart
-	mu.Lock()
-	defer mu.Unlock()
 	if len(lat) == 0 {
-		return Result{}, fmt.Errorf("no record measured (%d made, %d read)", made.Load(), seen.Load())
+		return Result{}, fmt.Errorf("no record measured (%d made, %d read)", made.Load(), cr.Seen())
 	}
-	slices.Sort(lat)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	res := Result{
 		Scenario: "txnfloor",
@@ -348,8 +315,8 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 	if k.kafka != nil || k.apache != nil {
 		res.Metrics["broker_cpu_percent"] = 100 * brokerCPU.Seconds() / runTime.Seconds()
 	}
-	if seen.Load() < made.Load() {
-		res.Notes = fmt.Sprintf("MISSING %d records", made.Load()-seen.Load())
+	if cr.Seen() < made.Load() {
+		res.Notes = fmt.Sprintf("MISSING %d records", made.Load()-cr.Seen())
 	}
 	b.logf("txnfloor rate=%d producers=%d settle=%v checkpoint=%v: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, producers, v.settle, v.checkpoint,
 		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])
