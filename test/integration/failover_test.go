@@ -347,26 +347,9 @@ func TestFailoverSlotCarriesOn(t *testing.T) {
 				t.Fatalf("%v; promotions at %v", err, promotions)
 			}
 			recs := c.records()
-			delivered := distinctIDs(recs)
-			phantoms, dups := 0, 0
-			for id, n := range delivered {
-				if !committed[id] {
-					phantoms++
-				}
-				dups += n - 1
-			}
-			inv := orderInversions(recs)
+			dups, phantoms, inv := checkSurvivingHistory(t, mode, committed, recs)
 			t.Logf("%s: %d failovers, %d committed, %d delivered, 0 lost, %d duplicates, %d delivered without committing, %d order inversions; promotion to the first new record: %v",
-				mode, failovers, len(committed), len(delivered), dups, phantoms, inv, promotedToRecord)
-			if phantoms > 0 {
-				t.Errorf("%d records published of transactions the surviving history does not have", phantoms)
-			}
-			if inv > 0 {
-				t.Errorf("%d records out of per-key order", inv)
-			}
-			if mode == "exactly-once" && dups > 0 {
-				t.Errorf("%d duplicates under exactly-once with a read_committed consumer", dups)
-			}
+				mode, failovers, len(committed), len(distinctIDs(recs)), dups, phantoms, inv, promotedToRecord)
 		})
 	}
 }
@@ -444,4 +427,30 @@ func (e *env) leastPrivilegedURL() string {
 	}
 	u.User = url.User(role)
 	return u.String()
+}
+
+// checkSurvivingHistory checks what a consumer read (recs) after failovers
+// against the ids the surviving history committed: none published of a
+// transaction it does not have, per-key order kept, and no duplicate under
+// exactly-once. It returns the duplicates, those phantoms and the order
+// inversions, for the test's log.
+func checkSurvivingHistory(t *testing.T, mode string, committed map[string]bool, recs []*kgo.Record) (dups, phantoms, inv int) {
+	t.Helper()
+	for id, n := range distinctIDs(recs) {
+		if !committed[id] {
+			phantoms++
+		}
+		dups += n - 1
+	}
+	inv = orderInversions(recs)
+	if phantoms > 0 {
+		t.Errorf("%d records published of transactions the surviving history does not have", phantoms)
+	}
+	if inv > 0 {
+		t.Errorf("%d records out of per-key order", inv)
+	}
+	if mode == "exactly-once" && dups > 0 {
+		t.Errorf("%d duplicates under exactly-once with a read_committed consumer", dups)
+	}
+	return dups, phantoms, inv
 }
