@@ -39,10 +39,14 @@ func TestStandbyDecodeInitialSnapshot(t *testing.T) {
 			e.waitStandbySlotActive(p, standbyURL)
 			during.wait(t)
 
-			m := regexp.MustCompile(`"msg":"initial snapshot published","rows":(\d+)`).FindStringSubmatch(p.out.String())
-			if m == nil {
-				t.Fatalf("no initial snapshot published:\n%s", lastLines(p.out.String(), 10))
-			}
+			// The slot shows active while it is being created: the
+			// snapshot's line is what says it was published.
+			published := regexp.MustCompile(`"msg":"initial snapshot published","rows":(\d+)`)
+			var m []string
+			e.waitFor("the initial snapshot published", 2*time.Minute, func() (bool, error) {
+				m = published.FindStringSubmatch(p.out.String())
+				return m != nil, nil
+			})
 			if n, _ := strconv.Atoi(m[1]); n < 600 {
 				t.Errorf("the snapshot published %d rows, want at least the 600 committed before the start", n)
 			}
