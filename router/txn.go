@@ -230,8 +230,8 @@ func (t *Txn) settle() {
 // pending returns what a new Kafka transaction must wait for before its
 // first record (see settle), or nil.
 // The wait is measured (walrelay_kafka_marker_wait_seconds) from the
-// first record that found it until one found it over: the half of a
-// Kafka transaction's cycle outside its commit.
+// first record that found it until one found it over: most of what a
+// Kafka transaction's cycle spends outside its commit.
 func (t *Txn) pending() <-chan struct{} {
 	if t.open || t.settled == nil {
 		return nil
