@@ -42,6 +42,7 @@ type Metrics struct {
 	Ready                 prometheus.GaugeFunc
 	KafkaTransactions     prometheus.Counter
 	KafkaCommit           prometheus.Histogram
+	KafkaMarkerWait       prometheus.Histogram
 	UnmappedInserts       *prometheus.CounterVec
 	SnapshotRows          prometheus.Counter
 	SnapshotRunning       prometheus.Gauge
@@ -220,6 +221,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		KafkaCommit: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "walrelay_kafka_commit_seconds",
 			Help:    "Exactly-once: time to close a Kafka transaction (wait for its records, produce the checkpoint, commit), successful or not. It is most of the latency exactly-once adds; rising towards router.Config.TransactionTimeout means the broker's transaction coordinator struggles.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		KafkaMarkerWait: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "walrelay_kafka_marker_wait_seconds",
+			Help:    "Exactly-once: how long the first record of a Kafka transaction waited for the transaction coordinator to complete the previous commit (write its markers; 0 when it was complete already), so that the broker does not hold the record for its CONCURRENT_TRANSACTIONS retry. With walrelay_kafka_commit_seconds it is most of each Kafka transaction's cycle; high, it is the broker's time.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		UnmappedInserts: f.NewCounterVec(prometheus.CounterOpts{

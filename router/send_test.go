@@ -222,6 +222,19 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
+// histogramValue reads a histogram's count of observations and their sum.
+func histogramValue(t *testing.T, h prometheus.Histogram) (uint64, float64) {
+	t.Helper()
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		t.Fatalf("read histogram: %v", err)
+	}
+	if m.Histogram == nil {
+		t.Fatalf("not a histogram: %v", &m)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
+
 func (e *env) deadLettered(reason deadletter.Reason) float64 {
 	return counterValue(e.t, e.m.EventsDeadLettered.WithLabelValues(string(reason)))
 }

@@ -50,6 +50,7 @@ type Txn struct {
 	// settled is closed once the coordinator completed the last committed
 	// transaction (see settle); nil when nothing is to wait for.
 	settled    chan struct{}
+	waitSince  time.Time     // when a first record began to wait for settled (zero: not yet)
 	noDescribe atomic.Bool   // the coordinator cannot be asked: do not wait
 	settleMax  time.Duration // how long settle waits at most (0: settleMax)
 	acks       []ackRun      // ackers of the open Kafka transaction, in order
@@ -186,7 +187,7 @@ func (t *Txn) settle() {
 	}
 	r := t.r
 	done := make(chan struct{})
-	t.settled = done
+	t.settled, t.waitSince = done, time.Time{}
 	limit := t.settleMax
 	if limit == 0 {
 		limit = settleMax
@@ -228,15 +229,26 @@ func (t *Txn) settle() {
 
 // pending returns what a new Kafka transaction must wait for before its
 // first record (see settle), or nil.
+// The wait is measured (walrelay_kafka_marker_wait_seconds) from the
+// first record that found it until one found it over: most of what a
+// Kafka transaction's cycle spends outside its commit.
 func (t *Txn) pending() <-chan struct{} {
 	if t.open || t.settled == nil {
 		return nil
 	}
 	select {
 	case <-t.settled:
-		t.settled = nil
+		var waited time.Duration
+		if !t.waitSince.IsZero() {
+			waited = time.Since(t.waitSince)
+		}
+		t.r.metrics.KafkaMarkerWait.Observe(waited.Seconds())
+		t.settled, t.waitSince = nil, time.Time{}
 		return nil
 	default:
+		if t.waitSince.IsZero() {
+			t.waitSince = time.Now()
+		}
 		return t.settled
 	}
 }

@@ -157,6 +157,11 @@ func TestTxnNextWaitsForCommitMarkers(t *testing.T) {
 		t.Fatal("the wait did not end once the coordinator completed the commit")
 	}
 	e.mustSend(second, 2, &testAcker{})
+	// The wait is measured: at least from the first refused Send to the
+	// coordinator's second answer.
+	if n, sum := histogramValue(t, e.m.KafkaMarkerWait); n != 1 || sum <= 0 {
+		t.Fatalf("walrelay_kafka_marker_wait_seconds: %d observations summing to %gs, want one above 0", n, sum)
+	}
 	if err := e.r.Txn().Commit(ctx, []byte("slot"), []byte("checkpoint 2")); err != nil {
 		t.Fatal(err)
 	}
