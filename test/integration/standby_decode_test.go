@@ -567,3 +567,127 @@ func execAt(t *testing.T, ctx context.Context, url string, sqls ...string) {
 		}
 	}
 }
+
+// TestStandbyDecodeStandbyRestarted: writers on the primary, the relay
+// streaming from the standby; the standby is restarted under load (fast
+// stop and start), then crashes (every process SIGKILLed) and starts
+// again. The relay reconnects by itself each time; every committed row
+// is delivered, duplicates counted (the crashed standby's slot resumes
+// from what it had saved, at or before what the relay confirmed).
+func TestStandbyDecodeStandbyRestarted(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL := rs.standby.URL(e.name)
+	c := e.consume()
+	p := startProc(t, nil, e.standbyArgs(standbyURL, e.url, "--heartbeat-interval", "1s")...)
+	e.waitStandbySlotActive(p, standbyURL)
+	fw := e.startFailoverWriters(4, 5*time.Millisecond)
+	defer fw.halt()
+	waitMore := func(what string, more int) {
+		t.Helper()
+		n := len(distinctIDs(c.records()))
+		e.waitFor(what, 2*time.Minute, func() (bool, error) {
+			select {
+			case <-p.done:
+				return false, fmt.Errorf("the relay exited: %s", finalLines(p.out.String()))
+			default:
+			}
+			got := len(distinctIDs(c.records()))
+			return got >= n+more, fmt.Errorf("%d ids read", got)
+		})
+	}
+	waitMore("records streamed from the standby", 300)
+
+	if err := rs.standby.Restart(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStandbySlotActive(p, standbyURL)
+	waitMore("records after the standby's restart", 300)
+
+	if err := rs.standby.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.standby.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStandbySlotActive(p, standbyURL)
+	waitMore("records after the standby's crash", 300)
+
+	fw.halt()
+	committed := e.committedIDs()
+	var all []string
+	for id := range committed {
+		all = append(all, id)
+	}
+	err := devcluster.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+		m := missingIDs(c, all)
+		return len(m) == 0, fmt.Errorf("%d of %d committed ids not read", len(m), len(all))
+	})
+	if err != nil {
+		t.Fatalf("%v; %s", err, rs.replicationState(e.name))
+	}
+	select {
+	case <-p.done:
+		t.Fatalf("the relay exited: %s", finalLines(p.out.String()))
+	default:
+	}
+	recs := c.records()
+	dups, phantoms, inv := checkSurvivingHistory(t, "at-least-once", committed, recs)
+	t.Logf("decoding on a standby restarted then crashed, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates, %d delivered without committing, %d order inversions",
+		pgVersion/10000, len(committed), len(distinctIDs(recs)), dups, phantoms, inv)
+}
+
+// TestStandbyDecodeStandbyRebuilt: the standby is lost and rebuilt from a
+// fresh base backup of the primary, on the same port, so the relay's
+// logical slot, which lived on the standby only, is gone. A relay
+// streaming from it then must stop, and a relay started afterwards must
+// refuse (walrelay's record on the primary says it streamed from that
+// slot), naming the slot and --accept-gap: never a new slot created
+// silently, which would skip what the old one had not confirmed.
+func TestStandbyDecodeStandbyRebuilt(t *testing.T) {
+	needPG(t, 16)
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL, primaryURL := rs.standby.URL(e.name), rs.primary.URL(e.name)
+	c := e.consume()
+	args := e.standbyArgs(standbyURL, e.url)
+	p := startProc(t, nil, args...)
+	e.waitStandbySlotActive(p, standbyURL)
+	conn := e.conn()
+	before := e.insertRows(conn, 20, "before")
+	c.waitAll(before, 60*time.Second)
+
+	// The standby's machine lost: it is rebuilt from scratch on its port,
+	// with the physical slot it had on the primary made anew.
+	old := rs.standby
+	if err := old.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	execAt(t, e.ctx, rs.primary.URL("postgres"), fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", old.Slot))
+	e.insertRows(conn, 20, "during")
+	rs.standby = rs.startStandby(old.Port)
+	rs.waitReplayed()
+
+	// The running relay, reconnecting to the rebuilt standby, stops.
+	code, elapsed, ok := p.wait(2 * time.Minute)
+	if !ok {
+		t.Fatalf("the relay still streams %v after its standby was rebuilt without its slot", elapsed)
+	}
+	out := finalLines(p.out.String())
+	if code != 2 || !strings.Contains(out, fmt.Sprintf("replication slot %q", e.name)) {
+		t.Errorf("the running relay exited %d, want 2 naming slot %q:\n%s", code, e.name, out)
+	}
+	t.Logf("the running relay exited %d: %s", code, out)
+
+	// A start on the rebuilt standby refuses, in one line.
+	refusedWith(t, withFlag(args, "--startup-timeout", "20s"), fmt.Sprintf("replication slot %q is gone", e.name), "--accept-gap")
+	for _, url := range []string{standbyURL, primaryURL} {
+		if i, err := e.standbySlot(url); err == nil {
+			t.Errorf("slot %s was created again on %s: %+v", e.name, url, i)
+		}
+	}
+}
