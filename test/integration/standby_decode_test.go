@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -641,53 +642,73 @@ func TestStandbyDecodeStandbyRestarted(t *testing.T) {
 
 // TestStandbyDecodeStandbyRebuilt: the standby is lost and rebuilt from a
 // fresh base backup of the primary, on the same port, so the relay's
-// logical slot, which lived on the standby only, is gone. A relay
-// streaming from it then must stop, and a relay started afterwards must
-// refuse (walrelay's record on the primary says it streamed from that
-// slot), naming the slot and --accept-gap: never a new slot created
-// silently, which would skip what the old one had not confirmed.
+// logical slot, which lived on the standby only, is gone. Never a new slot
+// created silently, which would skip what the old one had not confirmed:
+// with the relay stopped during the rebuild, its next start refuses
+// (walrelay's record, on the primary, says it streamed from that slot);
+// with the relay running, it stops, and its next start repeats the
+// refusal. Each names the slot and --accept-gap, exit 2.
 func TestStandbyDecodeStandbyRebuilt(t *testing.T) {
 	needPG(t, 16)
-	rs := startReplicaSet(t, replicaSetOptions{})
-	e := rs.newEnv()
-	rs.waitReplayed()
-	standbyURL, primaryURL := rs.standby.URL(e.name), rs.primary.URL(e.name)
-	c := e.consume()
-	args := e.standbyArgs(standbyURL, e.url)
-	p := startProc(t, nil, args...)
-	e.waitStandbySlotActive(p, standbyURL)
-	conn := e.conn()
-	before := e.insertRows(conn, 20, "before")
-	c.waitAll(before, 60*time.Second)
+	for _, tc := range []struct {
+		name    string
+		running bool
+		want    string
+	}{
+		{name: "relay stopped", want: "is gone, though walrelay streamed from it"},
+		{name: "relay running", running: true, want: "was dropped while walrelay streamed from it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := startReplicaSet(t, replicaSetOptions{})
+			e := rs.newEnv()
+			rs.waitReplayed()
+			standbyURL, primaryURL := rs.standby.URL(e.name), rs.primary.URL(e.name)
+			c := e.consume()
+			args := e.standbyArgs(standbyURL, e.url)
+			p := startProc(t, nil, args...)
+			e.waitStandbySlotActive(p, standbyURL)
+			conn := e.conn()
+			before := e.insertRows(conn, 20, "before")
+			c.waitAll(before, 60*time.Second)
+			if !tc.running {
+				if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+				if code, _, ok := p.wait(time.Minute); !ok || code != 0 {
+					t.Fatalf("the relay stopped by SIGTERM: exit %d (in time: %v)", code, ok)
+				}
+			}
 
-	// The standby's machine lost: it is rebuilt from scratch on its port,
-	// with the physical slot it had on the primary made anew.
-	old := rs.standby
-	if err := old.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	old.Close()
-	execAt(t, e.ctx, rs.primary.URL("postgres"), fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", old.Slot))
-	e.insertRows(conn, 20, "during")
-	rs.standby = rs.startStandby(old.Port)
-	rs.waitReplayed()
+			// The standby's machine lost: it is rebuilt from scratch on its
+			// port, its physical slot on the primary made anew.
+			old := rs.standby
+			if err := old.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			old.Close()
+			execAt(t, e.ctx, rs.primary.URL("postgres"), fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", old.Slot))
+			e.insertRows(conn, 20, "during")
+			rs.standby = rs.startStandby(old.Port)
+			rs.waitReplayed()
 
-	// The running relay, reconnecting to the rebuilt standby, stops.
-	code, elapsed, ok := p.wait(2 * time.Minute)
-	if !ok {
-		t.Fatalf("the relay still streams %v after its standby was rebuilt without its slot", elapsed)
-	}
-	out := finalLines(p.out.String())
-	if code != 2 || !strings.Contains(out, fmt.Sprintf("replication slot %q", e.name)) {
-		t.Errorf("the running relay exited %d, want 2 naming slot %q:\n%s", code, e.name, out)
-	}
-	t.Logf("the running relay exited %d: %s", code, out)
-
-	// A start on the rebuilt standby refuses, in one line.
-	refusedWith(t, withFlag(args, "--startup-timeout", "20s"), fmt.Sprintf("replication slot %q is gone", e.name), "--accept-gap")
-	for _, url := range []string{standbyURL, primaryURL} {
-		if i, err := e.standbySlot(url); err == nil {
-			t.Errorf("slot %s was created again on %s: %+v", e.name, url, i)
-		}
+			slotNamed := fmt.Sprintf("replication slot %q", e.name)
+			if tc.running {
+				code, elapsed, ok := p.wait(2 * time.Minute)
+				if !ok {
+					t.Fatalf("the relay still streams %v after its standby was rebuilt without its slot", elapsed)
+				}
+				out := finalLines(p.out.String())
+				if code != 2 || !strings.Contains(out, slotNamed+" "+tc.want) || !strings.Contains(out, "--accept-gap") {
+					t.Errorf("the running relay exited %d, want 2 saying %s %s and --accept-gap:\n%s", code, slotNamed, tc.want, out)
+				}
+				t.Logf("the running relay exited %d after %v: %s", code, elapsed.Round(time.Millisecond), out)
+			}
+			refusedWith(t, withFlag(args, "--startup-timeout", "20s"), slotNamed+" "+tc.want, "may be missing", "--accept-gap")
+			for _, url := range []string{standbyURL, primaryURL} {
+				if i, err := e.standbySlot(url); err == nil {
+					t.Errorf("slot %s was created again on %s: %+v", e.name, url, i)
+				}
+			}
+		})
 	}
 }
