@@ -574,15 +574,27 @@ func execAt(t *testing.T, ctx context.Context, url string, sqls ...string) {
 // stop and start), then crashes (every process SIGKILLed) and starts
 // again. The relay reconnects by itself each time; every committed row
 // is delivered, duplicates counted (the crashed standby's slot resumes
-// from what it had saved, at or before what the relay confirmed).
+// from what it had saved, at or before what the relay confirmed), in
+// both delivery modes.
 func TestStandbyDecodeStandbyRestarted(t *testing.T) {
 	needPG(t, 16)
+	for _, mode := range []string{"at-least-once", "exactly-once"} {
+		t.Run(mode, func(t *testing.T) { standbyRestarted(t, mode) })
+	}
+}
+
+func standbyRestarted(t *testing.T, mode string) {
 	rs := startReplicaSet(t, replicaSetOptions{})
 	e := rs.newEnv()
 	rs.waitReplayed()
 	standbyURL := rs.standby.URL(e.name)
 	c := e.consume()
-	p := startProc(t, nil, e.standbyArgs(standbyURL, e.url, "--heartbeat-interval", "1s")...)
+	args := e.standbyArgs(standbyURL, e.url, "--heartbeat-interval", "1s")
+	if mode == "exactly-once" {
+		c = e.consumeWith(kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		args = append(args, "--delivery", "exactly-once", "--checkpoint-topic", e.checkpointTopic())
+	}
+	p := startProc(t, nil, args...)
 	e.waitStandbySlotActive(p, standbyURL)
 	fw := e.startFailoverWriters(4, 5*time.Millisecond)
 	defer fw.halt()
@@ -635,9 +647,9 @@ func TestStandbyDecodeStandbyRestarted(t *testing.T) {
 	default:
 	}
 	recs := c.records()
-	dups, phantoms, inv := checkSurvivingHistory(t, "at-least-once", committed, recs)
-	t.Logf("decoding on a standby restarted then crashed, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates, %d delivered without committing, %d order inversions",
-		pgVersion/10000, len(committed), len(distinctIDs(recs)), dups, phantoms, inv)
+	dups, phantoms, inv := checkSurvivingHistory(t, mode, committed, recs)
+	t.Logf("decoding on a standby restarted then crashed, %s, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates, %d delivered without committing, %d order inversions",
+		mode, pgVersion/10000, len(committed), len(distinctIDs(recs)), dups, phantoms, inv)
 }
 
 // TestStandbyDecodeStandbyRebuilt: the standby is lost and rebuilt from a
