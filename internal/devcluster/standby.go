@@ -433,7 +433,8 @@ func (p *Postgres) SetSynchronizedStandbySlots(ctx context.Context, slots ...str
 // Kill ends the server as a machine failure would: SIGKILL to the
 // postmaster and every process it started, at once, so that no backend
 // outlives it to answer or send WAL. It returns once they are gone; the
-// port is free then. Close afterwards removes the directory.
+// port is free then, and Start may start it again (a crash recovery).
+// Close afterwards removes the directory.
 func (p *Postgres) Kill() error {
 	pid, err := p.postmasterPID()
 	if err != nil {
@@ -449,14 +450,27 @@ func (p *Postgres) Kill() error {
 		_ = syscall.Kill(c, syscall.SIGKILL)
 	}
 	p.killed = true
-	return WaitFor(30*time.Second, 10*time.Millisecond, func() (bool, error) {
+	if err := WaitFor(30*time.Second, 10*time.Millisecond, func() (bool, error) {
 		for _, c := range procs {
 			if alive(c) {
 				return false, fmt.Errorf("process %d still running", c)
 			}
 		}
 		return true, nil
-	})
+	}); err != nil {
+		return err
+	}
+	// The dead postmaster stays a zombie until whatever adopted it reaps
+	// it, and a new postmaster takes a zombie's PID in its lock files for a
+	// running server: Start after Kill would refuse ("lock file already
+	// exists"). Nothing of it runs, so the locks are stale; recovery is
+	// still a crash recovery (pg_control says the server was running).
+	for _, lock := range []string{filepath.Join(p.dataDir(), "postmaster.pid"), filepath.Join(p.Dir, ".s.PGSQL."+strconv.Itoa(p.Port)+".lock")} {
+		if err := os.Remove(lock); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("kill: remove the stale lock file: %w", err)
+		}
+	}
+	return nil
 }
 
 // postmasterPID reads the first line of postmaster.pid.

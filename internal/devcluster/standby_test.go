@@ -242,3 +242,23 @@ func waitSynced(t *testing.T, s *Postgres, primary *pgx.Conn, slot string) {
 		t.Fatalf("slot %s on the standby on port %d: %v\n%s", slot, s.Port, err, testkit.LastLines(s.tailLog(), 20))
 	}
 }
+
+// TestKillThenStart: a killed server starts again, recovering from the
+// crash, with what it had committed. The killed postmaster may still be a
+// zombie then, whose PID in the lock files made the start refuse.
+func TestKillThenStart(t *testing.T) {
+	p := startTestPrimary(t)
+	c := connect(t, p.URL("postgres"))
+	mustExec(t, c, "CREATE TABLE survives (id int)")
+	mustExec(t, c, "INSERT INTO survives VALUES (1)")
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatalf("start after kill: %v", err)
+	}
+	var n int
+	if err := p.queryRow(context.Background(), "SELECT count(*) FROM survives", &n); err != nil || n != 1 {
+		t.Fatalf("after the crash: %d rows, %v; want 1", n, err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -565,5 +566,161 @@ func execAt(t *testing.T, ctx context.Context, url string, sqls ...string) {
 		if _, err := c.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
+	}
+}
+
+// TestStandbyDecodeStandbyRestarted: writers on the primary, the relay
+// streaming from the standby; the standby is restarted under load (fast
+// stop and start), then crashes (every process SIGKILLed) and starts
+// again. The relay reconnects by itself each time; every committed row
+// is delivered, duplicates counted (the crashed standby's slot resumes
+// from what it had saved, at or before what the relay confirmed), in
+// both delivery modes.
+func TestStandbyDecodeStandbyRestarted(t *testing.T) {
+	needPG(t, 16)
+	for _, mode := range []string{"at-least-once", "exactly-once"} {
+		t.Run(mode, func(t *testing.T) { standbyRestarted(t, mode) })
+	}
+}
+
+func standbyRestarted(t *testing.T, mode string) {
+	rs := startReplicaSet(t, replicaSetOptions{})
+	e := rs.newEnv()
+	rs.waitReplayed()
+	standbyURL := rs.standby.URL(e.name)
+	c := e.consume()
+	args := e.standbyArgs(standbyURL, e.url, "--heartbeat-interval", "1s")
+	if mode == "exactly-once" {
+		c = e.consumeWith(kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		args = append(args, "--delivery", "exactly-once", "--checkpoint-topic", e.checkpointTopic())
+	}
+	p := startProc(t, nil, args...)
+	e.waitStandbySlotActive(p, standbyURL)
+	fw := e.startFailoverWriters(4, 5*time.Millisecond)
+	defer fw.halt()
+	waitMore := func(what string, more int) {
+		t.Helper()
+		n := len(distinctIDs(c.records()))
+		e.waitFor(what, 2*time.Minute, func() (bool, error) {
+			select {
+			case <-p.done:
+				return false, fmt.Errorf("the relay exited: %s", finalLines(p.out.String()))
+			default:
+			}
+			got := len(distinctIDs(c.records()))
+			return got >= n+more, fmt.Errorf("%d ids read", got)
+		})
+	}
+	waitMore("records streamed from the standby", 300)
+
+	if err := rs.standby.Restart(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStandbySlotActive(p, standbyURL)
+	waitMore("records after the standby's restart", 300)
+
+	if err := rs.standby.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.standby.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitStandbySlotActive(p, standbyURL)
+	waitMore("records after the standby's crash", 300)
+
+	fw.halt()
+	committed := e.committedIDs()
+	var all []string
+	for id := range committed {
+		all = append(all, id)
+	}
+	err := devcluster.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+		m := missingIDs(c, all)
+		return len(m) == 0, fmt.Errorf("%d of %d committed ids not read", len(m), len(all))
+	})
+	if err != nil {
+		t.Fatalf("%v; %s", err, rs.replicationState(e.name))
+	}
+	select {
+	case <-p.done:
+		t.Fatalf("the relay exited: %s", finalLines(p.out.String()))
+	default:
+	}
+	recs := c.records()
+	dups, phantoms, inv := checkSurvivingHistory(t, mode, committed, recs)
+	t.Logf("decoding on a standby restarted then crashed, %s, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates, %d delivered without committing, %d order inversions",
+		mode, pgVersion/10000, len(committed), len(distinctIDs(recs)), dups, phantoms, inv)
+}
+
+// TestStandbyDecodeStandbyRebuilt: the standby is lost and rebuilt from a
+// fresh base backup of the primary, on the same port, so the relay's
+// logical slot, which lived on the standby only, is gone. Never a new slot
+// created silently, which would skip what the old one had not confirmed:
+// with the relay stopped during the rebuild, its next start refuses
+// (walrelay's record, on the primary, says it streamed from that slot);
+// with the relay running, it stops, and its next start repeats the
+// refusal. Each names the slot and --accept-gap, exit 2.
+func TestStandbyDecodeStandbyRebuilt(t *testing.T) {
+	needPG(t, 16)
+	for _, tc := range []struct {
+		name    string
+		running bool
+		want    string
+	}{
+		{name: "relay stopped", want: "is gone, though walrelay streamed from it"},
+		{name: "relay running", running: true, want: "was dropped while walrelay streamed from it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := startReplicaSet(t, replicaSetOptions{})
+			e := rs.newEnv()
+			rs.waitReplayed()
+			standbyURL, primaryURL := rs.standby.URL(e.name), rs.primary.URL(e.name)
+			c := e.consume()
+			args := e.standbyArgs(standbyURL, e.url)
+			p := startProc(t, nil, args...)
+			e.waitStandbySlotActive(p, standbyURL)
+			conn := e.conn()
+			before := e.insertRows(conn, 20, "before")
+			c.waitAll(before, 60*time.Second)
+			if !tc.running {
+				if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+				if code, _, ok := p.wait(time.Minute); !ok || code != 0 {
+					t.Fatalf("the relay stopped by SIGTERM: exit %d (in time: %v)", code, ok)
+				}
+			}
+
+			// The standby's machine lost: it is rebuilt from scratch on its
+			// port, its physical slot on the primary made anew.
+			old := rs.standby
+			if err := old.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			old.Close()
+			execAt(t, e.ctx, rs.primary.URL("postgres"), fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", old.Slot))
+			e.insertRows(conn, 20, "during")
+			rs.standby = rs.startStandby(old.Port)
+			rs.waitReplayed()
+
+			slotNamed := fmt.Sprintf("replication slot %q", e.name)
+			if tc.running {
+				code, elapsed, ok := p.wait(2 * time.Minute)
+				if !ok {
+					t.Fatalf("the relay still streams %v after its standby was rebuilt without its slot", elapsed)
+				}
+				out := finalLines(p.out.String())
+				if code != 2 || !strings.Contains(out, slotNamed+" "+tc.want) || !strings.Contains(out, "--accept-gap") {
+					t.Errorf("the running relay exited %d, want 2 saying %s %s and --accept-gap:\n%s", code, slotNamed, tc.want, out)
+				}
+				t.Logf("the running relay exited %d after %v: %s", code, elapsed.Round(time.Millisecond), out)
+			}
+			refusedWith(t, withFlag(args, "--startup-timeout", "20s"), slotNamed+" "+tc.want, "may be missing", "--accept-gap")
+			for _, url := range []string{standbyURL, primaryURL} {
+				if i, err := e.standbySlot(url); err == nil {
+					t.Errorf("slot %s was created again on %s: %+v", e.name, url, i)
+				}
+			}
+		})
 	}
 }
