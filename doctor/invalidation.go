@@ -117,12 +117,19 @@ func ReadInvalidatedError(ctx context.Context, conn *pgx.Conn, info slot.Info, s
 
 // SlotGoneError is the refusal for a slot that no longer exists though
 // walrelay streamed from it, as its record rec says: lost in a failover,
-// most often, or dropped by hand.
-func SlotGoneError(name string, rec Recorded) *slot.GapError {
+// most often, or dropped by hand. onStandby says walrelay decoded it on a
+// hot standby, whose slot lives and dies with that server (no failover
+// slot can be made there), so the fix is the standby's, not failover
+// slots'.
+func SlotGoneError(name string, rec Recorded, onStandby bool) *slot.GapError {
+	fix := "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: source.SetupConfig.Failover, sync_replication_slots on the standby, synchronized_standby_slots on the primary)"
+	if onStandby {
+		fix = "a slot decoded on a hot standby exists on that server alone: rebuilding the standby from a new base backup, or losing it, loses the slot; keep the standby's data directory (restart it, do not rebuild it) while walrelay decodes on it"
+	}
 	return &slot.GapError{
 		What: fmt.Sprintf("replication slot %q is gone, though walrelay streamed from it (its record in %s, written %s, has it confirmed at %s)",
 			name, rec.Table, rec.UpdatedAt.UTC().Format(time.RFC3339), rec.ConfirmedLSN),
 		Since: rec.ConfirmedLSN,
-		Fix:   "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: source.SetupConfig.Failover, sync_replication_slots on the standby, synchronized_standby_slots on the primary)",
+		Fix:   fix,
 	}
 }

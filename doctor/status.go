@@ -126,7 +126,7 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 		}
 	}
 	if errors.Is(err, slot.ErrNoSlot) && o.Record != nil {
-		return Status{}, SlotGoneError(o.Slot, *o.Record)
+		return Status{}, SlotGoneError(o.Slot, *o.Record, o.DecodedOnStandby)
 	}
 	if err != nil {
 		return Status{}, err

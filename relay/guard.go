@@ -423,7 +423,11 @@ func (g *guard) startPosition(ctx context.Context) (decoder.LSN, error) {
 	info, err := slot.ReadInfo(ctx, conn, g.cfg.Slot)
 	switch {
 	case errors.Is(err, slot.ErrNoSlot) && g.slotSeen:
-		gap := &slot.GapError{What: fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (by an operator, or lost in a failover: only a failover slot synchronized to the promoted standby survives one, PostgreSQL 17+)", g.cfg.Slot),
+		how := "by an operator, or lost in a failover: only a failover slot synchronized to the promoted standby survives one, PostgreSQL 17+"
+		if g.cfg.PrimaryURL != "" {
+			how = "by an operator, or with the hot standby it was decoded on: rebuilding or losing the standby loses its slot"
+		}
+		gap := &slot.GapError{What: fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (%s)", g.cfg.Slot, how),
 			Since: g.progress.Confirmed()}
 		g.refuse(ctx, conn, gap)
 		return 0, gap

@@ -289,7 +289,7 @@ func checkRecord(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, re
 		if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&system); err != nil {
 			return nil, fmt.Errorf("read the system identifier: %w", err)
 		}
-		gap := doctor.SlotGoneError(cfg.Slot, rec.Recorded(cfg.RecordSchema))
+		gap := doctor.SlotGoneError(cfg.Slot, rec.Recorded(cfg.RecordSchema), cfg.PrimaryURL != "")
 		if system != rec.SystemID {
 			gap.What += fmt.Sprintf("; the record was written on PostgreSQL system %s and this server is system %s: a copy or restore of another cluster?", rec.SystemID, system)
 		}

@@ -666,9 +666,10 @@ func TestStandbyDecodeStandbyRebuilt(t *testing.T) {
 		name    string
 		running bool
 		want    string
+		cause   string // the standby named as what lost the slot
 	}{
-		{name: "relay stopped", want: "is gone, though walrelay streamed from it"},
-		{name: "relay running", running: true, want: "was dropped while walrelay streamed from it"},
+		{name: "relay stopped", want: "is gone, though walrelay streamed from it", cause: "rebuilding the standby from a new base backup, or losing it, loses the slot"},
+		{name: "relay running", running: true, want: "was dropped while walrelay streamed from it", cause: "rebuilding or losing the standby loses its slot"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := startReplicaSet(t, replicaSetOptions{})
@@ -710,12 +711,12 @@ func TestStandbyDecodeStandbyRebuilt(t *testing.T) {
 					t.Fatalf("the relay still streams %v after its standby was rebuilt without its slot", elapsed)
 				}
 				out := finalLines(p.out.String())
-				if code != 2 || !strings.Contains(out, slotNamed+" "+tc.want) || !strings.Contains(out, "--accept-gap") {
-					t.Errorf("the running relay exited %d, want 2 saying %s %s and --accept-gap:\n%s", code, slotNamed, tc.want, out)
+				if code != 2 || !strings.Contains(out, slotNamed+" "+tc.want) || !strings.Contains(out, tc.cause) || !strings.Contains(out, "--accept-gap") {
+					t.Errorf("the running relay exited %d, want 2 saying %s %s, %q and --accept-gap:\n%s", code, slotNamed, tc.want, tc.cause, out)
 				}
 				t.Logf("the running relay exited %d after %v: %s", code, elapsed.Round(time.Millisecond), out)
 			}
-			refusedWith(t, withFlag(args, "--startup-timeout", "20s"), slotNamed+" "+tc.want, "may be missing", "--accept-gap")
+			refusedWith(t, withFlag(args, "--startup-timeout", "20s"), slotNamed+" "+tc.want, tc.cause, "may be missing", "--accept-gap")
 			for _, url := range []string{standbyURL, primaryURL} {
 				if i, err := e.standbySlot(url); err == nil {
 					t.Errorf("slot %s was created again on %s: %+v", e.name, url, i)
