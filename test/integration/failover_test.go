@@ -278,10 +278,14 @@ func TestFailoverSlotCarriesOn(t *testing.T) {
 			}
 			p := startProc(t, nil, args...)
 			e.waitSlotActive(p)
-			// status says the failover keeps the slot.
-			if out, _ := runOutput(t, "status", "--pg-url", e.url, "--slot", e.name); !strings.Contains(out, "failover slot, held back by synchronized_standby_slots") {
-				t.Errorf("status does not say synchronized_standby_slots protects the failover slot:\n%s", out)
-			}
+			// status says the failover keeps the slot. Asked until it does:
+			// the slot shows active while the first start creates it, and
+			// becomes a failover slot only after the initial snapshot.
+			var out string
+			e.waitFor("status saying synchronized_standby_slots protects the failover slot", 30*time.Second, func() (bool, error) {
+				out, _ = runOutput(t, "status", "--pg-url", e.url, "--slot", e.name)
+				return strings.Contains(out, "failover slot, held back by synchronized_standby_slots"), fmt.Errorf("status said:\n%s", out)
+			})
 			fw := e.startFailoverWriters(4, 5*time.Millisecond)
 			defer fw.halt()
 			const failovers = 3
