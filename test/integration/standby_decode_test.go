@@ -138,18 +138,7 @@ func TestStandbyDecodeUnderLoad(t *testing.T) {
 			waitMore("records after a restart on the promoted standby", 100, p)
 
 			fw.halt()
-			committed := e.committedIDs()
-			var all []string
-			for id := range committed {
-				all = append(all, id)
-			}
-			err := devcluster.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-				m := missingIDs(c, all)
-				return len(m) == 0, fmt.Errorf("%d of %d committed ids not read", len(m), len(all))
-			})
-			if err != nil {
-				t.Fatalf("%v; %s", err, rs.replicationState(e.name))
-			}
+			committed := rs.waitCommittedRead(e, c)
 			recs := c.records()
 			dups, phantoms, inv := checkSurvivingHistory(t, mode, committed, recs)
 			t.Logf("decoding on a standby, %s, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates (1 relay kill -9, 1 promotion, 1 restart), %d delivered without committing, %d order inversions",
@@ -633,18 +622,7 @@ func standbyRestarted(t *testing.T, mode string) {
 	waitMore("records after the standby's crash", 300)
 
 	fw.halt()
-	committed := e.committedIDs()
-	var all []string
-	for id := range committed {
-		all = append(all, id)
-	}
-	err := devcluster.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		m := missingIDs(c, all)
-		return len(m) == 0, fmt.Errorf("%d of %d committed ids not read", len(m), len(all))
-	})
-	if err != nil {
-		t.Fatalf("%v; %s", err, rs.replicationState(e.name))
-	}
+	committed := rs.waitCommittedRead(e, c)
 	select {
 	case <-p.done:
 		t.Fatalf("the relay exited: %s", finalLines(p.out.String()))
@@ -728,4 +706,24 @@ func TestStandbyDecodeStandbyRebuilt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitCommittedRead waits until c has read every id the writers committed
+// (on the current primary) and returns those ids; the replication state is
+// in the failure.
+func (rs *replicaSet) waitCommittedRead(e *env, c *consumer) map[string]bool {
+	rs.t.Helper()
+	committed := e.committedIDs()
+	var all []string
+	for id := range committed {
+		all = append(all, id)
+	}
+	err := devcluster.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+		m := missingIDs(c, all)
+		return len(m) == 0, fmt.Errorf("%d of %d committed ids not read", len(m), len(all))
+	})
+	if err != nil {
+		rs.t.Fatalf("%v; %s", err, rs.replicationState(e.name))
+	}
+	return committed
 }
