@@ -274,14 +274,19 @@ func TestIdleDatabaseBusyOtherDatabase(t *testing.T) {
 			if tc.heartbeat > 0 && moves < 5 {
 				t.Errorf("slot moved %d times in 15s with a 1s heartbeat; want the nudges to move it", moves)
 			}
-			// The relay's first record write after start may still come
-			// under the test: on 14 it moves the slot once, never again.
+			// The relay's own writes at start may still come under the
+			// test, and on 14 each moves the slot: setup's record write,
+			// then, when its confirmation came before the first poll, that
+			// poll's record of the confirmed position (whose own
+			// confirmation the poller knows not to record again). A relay
+			// feeding on its own writes would move it at each poll, ~30
+			// times here.
 			ownWrites := 0
 			if pgVersion < 150000 {
-				ownWrites = 1
+				ownWrites = 2
 			}
 			if tc.heartbeat == 0 && moves > ownWrites {
-				t.Errorf("slot moved %d times (%s to %s) with no heartbeat and no idle advance; want at most %d (the relay's own first record write)", moves, before, after, ownWrites)
+				t.Errorf("slot moved %d times (%s to %s) with no heartbeat and no idle advance; want at most %d (the relay's own writes at start)", moves, before, after, ownWrites)
 			}
 		})
 	}
