@@ -1,6 +1,7 @@
 // Command walrelay-bench measures walrelay: drain throughput against
 // pg_recvlogical, commit-to-consumer latency, memory on a huge transaction,
-// idle CPU, and (--peer debezium) Debezium side by side. See BENCHMARKS.md.
+// idle CPU, what decoding on a hot standby saves the primary (--scenario
+// standby), and (--peer debezium) Debezium side by side. See BENCHMARKS.md.
 //
 //	make build-bench && bin/walrelay-bench
 //

@@ -2,7 +2,8 @@
 // decodes a backlog inside PostgreSQL (pg_logical_slot_peek_binary_changes,
 // the decoding limit), drains it with pg_recvlogical (PostgreSQL's client)
 // and with the relay, side by side in one run, and measures commit-to-
-// consumer latency, memory on a huge transaction, and idle CPU.
+// consumer latency, memory on a huge transaction, idle CPU, and what
+// decoding on a hot standby saves the primary (standby.go).
 //
 // The relay runs as a separate process (a walrelay binary, `run`; see
 // Config.Binary) so that its CPU time and peak RSS are its own. PostgreSQL and the broker
