@@ -1,6 +1,7 @@
 // Command walrelay-bench measures walrelay: drain throughput against
 // pg_recvlogical, commit-to-consumer latency, memory on a huge transaction,
-// idle CPU, and (--peer debezium) Debezium side by side. See BENCHMARKS.md.
+// idle CPU, what decoding on a hot standby saves the primary (--scenario
+// standby), and (--peer debezium) Debezium side by side. See BENCHMARKS.md.
 //
 //	make build-bench && bin/walrelay-bench
 //
@@ -41,7 +42,7 @@ const (
 // benchCmd is the command line: which scenarios, at which sizes, against
 // which relay, PostgreSQL and broker.
 type benchCmd struct {
-	Scenario     []string      `default:"drain,latency,big,idle" help:"Scenarios to run: drain, latency, big, idle, tracing (the drain with OpenTelemetry tracing off, on with every trace sampled and with 1%, per --txn-size on the first --broker; txnfloor: the broker alone, a minimal transactional producer at each --rate to a read_committed consumer, the floor of exactly-once latency, per --floor; peer: see --peer)."`
+	Scenario     []string      `default:"drain,latency,big,idle" help:"Scenarios to run: drain, latency, big, idle, tracing (the drain with OpenTelemetry tracing off, on with every trace sampled and with 1%, per --txn-size on the first --broker; txnfloor: the broker alone, a minimal transactional producer at each --rate to a read_committed consumer, the floor of exactly-once latency, per --floor; standby: decoding on a hot standby, PostgreSQL 16+ (WALRELAY_TEST_PG picks the server): a standby of the throwaway cluster, the relay reading the primary then the standby (--primary-url), alternately, under one-row commits per --rate for --duration: the primary's and the standby's CPU per event (their process trees, walsenders apart) and commit-to-consumer latency; peer: see --peer)."`
 	Peer         string        `default:"none" enum:"none,debezium" help:"debezium: run only the peer scenario: walrelay --preset debezium, Debezium with its defaults and Debezium tuned, one after the other on one Apache Kafka node (needs Java and Maven; see make deps-debezium): drain rate per --txn-size, latency per --peer-rate, peak RSS, CPU per event, and a kill -9 under load."`
 	PeerRate     []int         `default:"1000,5000" help:"peer: commits per second of the latency runs; one run per value."`
 	PeerRun      []string      `default:"walrelay,debezium,debezium-tuned" help:"peer: which to run: walrelay, debezium (its defaults), debezium-tuned."`
@@ -49,12 +50,12 @@ type benchCmd struct {
 	Events       int           `default:"200000" help:"drain: backlog size in events."`
 	TxnSize      []int         `default:"1,100" help:"drain: rows per transaction; one run per value."`
 	PayloadBytes int           `default:"200" help:"Approximate payload size of each event."`
-	Broker       []string      `default:"discard,store" help:"drain: brokers, discard and store (in-process kfake that drops or keeps records) and apache (one Apache Kafka node: needs Java and Maven, see make deps-kafka; latency then runs on it too)."`
-	Delivery     []string      `default:"at-least-once" help:"drain and latency: delivery modes to measure, at-least-once and/or exactly-once."`
+	Broker       []string      `default:"discard,store" help:"drain: brokers, discard and store (in-process kfake that drops or keeps records) and apache (one Apache Kafka node: needs Java and Maven, see make deps-kafka; latency and standby then run on it too)."`
+	Delivery     []string      `default:"at-least-once" help:"drain, latency and standby: delivery modes to measure, at-least-once and/or exactly-once."`
 	ValueFormat  []string      `default:"asis" enum:"asis,json,avro,protobuf" help:"drain: value formats to measure (walrelay --value-format, against an in-process schema registry holding the events' schema), one run each, and each against asis: relay CPU per event and drain rate."`
 	Floor        []string      `default:"1,1s,2,2s,1sc,2sc" help:"txnfloor: how the minimal producer commits, one run each: 1 or 2 transactional producers (two take turns: one fills its transaction while the other commits), s: each waits for its commit's markers before its next record (the relay's settle), c: each transaction also writes one record to a second topic (the relay's checkpoint)."`
-	Rate         []int         `default:"2000,10000" help:"latency: commits per second; one run per value."`
-	Duration     time.Duration `default:"20s" help:"latency: how long each rate runs (after a 2s warm-up)."`
+	Rate         []int         `default:"2000,10000" help:"latency and standby: commits per second; one run per value."`
+	Duration     time.Duration `default:"20s" help:"latency and standby: how long each rate runs (after a 2s warm-up)."`
 	BigRows      []int         `default:"100000,1000000" help:"big: rows of the one transaction; one run per value."`
 	Idle         time.Duration `default:"30s" help:"idle: how long to measure the idle relay's CPU."`
 	Repeat       int           `default:"1" help:"Runs of each measurement."`

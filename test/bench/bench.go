@@ -2,7 +2,8 @@
 // decodes a backlog inside PostgreSQL (pg_logical_slot_peek_binary_changes,
 // the decoding limit), drains it with pg_recvlogical (PostgreSQL's client)
 // and with the relay, side by side in one run, and measures commit-to-
-// consumer latency, memory on a huge transaction, and idle CPU.
+// consumer latency, memory on a huge transaction, idle CPU, and what
+// decoding on a hot standby saves the primary (standby.go).
 //
 // The relay runs as a separate process (a walrelay binary, `run`; see
 // Config.Binary) so that its CPU time and peak RSS are its own. PostgreSQL and the broker
@@ -30,7 +31,7 @@ import (
 
 // Config says what to run.
 type Config struct {
-	Scenarios    []string // drain, latency, big, idle, tracing, txnfloor, peer
+	Scenarios    []string // drain, latency, big, idle, tracing, txnfloor, peer, standby
 	Events       int      // drain backlog size
 	TxnSizes     []int    // rows per transaction, one drain run each
 	PayloadBytes int
@@ -92,6 +93,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	defer b.close()
+	if has(cfg.Scenarios, "standby") {
+		// Refused before the other scenarios run, not after.
+		if err := b.checkStandbyVersion(ctx); err != nil {
+			return nil, fmt.Errorf("standby: %w", err)
+		}
+	}
 	var results []Result
 	for _, sc := range cfg.Scenarios {
 		var rs []Result
@@ -111,8 +118,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			rs, err = b.tracingAll(ctx)
 		case "txnfloor":
 			rs, err = b.txnFloorAll(ctx)
+		case "standby":
+			rs, err = b.standbyAll(ctx)
 		default:
-			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing, txnfloor or peer", sc)
+			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing, txnfloor, peer or standby", sc)
 		}
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", sc, err)
@@ -151,7 +160,14 @@ func (b *bencher) startPostgres(ctx context.Context) error {
 		b.admin = b.cfg.PGURL
 		return nil
 	}
-	pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{Settings: map[string]string{
+	// WALRELAY_TEST_PG picks the server as for the tests: a version of the
+	// matrix (make deps-pg-versions), or by default the one on PATH or the
+	// newest installed.
+	bin, err := devcluster.TestBinDir()
+	if err != nil {
+		return err
+	}
+	pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{BinDir: bin, Settings: map[string]string{
 		"shared_buffers":     "'512MB'",
 		"max_wal_size":       "'8GB'",
 		"checkpoint_timeout": "'30min'",
@@ -346,6 +362,8 @@ var metricOrder = []string{
 	"decode_backend_us_per_event", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "broker_cpu_us_per_event",
 	"alo_events_per_s", "eos_events_per_s", "eos_ratio",
 	"value_events_per_s", "asis_events_per_s", "value_rate_ratio", "value_cpu_us_per_event", "asis_cpu_us_per_event", "value_cpu_us_added",
+	"primary_cpu_us_per_event", "primary_walsender_us_per_event", "primary_rest_us_per_event", "standby_cpu_us_per_event", "standby_walsender_us_per_event",
+	"primary_cpu_ratio", "primary_cpu_us_saved", "both_cpu_ratio", "added_p50_ms", "added_p99_ms",
 	"kafka_txns", "p50_ms", "p99_ms", "max_ms", "achieved_rate", "events", "kafka_txns_per_s", "broker_cpu_percent",
 	"first_record_s", "drain_s", "peak_rss_mb", "cpu_percent",
 	"first_new_record_s", "delivered_twice",
@@ -354,7 +372,7 @@ var metricOrder = []string{
 
 func formatValue(k string, v float64) string {
 	switch {
-	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio" || k == "rate_ratio" || k == "spans_per_event" || k == "value_rate_ratio":
+	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio" || k == "rate_ratio" || k == "spans_per_event" || k == "value_rate_ratio" || k == "primary_cpu_ratio" || k == "both_cpu_ratio":
 		return fmt.Sprintf("%.2f", v)
 	case v >= 1000:
 		return fmt.Sprintf("%.0f", v)

@@ -70,9 +70,53 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 	// process's own: writers and consumer included, alike in both modes).
 	brokerStart := k.cpu()
 	runStart := time.Now()
-	// Writers: four connections, each committing at rate/4, evenly spaced.
-	const writers = 4
 	total := b.cfg.Duration + time.Until(measureFrom)
+	committed, err := commitAtRate(ctx, url, rate, total, b.cfg.PayloadBytes)
+	if err != nil {
+		return Result{}, err
+	}
+	// Let the last records arrive.
+	cr.WaitFor(committed, 30*time.Second)
+	lat := cr.Stop()
+	runTime, brokerCPU := time.Since(runStart), k.cpu()-brokerStart
+	txns, err := kafkaTxns(ctx, k.addrs)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(lat) == 0 {
+		return Result{}, fmt.Errorf("no record measured (%d committed, %d read)\n%s", committed, cr.Seen(), rl.out)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	res := Result{
+		Scenario: "latency",
+		Params:   fmt.Sprintf("rate=%d/s duration=%s payload=%dB broker=%s delivery=%s", rate, b.cfg.Duration, b.cfg.PayloadBytes, k.name, delivery),
+		Metrics: map[string]float64{
+			"p50_ms":        ms(lat[len(lat)/2]),
+			"p99_ms":        ms(lat[len(lat)*99/100]),
+			"max_ms":        ms(lat[len(lat)-1]),
+			"achieved_rate": float64(committed) / total.Seconds(),
+			"events":        float64(len(lat)),
+		},
+	}
+	if txns > 0 {
+		res.Metrics["kafka_txns_per_s"] = float64(txns) / runTime.Seconds()
+	}
+	if k.kafka != nil || k.apache != nil {
+		res.Metrics["broker_cpu_percent"] = 100 * brokerCPU.Seconds() / runTime.Seconds()
+	}
+	if cr.Seen() < committed {
+		res.Notes = fmt.Sprintf("MISSING %d records", committed-cr.Seen())
+	}
+	b.logf("latency rate=%d delivery=%s: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, delivery,
+		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])
+	return res, nil
+}
+
+// commitAtRate commits one-row outbox transactions at rate per second for
+// total from four connections (each at rate/4, evenly spaced) and returns
+// how many it committed.
+func commitAtRate(ctx context.Context, url string, rate int, total time.Duration, payloadBytes int) (int64, error) {
+	const writers = 4
 	var committed atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
@@ -100,7 +144,7 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 				}
 				next = next.Add(interval)
 				if _, err := wc.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
-					VALUES ('bench', $1, 'BenchEvent', '{"pad": "`+pad(b.cfg.PayloadBytes)+`"}')`, fmt.Sprintf("key-%d-%d", w, i%100)); err != nil {
+					VALUES ('bench', $1, 'BenchEvent', '{"pad": "`+pad(payloadBytes)+`"}')`, fmt.Sprintf("key-%d-%d", w, i%100)); err != nil {
 					errs <- err
 					return
 				}
@@ -111,43 +155,9 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		return Result{}, err
+		return committed.Load(), err
 	}
-	// Let the last records arrive.
-	cr.WaitFor(committed.Load(), 30*time.Second)
-	lat := cr.Stop()
-	runTime, brokerCPU := time.Since(runStart), k.cpu()-brokerStart
-	txns, err := kafkaTxns(ctx, k.addrs)
-	if err != nil {
-		return Result{}, err
-	}
-	if len(lat) == 0 {
-		return Result{}, fmt.Errorf("no record measured (%d committed, %d read)\n%s", committed.Load(), cr.Seen(), rl.out)
-	}
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	res := Result{
-		Scenario: "latency",
-		Params:   fmt.Sprintf("rate=%d/s duration=%s payload=%dB broker=%s delivery=%s", rate, b.cfg.Duration, b.cfg.PayloadBytes, k.name, delivery),
-		Metrics: map[string]float64{
-			"p50_ms":        ms(lat[len(lat)/2]),
-			"p99_ms":        ms(lat[len(lat)*99/100]),
-			"max_ms":        ms(lat[len(lat)-1]),
-			"achieved_rate": float64(committed.Load()) / total.Seconds(),
-			"events":        float64(len(lat)),
-		},
-	}
-	if txns > 0 {
-		res.Metrics["kafka_txns_per_s"] = float64(txns) / runTime.Seconds()
-	}
-	if k.kafka != nil || k.apache != nil {
-		res.Metrics["broker_cpu_percent"] = 100 * brokerCPU.Seconds() / runTime.Seconds()
-	}
-	if cr.Seen() < committed.Load() {
-		res.Notes = fmt.Sprintf("MISSING %d records", committed.Load()-cr.Seen())
-	}
-	b.logf("latency rate=%d delivery=%s: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, delivery,
-		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])
-	return res, nil
+	return committed.Load(), nil
 }
 
 func pad(n int) string {

@@ -26,6 +26,9 @@ type setup struct {
 	conn   *pgx.Conn
 	broker *broker
 	relay  *relay
+	// slotConn, when set, is a connection to the server holding the slots
+	// (a hot standby of url's), whose slots close drops too.
+	slotConn *pgx.Conn
 }
 
 // newSetup creates a fresh database and a pgoutput slot per name, and
@@ -57,22 +60,31 @@ func (s *setup) close() {
 	if s.broker != nil {
 		s.broker.stop()
 	}
-	// Slot names are the cluster's: the next measurement creates "relay"
-	// again. A walsender outlives its client by a moment, and an active
-	// slot cannot be dropped, so wait for it to go.
+	if s.slotConn != nil {
+		s.b.dropSlots(s.slotConn)
+		s.slotConn.Close(context.Background())
+	}
+	s.b.dropSlots(s.conn)
+	s.conn.Close(context.Background())
+}
+
+// dropSlots drops the slots of conn's database. Slot names are the
+// cluster's: the next measurement creates "relay" again. A walsender
+// outlives its client by a moment, and an active slot cannot be dropped,
+// so wait for it to go.
+func (b *bencher) dropSlots(conn *pgx.Conn) {
 	drop := "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()"
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		_, err := s.conn.Exec(context.Background(), drop)
+		_, err := conn.Exec(context.Background(), drop)
 		var pgErr *pgconn.PgError
 		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" || time.Now().After(deadline) {
 			if err != nil {
-				s.b.logf("drop slots: %v", err)
+				b.logf("drop slots: %v", err)
 			}
-			break
+			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	s.conn.Close(context.Background())
 }
 
 // oneBroker is the broker of a scenario that runs on one: the in-process
