@@ -266,6 +266,10 @@ func TestFailoverWithoutFailoverSlotIsRefused(t *testing.T) {
 func TestFailoverSlotCarriesOn(t *testing.T) {
 	for _, mode := range []string{"at-least-once", "exactly-once"} {
 		t.Run(mode, func(t *testing.T) {
+			// Each mode has servers of its own, and most of a failover is
+			// waiting: the two side by side take little more than one,
+			// the longest test of 17's core subset in CI.
+			t.Parallel()
 			rs := startReplicaSet(t, replicaSetOptions{FailoverSlots: true, SynchronizedStandbySlots: true})
 			e := rs.newEnv()
 			var c *consumer
