@@ -268,10 +268,8 @@ func createSlotOn(ctx context.Context, slotConn, primary *pgx.Conn, onStandby bo
 	for {
 		if _, err := primary.Exec(ctx, "SELECT pg_log_standby_snapshot()"); err != nil {
 			// The creation ends by itself at the primary's next record of
-			// the running transactions (the bgwriter's, within 15 s); its
-			// own outcome is beside the point once the primary failed.
-			_ = <-done
-			return err
+			// the running transactions (the bgwriter's, within 15 s).
+			return errors.Join(err, <-done)
 		}
 		select {
 		case err := <-done:
