@@ -29,11 +29,13 @@ import (
 
 // TestStandbyDecodePrimaryFailoverMultiHost: --primary-url names P and S2
 // with target_session_attrs=read-write; after the failover the relay's
-// heartbeat lands on S2 and moves the slot on S1 past it, with no restart.
+// heartbeat lands on S2 and moves the slot on S1 past it, with no restart;
+// a relay killed and started after the failover resumes (duplicates
+// counted).
 func TestStandbyDecodePrimaryFailoverMultiHost(t *testing.T) {
 	needPG(t, 16)
 	for _, mode := range []string{"at-least-once", "exactly-once"} {
-		t.Run(mode, func(t *testing.T) { standbyPrimaryFailover(t, mode, true) })
+		t.Run(mode, func(t *testing.T) { standbyPrimaryFailover(t, mode, sbFailoverOptions{multiHost: true}) })
 	}
 }
 
@@ -45,8 +47,28 @@ func TestStandbyDecodePrimaryFailoverMultiHost(t *testing.T) {
 func TestStandbyDecodePrimaryFailoverPrimaryGone(t *testing.T) {
 	needPG(t, 16)
 	for _, mode := range []string{"at-least-once", "exactly-once"} {
-		t.Run(mode, func(t *testing.T) { standbyPrimaryFailover(t, mode, false) })
+		t.Run(mode, func(t *testing.T) { standbyPrimaryFailover(t, mode, sbFailoverOptions{}) })
 	}
+}
+
+// TestStandbyDecodePrimaryFailoverRepointFirst: S1 is repointed to S2
+// before S2's promotion (a cascading standby of S2 for a moment), the
+// order that leaves no window in which S2 takes writes without S1's
+// hot_standby_feedback: S2's physical slot for S1 holds S1's catalog_xmin
+// before S2 is promoted, so S2 cannot vacuum catalog rows the slot on S1
+// needs (rows_removed).
+func TestStandbyDecodePrimaryFailoverRepointFirst(t *testing.T) {
+	needPG(t, 16)
+	standbyPrimaryFailover(t, "at-least-once", sbFailoverOptions{multiHost: true, repointFirst: true})
+}
+
+// sbFailoverOptions vary standbyPrimaryFailover.
+type sbFailoverOptions struct {
+	// multiHost: --primary-url names P and S2 with
+	// target_session_attrs=read-write; else P alone.
+	multiHost bool
+	// repointFirst: S1 follows S2 before S2's promotion, not after.
+	repointFirst bool
 }
 
 // sbFailoverHeartbeat is the relay's heartbeat in these tests: a row
@@ -55,7 +77,8 @@ func TestStandbyDecodePrimaryFailoverPrimaryGone(t *testing.T) {
 // it (pg_logical_emit_message leaves nothing to read back).
 const sbFailoverHeartbeat = "INSERT INTO beats (port, lsn) SELECT inet_server_port(), pg_current_wal_insert_lsn()"
 
-func standbyPrimaryFailover(t *testing.T, mode string, multiHost bool) {
+func standbyPrimaryFailover(t *testing.T, mode string, o sbFailoverOptions) {
+	multiHost := o.multiHost
 	began := time.Now()
 	ctx := context.Background()
 	rs := startReplicaSet(t, replicaSetOptions{})
@@ -133,21 +156,43 @@ func standbyPrimaryFailover(t *testing.T, mode string, multiHost bool) {
 	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
+	// S1 follows S2: recovery_target_timeline = latest (the default)
+	// takes S2's new timeline; 16+ applies primary_conninfo on reload.
+	repoint := func() {
+		t.Helper()
+		execAt(t, ctx, s1.URL("postgres"),
+			fmt.Sprintf("ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=%s'", s2.Port, s1.Slot),
+			fmt.Sprintf("ALTER SYSTEM SET primary_slot_name = '%s'", s1.Slot),
+			"SELECT pg_reload_conf()")
+		s1.Upstream = s2
+		if err := s1.WaitStreaming(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.repointFirst {
+		repoint()
+		// S1's feedback reached S2's slot for it before S2 takes writes.
+		e.waitFor("S1's catalog_xmin on S2's physical slot for it", 30*time.Second, func() (bool, error) {
+			var xmin *string
+			err := sbQuery(e, s2.URL("postgres"), fmt.Sprintf("SELECT catalog_xmin::text FROM pg_replication_slots WHERE slot_name = '%s'", s1.Slot), &xmin)
+			return err == nil && xmin != nil, fmt.Errorf("catalog_xmin %v (%v)", xmin, err)
+		})
+	}
 	if err := s2.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
 	rs.primary = s2
 	p.Close()
-	// S1 follows S2: recovery_target_timeline = latest (the default)
-	// takes S2's new timeline; 16+ applies primary_conninfo on reload.
-	execAt(t, ctx, s1.URL("postgres"),
-		fmt.Sprintf("ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=%s'", s2.Port, s1.Slot),
-		fmt.Sprintf("ALTER SYSTEM SET primary_slot_name = '%s'", s1.Slot),
-		"SELECT pg_reload_conf()")
-	s1.Upstream = s2
-	if err := s1.WaitStreaming(ctx); err != nil {
-		t.Fatal(err)
+	if !o.repointFirst {
+		repoint()
 	}
+	// S1's feedback holds the catalog rows its slot needs on S2 from now
+	// on.
+	e.waitFor("S1's catalog_xmin on S2", 30*time.Second, func() (bool, error) {
+		var xmin *string
+		err := sbQuery(e, s2.URL("postgres"), fmt.Sprintf("SELECT catalog_xmin::text FROM pg_replication_slots WHERE slot_name = '%s' AND active", s1.Slot), &xmin)
+		return err == nil && xmin != nil, fmt.Errorf("catalog_xmin %v (%v)", xmin, err)
+	})
 	repointed := time.Since(failStart)
 	waitMore("records written on S2, decoded on S1", 300)
 
@@ -183,6 +228,16 @@ func standbyPrimaryFailover(t *testing.T, mode string, multiHost bool) {
 		} else if n == 1 && !strings.Contains(out, "is reachable again") {
 			t.Errorf("the relay said the primary was unreachable, never that it is back:\n%s", finalLines(out))
 		}
+		// A start after the failover (kill -9, then the same flags): its
+		// checks pair S1 with S2, reached through the same URL, and it
+		// resumes from the slot on S1, now on S2's timeline.
+		if err := relay.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-relay.done
+		relay = startProc(t, nil, args...)
+		e.waitStandbySlotActive(relay, s1URL)
+		waitMore("records after a restart of the relay on S1 following S2", 200)
 	} else {
 		e.waitFor("walrelay_standby_primary_reachable 0", time.Minute, func() (bool, error) {
 			v := metric("walrelay_standby_primary_reachable")
@@ -230,8 +285,8 @@ func standbyPrimaryFailover(t *testing.T, mode string, multiHost bool) {
 	}
 	recs := c.records()
 	dups, phantoms, inv := checkSurvivingHistory(t, mode, committed, recs)
-	t.Logf("decoding on S1 while P failed over to S2 (--primary-url multi-host: %v), %s, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates, %d delivered without committing, %d order inversions; kill to S1 streaming from S2 %s; test %s",
-		multiHost, mode, pgVersion/10000, len(committed), len(distinctIDs(recs)), dups, phantoms, inv,
+	t.Logf("decoding on S1 while P failed over to S2 (--primary-url multi-host: %v, S1 repointed before the promotion: %v), %s, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates, %d delivered without committing, %d order inversions; kill to S1 streaming from S2 %s; test %s",
+		multiHost, o.repointFirst, mode, pgVersion/10000, len(committed), len(distinctIDs(recs)), dups, phantoms, inv,
 		repointed.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 }
 
