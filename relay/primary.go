@@ -10,6 +10,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,24 +44,7 @@ type primaryWatch struct {
 func (p *slotPoller) reachPrimary(ctx context.Context, conn *pgx.Conn, url string, pw *primaryWatch) *pgx.Conn {
 	cctx, cancel := context.WithTimeout(ctx, primaryCheckTimeout)
 	defer cancel()
-	var err error
-	if conn == nil || conn.IsClosed() {
-		conn, err = slot.Connect(cctx, url)
-	}
-	if err == nil {
-		var inRecovery bool
-		// A single-host URL may name a server that came back as a
-		// standby; a multi-host one with target_session_attrs=read-write
-		// never connects to one, but a connection made earlier may
-		// outlive its server's demotion.
-		if err = conn.QueryRow(cctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err == nil && inRecovery {
-			err = errors.New("the server is a hot standby now: it takes no writes")
-		}
-		if err != nil {
-			conn.Close(context.Background())
-			conn = nil
-		}
-	}
+	conn, err := primaryTakingWrites(cctx, conn, url)
 	if ctx.Err() != nil {
 		return conn
 	}
@@ -100,4 +84,52 @@ func (pw *primaryWatch) recordFailed(log *zap.Logger, err error) {
 		return
 	}
 	log.Debug("cannot move walrelay's record forward", zap.Int("failures_in_a_row", pw.recordFails), zap.Error(err))
+}
+
+// primaryTakingWrites returns conn, or a new connection to url when conn
+// is nil or closed, once its server answered that it takes writes; else
+// nil and why not.
+func primaryTakingWrites(ctx context.Context, conn *pgx.Conn, url string) (*pgx.Conn, error) {
+	var err error
+	if conn == nil || conn.IsClosed() {
+		if conn, err = slot.Connect(ctx, url); err != nil {
+			return nil, err
+		}
+	}
+	var inRecovery bool
+	// A single-host URL may name a server that came back as a standby; a
+	// multi-host one with target_session_attrs=read-write never connects
+	// to one, but a connection made earlier may outlive its server's
+	// demotion.
+	if err = conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err == nil && inRecovery {
+		err = errors.New("the server is a hot standby now: it takes no writes")
+	}
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	return conn, nil
+}
+
+// primaryAtStart explains a start that failed (err) while decoding on a
+// standby whose primary cannot be reached or takes no writes: the start
+// needs it (its checks, walrelay's record), and the fix is to repoint
+// Config.PrimaryURL. err as it is when the primary answers.
+func (r *Relay) primaryAtStart(ctx context.Context, err error) error {
+	if r.cfg.PrimaryURL == "" || r.live.promoted.Load() || ctx.Err() != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, primaryCheckTimeout)
+	defer cancel()
+	conn, perr := primaryTakingWrites(cctx, nil, r.cfg.PrimaryURL)
+	if perr == nil {
+		conn.Close(context.Background())
+		r.metrics.StandbyPrimaryReachable.Set(1)
+		return err
+	}
+	if ctx.Err() != nil {
+		return err
+	}
+	r.metrics.StandbyPrimaryReachable.Set(0)
+	return fmt.Errorf("the primary relay.Config.PrimaryURL names is unreachable or takes no writes, and a start decoding on its standby needs it (its checks, walrelay's record); if it failed over to another server, repoint relay.Config.PrimaryURL to the new primary, or give a multi-host URL naming every node with target_session_attrs=read-write: %w", err)
 }

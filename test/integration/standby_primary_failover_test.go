@@ -43,11 +43,12 @@ func TestStandbyDecodePrimaryFailoverMultiHost(t *testing.T) {
 // dead P alone. The relay goes on streaming what S1 replays and says once
 // (a WARN, walrelay_standby_primary_reachable 0, status --explain) that
 // the primary is unreachable and --primary-url must be repointed: no
-// silent stall, no line per heartbeat.
+// silent stall, no line per heartbeat. A start with the dead P gives up
+// at --startup-timeout naming the fix; one repointed to S2 resumes.
 func TestStandbyDecodePrimaryFailoverPrimaryGone(t *testing.T) {
 	needPG(t, 16)
 	for _, mode := range []string{"at-least-once", "exactly-once"} {
-		t.Run(mode, func(t *testing.T) { standbyPrimaryFailover(t, mode, sbFailoverOptions{}) })
+		t.Run(mode, func(t *testing.T) { standbyPrimaryFailover(t, mode, sbFailoverOptions{restartGone: mode == "at-least-once"}) })
 	}
 }
 
@@ -69,6 +70,9 @@ type sbFailoverOptions struct {
 	multiHost bool
 	// repointFirst: S1 follows S2 before S2's promotion, not after.
 	repointFirst bool
+	// restartGone: without multiHost, the relay is started again with
+	// --primary-url still naming the dead P, then repointed to S2.
+	restartGone bool
 }
 
 // sbFailoverHeartbeat is the relay's heartbeat in these tests: a row
@@ -273,6 +277,23 @@ func standbyPrimaryFailover(t *testing.T, mode string, o sbFailoverOptions) {
 			if !strings.Contains(st, want) {
 				t.Errorf("walrelay status --explain (exit %d) does not say %q:\n%s", code, want, st)
 			}
+		}
+		// A start needs the primary (its checks, the record): it retries,
+		// naming the fix, and gives up at --startup-timeout (exit 4).
+		if o.restartGone {
+			if err := relay.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			<-relay.done
+			relay = startProc(t, nil, withFlag(args, "--startup-timeout", "5s")...)
+			code, elapsed, ok := relay.wait(time.Minute)
+			out := finalLines(relay.out.String())
+			if !ok || code != 4 || !strings.Contains(out, "repoint --primary-url") || !strings.Contains(out, "target_session_attrs=read-write") {
+				t.Errorf("a start with --primary-url naming the dead primary: exit %d after %v (in time: %v), want 4 naming the fix (repoint --primary-url):\n%s", code, elapsed, ok, out)
+			}
+			relay = startProc(t, nil, withFlag(args, "--primary-url", s2.URL(e.name))...)
+			e.waitStandbySlotActive(relay, s1URL)
+			waitMore("records after the relay started with --primary-url repointed to S2", 200)
 		}
 	}
 
