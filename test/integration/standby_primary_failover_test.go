@@ -48,7 +48,9 @@ func TestStandbyDecodePrimaryFailoverMultiHost(t *testing.T) {
 func TestStandbyDecodePrimaryFailoverPrimaryGone(t *testing.T) {
 	needPG(t, 16)
 	for _, mode := range []string{"at-least-once", "exactly-once"} {
-		t.Run(mode, func(t *testing.T) { standbyPrimaryFailover(t, mode, sbFailoverOptions{restartGone: mode == "at-least-once"}) })
+		t.Run(mode, func(t *testing.T) {
+			standbyPrimaryFailover(t, mode, sbFailoverOptions{restartGone: mode == "at-least-once"})
+		})
 	}
 }
 
@@ -311,9 +313,9 @@ func standbyPrimaryFailover(t *testing.T, mode string, o sbFailoverOptions) {
 		repointed.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 }
 
-// sbFailoverFreezeS1 stops (SIGSTOP) P's walsender to S1 and waits until S1
-// has flushed all that walsender sent and S2 has flushed past it: S2 then
-// holds every WAL record S1 can replay.
+// sbFailoverFreezeS1 stops (SIGSTOP) P's walsender to S1 and waits until
+// S2 has received all that walsender sent and S1 received: S2 then holds
+// every WAL record S1 can replay.
 func sbFailoverFreezeS1(t *testing.T, e *env, p, s1, s2 *devcluster.Postgres) {
 	t.Helper()
 	pc, err := pgx.Connect(e.ctx, p.URL("postgres"))
@@ -328,8 +330,13 @@ func sbFailoverFreezeS1(t *testing.T, e *env, p, s1, s2 *devcluster.Postgres) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	// S1's receive position stops moving once it read what was on the
-	// wire: stable over a few polls.
+	// What the frozen walsender had sent (its sent_lsn, moved as it
+	// queues data) and what S1 flushed once the wire is drained (stable
+	// over a few polls) bound what S1 can replay; S2 must have both.
+	var sent string
+	if err := pc.QueryRow(e.ctx, "SELECT sent_lsn::text FROM pg_stat_replication WHERE pid = $1", pid).Scan(&sent); err != nil {
+		t.Fatalf("P's walsender to S1: %v", err)
+	}
 	var s1Received string
 	stable := 0
 	e.waitFor("S1's receive position settled", 30*time.Second, func() (bool, error) {
@@ -342,12 +349,12 @@ func sbFailoverFreezeS1(t *testing.T, e *env, p, s1, s2 *devcluster.Postgres) {
 		} else {
 			s1Received, stable = got, 0
 		}
-		return stable >= 5, fmt.Errorf("S1 received %s", got)
+		return stable >= 10, fmt.Errorf("S1 received %s", got)
 	})
-	e.waitFor("S2 past what S1 received", 30*time.Second, func() (bool, error) {
+	e.waitFor("S2 past what P sent S1 and what S1 received", 30*time.Second, func() (bool, error) {
 		var ok bool
-		err := sbQuery(e, s2.URL("postgres"), fmt.Sprintf("SELECT pg_last_wal_receive_lsn() >= '%s'::pg_lsn", s1Received), &ok)
-		return err == nil && ok, fmt.Errorf("S1 received %s (%v)", s1Received, err)
+		err := sbQuery(e, s2.URL("postgres"), fmt.Sprintf("SELECT pg_last_wal_receive_lsn() >= greatest('%s'::pg_lsn, '%s'::pg_lsn)", sent, s1Received), &ok)
+		return err == nil && ok, fmt.Errorf("P sent S1 up to %s, S1 received %s (%v)", sent, s1Received, err)
 	})
 }
 
