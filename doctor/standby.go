@@ -73,3 +73,15 @@ func (r StandbyReplay) Cause() (Cause, bool) {
 	}
 	return Cause{}, false
 }
+
+// PrimaryUnreachableCause is the cause --explain names first when the
+// slot is decoded on a hot standby whose primary (relay.Config.PrimaryURL)
+// cannot be reached or takes no writes, why being the error met: decoding
+// goes on without it, but the relay's heartbeat and record, written
+// there, do not.
+func PrimaryUnreachableCause(why string) Cause {
+	return Cause{Kind: "primary_unreachable", Holds: "the relay's heartbeat and record: a quiet outbox no longer moves the slot",
+		Text: "the primary relay.Config.PrimaryURL names is unreachable or takes no writes (" + why + "): the relay decodes what this standby replays, which needs no primary, but cannot write its heartbeat or walrelay's record there",
+		Fix: "if the primary failed over to another server: repoint relay.Config.PrimaryURL to the new primary and restart the relay, or give a multi-host URL naming every node with target_session_attrs=read-write, which follows the primary; repoint the standby too " +
+			"(on it, ALTER SYSTEM SET primary_conninfo and primary_slot_name, SELECT pg_reload_conf(); the physical slot made on the new primary)"}
+}

@@ -48,3 +48,15 @@ func TestFailoverDecodedHere(t *testing.T) {
 		t.Errorf("Causes() = %+v, want none", c)
 	}
 }
+
+func TestPrimaryUnreachableCause(t *testing.T) {
+	c := PrimaryUnreachableCause("connection refused")
+	for _, want := range []string{"connection refused", "repoint relay.Config.PrimaryURL", "target_session_attrs=read-write", "primary_conninfo"} {
+		if !strings.Contains(c.Text+" "+c.Fix, want) {
+			t.Errorf("the cause does not say %q: %+v", want, c)
+		}
+	}
+	if c.Kind != "primary_unreachable" {
+		t.Errorf("kind %q", c.Kind)
+	}
+}

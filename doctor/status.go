@@ -33,6 +33,9 @@ type StatusOptions struct {
 	// (relay.Config.PrimaryURL): its own, not a copy of the primary's,
 	// even while no relay streams from it.
 	DecodedOnStandby bool
+	// PrimaryUnreachable, with DecodedOnStandby, is why the primary could
+	// not be reached or takes no writes; empty when it was reached.
+	PrimaryUnreachable string
 	// Explain names what holds the slot (Status.Explain).
 	Explain bool
 	// RateWindow is how long the server's WAL position is watched, when
@@ -156,6 +159,9 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 	if r := st.StandbyReplay; r != nil && r.Paused {
 		st.Warnings = append(st.Warnings, "replay is paused on the standby the slot is on: nothing committed since reaches the relay (SELECT pg_wal_replay_resume() on the standby)")
 	}
+	if o.PrimaryUnreachable != "" {
+		st.Problems = append(st.Problems, "the primary relay.Config.PrimaryURL names is unreachable or takes no writes ("+o.PrimaryUnreachable+"): the relay's heartbeat and record are not written; if it failed over, repoint relay.Config.PrimaryURL to the new primary")
+	}
 	if err := st.timeLeft(ctx, conn, o, info, settings); err != nil {
 		return Status{}, err
 	}
@@ -174,6 +180,9 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 			if c, ok := r.Cause(); ok {
 				st.Explain = append([]Cause{c}, st.Explain...)
 			}
+		}
+		if o.PrimaryUnreachable != "" {
+			st.Explain = append([]Cause{PrimaryUnreachableCause(o.PrimaryUnreachable)}, st.Explain...)
 		}
 		st.Explain = append(st.Explain, failover.Causes()...)
 		if st.Explain == nil {

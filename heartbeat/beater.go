@@ -81,6 +81,41 @@ type Beater struct {
 	log     *zap.Logger
 	metrics *metrics.Metrics
 	conn    *pgx.Conn
+	// nudgeFails and recordFails are the failures in a row of each kind.
+	nudgeFails, recordFails failStreak
+}
+
+// FailureWarnEvery is how often a heartbeat failure that lasts is logged
+// at WARN again: a server that stays unreachable (a primary gone in a
+// failover) would otherwise log a line every beat, burying what else the
+// log says; walrelay_heartbeats_total staying flat shows it meanwhile.
+const FailureWarnEvery = 5 * time.Minute
+
+// failStreak is a run of failures of one kind of heartbeat.
+type failStreak struct {
+	n      int
+	warned time.Time
+}
+
+// failed logs err: at WARN when the streak is new or was last warned of
+// FailureWarnEvery ago, else at DEBUG.
+func (f *failStreak) failed(log *zap.Logger, msg string, now time.Time, err error, fields ...zap.Field) {
+	f.n++
+	fields = append(fields, zap.Int("failures_in_a_row", f.n), zap.Error(err))
+	if f.n == 1 || now.Sub(f.warned) >= FailureWarnEvery {
+		f.warned = now
+		log.Warn(msg+"; retrying at every beat, logged again when it works or every "+FailureWarnEvery.String()+" while it fails", fields...)
+		return
+	}
+	log.Debug(msg, fields...)
+}
+
+// worked ends a streak, saying so when there was one.
+func (f *failStreak) worked(log *zap.Logger, msg string, fields ...zap.Field) {
+	if f.n > 0 {
+		log.Info(msg, append(fields, zap.Int("failures_in_a_row", f.n))...)
+	}
+	*f = failStreak{}
 }
 
 // NewBeater returns a Beater; Run it in a goroutine.
@@ -91,8 +126,9 @@ func NewBeater(cfg BeaterConfig, log *zap.Logger, m *metrics.Metrics) *Beater {
 	return &Beater{cfg: cfg, log: log, metrics: m}
 }
 
-// Run beats every Interval until ctx ends. Failures are logged and retried
-// at the next beat: a heartbeat must never stop the relay.
+// Run beats every Interval until ctx ends. Failures are retried at the
+// next beat, logged at the first of a run (failStreak): a heartbeat must
+// never stop the relay.
 func (b *Beater) Run(ctx context.Context) {
 	if b.cfg.Interval <= 0 {
 		return
@@ -112,15 +148,17 @@ func (b *Beater) Run(ctx context.Context) {
 		}
 		if b.cfg.Query != "-" {
 			if err := b.nudge(ctx); err != nil && ctx.Err() == nil {
-				b.log.Warn("heartbeat WAL nudge failed; retrying at the next beat", zap.Error(err))
+				b.nudgeFails.failed(b.log, "heartbeat WAL nudge failed", time.Now(), err)
 			} else if err == nil {
+				b.nudgeFails.worked(b.log, "heartbeat WAL nudge works again")
 				b.metrics.Heartbeats.WithLabelValues(string(KindWAL)).Inc()
 			}
 		}
 		if b.cfg.Topic != "" && b.cfg.Produce != nil {
 			if err := b.record(ctx); err != nil && ctx.Err() == nil {
-				b.log.Warn("heartbeat record failed; retrying at the next beat", zap.String("topic", b.cfg.Topic), zap.Error(err))
+				b.recordFails.failed(b.log, "heartbeat record failed", time.Now(), err, zap.String("topic", b.cfg.Topic))
 			} else if err == nil {
+				b.recordFails.worked(b.log, "heartbeat record works again", zap.String("topic", b.cfg.Topic))
 				b.metrics.Heartbeats.WithLabelValues(string(KindKafka)).Inc()
 			}
 		}

@@ -68,6 +68,7 @@ type Metrics struct {
 	StandbyReplayLagBytes       *OptionalGauge
 	StandbyReplayLagSeconds     *OptionalGauge
 	StandbyReplayPaused         *OptionalGauge
+	StandbyPrimaryReachable     *OptionalGauge
 
 	ready atomic.Pointer[func() error] // what walrelay_ready reports; see SetReadiness
 }
@@ -205,6 +206,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		StandbyReplayPaused: optional(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_standby_replay_paused",
 			Help: "1 while replay is paused on the standby the relay decodes on (pg_is_wal_replay_paused(); resume with SELECT pg_wal_replay_resume()): nothing new reaches the relay. Absent unless decoding on a standby.",
+		})),
+		StandbyPrimaryReachable: optional(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_standby_primary_reachable",
+			Help: "1 when the relay, decoding on a hot standby, reached the primary relay.Config.PrimaryURL names at its last slot poll and found it taking writes; 0 when not: its heartbeat and record are not written (decoding goes on with what the standby replays). 0 after a failover of the primary: repoint relay.Config.PrimaryURL to the new primary, or give a multi-host URL with target_session_attrs=read-write. Absent unless decoding on a standby.",
 		})),
 		SlotWALStatus: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "walrelay_slot_wal_status",

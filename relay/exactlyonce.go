@@ -133,11 +133,12 @@ func (r *Relay) onThisTimeline(ctx context.Context, p resumePoint, sys pglogrepl
 		return p, nil
 	}
 	if r.cfg.PrimaryURL != "" {
-		// Decoding on a standby that was promoted since: its slot is its
-		// own (no standby's slot is a synchronized copy one decodes
+		// Decoding on a standby that was promoted since, or that follows
+		// a standby promoted when its primary failed over: its slot is
+		// its own (no standby's slot is a synchronized copy one decodes
 		// from), so every position the checkpoint names was decoded from
 		// this server's WAL, on either side of the fork.
-		r.log.Info("exactly-once: the standby the slot is on was promoted (a new timeline); the checkpoint's positions are this server's WAL and hold",
+		r.log.Info("exactly-once: the server the slot is on is on a new timeline (the standby was promoted, or follows a new primary after a failover); the checkpoint's positions are this server's WAL and hold",
 			zap.Int32("checkpoint_timeline", p.ckpt.Timeline), zap.Int32("timeline", sys.Timeline))
 		p.ckpt.Timeline = sys.Timeline
 		return p, nil

@@ -320,6 +320,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 		if pgAuthError(err) {
 			return fail(&fatalError{fmt.Errorf("postgresql refused the credentials (check the user and password of relay.Config.PGURL, PGPASSWORD or the passfile, and pg_hba.conf): %w", err)})
 		}
+		err = r.primaryAtStart(ctx, err)
 		if err := r.sup.retry(ctx, cause, err); err != nil {
 			return fail(err)
 		}

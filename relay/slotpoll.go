@@ -54,6 +54,7 @@ func (p *slotPoller) watchSlot(ctx context.Context, stop context.CancelCauseFunc
 	var wconn *pgx.Conn
 	var recorded decoder.LSN
 	w := &slotWatch{}
+	pw := &primaryWatch{}
 	defer func() {
 		if conn != nil {
 			conn.Close(context.Background())
@@ -97,18 +98,19 @@ func (p *slotPoller) watchSlot(ctx context.Context, stop context.CancelCauseFunc
 				p.watchStandby(ctx, conn)
 				rconn := conn
 				if url := p.live.writeURL(p.cfg); url != p.cfg.PGURL {
-					if wconn == nil || wconn.IsClosed() {
-						wconn, _ = slot.Connect(ctx, url) // the write below says why not
-					}
+					// nil while the primary is unreachable, which
+					// reachPrimary says once.
+					wconn = p.reachPrimary(ctx, wconn, url, pw)
 					rconn = wconn
 				}
 				if c := p.progress.Confirmed(); c > recorded && rconn != nil {
 					if after, err := source.RecordConfirmed(ctx, rconn, p.cfg.RecordSchema, p.cfg.Slot, c); err != nil {
 						if ctx.Err() == nil {
-							p.log.Warn("cannot move walrelay's record forward; a refusal after a failover would name an older position", zap.Error(err))
+							pw.recordFailed(p.log, err)
 						}
 					} else {
 						recorded = after
+						pw.recordFails = 0
 					}
 				}
 			}

@@ -39,6 +39,7 @@ func (p *slotPoller) watchStandby(ctx context.Context, conn *pgx.Conn) {
 		p.metrics.StandbyReplayLagBytes.Clear()
 		p.metrics.StandbyReplayLagSeconds.Clear()
 		p.metrics.StandbyReplayPaused.Clear()
+		p.metrics.StandbyPrimaryReachable.Clear() // it writes to itself from now on
 		p.log.Warn("the standby the relay decodes on was promoted: the slot stays, and the relay writes its heartbeat and record to it from now on; leave relay.Config.PrimaryURL out at the next start",
 			zap.String("slot", p.cfg.Slot))
 		if p.cfg.ExactlyOnce {

@@ -76,8 +76,21 @@ func (c *statusCmd) Run(ctx context.Context, lf *LogFlags) error {
 		DecodedOnStandby: c.PrimaryURL != "",
 	}
 	rconn, closeRecord, err := c.PrimaryFlag.writeConn(ctx, conn)
+	if err == nil && c.PrimaryURL != "" {
+		err = takesWrites(ctx, rconn)
+		if err != nil {
+			closeRecord()
+		}
+	}
 	if err != nil {
-		return &exitError{code: exitFailed, err: err}
+		if c.PrimaryURL == "" {
+			return &exitError{code: exitFailed, err: err}
+		}
+		// The slot and its stream need no primary: status reports on
+		// them, with the record's copy replayed on the standby, and names
+		// the primary unreachable as a problem.
+		opts.PrimaryUnreachable = err.Error()
+		rconn, closeRecord = conn, func() {}
 	}
 	defer closeRecord()
 	rec, recorded, err := source.ReadRecord(ctx, rconn, c.RecordSchema, c.Slot)
@@ -536,6 +549,19 @@ func (f PrimaryFlag) writeURL(pgURL string) string {
 		return f.PrimaryURL
 	}
 	return pgURL
+}
+
+// takesWrites says why conn's server, named by --primary-url, takes no
+// writes (it is a hot standby); nil when it does.
+func takesWrites(ctx context.Context, conn *pgx.Conn) error {
+	var inRecovery bool
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		return fmt.Errorf("--primary-url: %w", err)
+	}
+	if inRecovery {
+		return errors.New("--primary-url names a hot standby: it takes no writes")
+	}
+	return nil
 }
 
 // writeConn is a connection to the primary, or conn without one; close
