@@ -32,7 +32,13 @@ const StandbyDecoding = 160000
 // invalidated by rows_removed, a slot creation that never ends) or never
 // (a primary URL of another cluster, whose writes the standby never
 // replays). conn is the standby, pconn the primary.
-func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig) error {
+//
+// The standby may stream from another standby (cascading: P → S1 → S2,
+// walrelay on S2, cfg.PrimaryURL naming P, the top of the chain, which
+// has S2's system identifier and is what S2 replays). Its physical slot
+// is then on S1, which walrelay does not reach; checkUpstream checks what
+// P shows instead.
+func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
 	standby, primary := slot.Redact(cfg.URL), slot.Redact(cfg.PrimaryURL)
 	var feedback, physSlot, system string
 	err := conn.QueryRow(ctx, `SELECT current_setting('hot_standby_feedback'), current_setting('primary_slot_name'),
@@ -59,6 +65,82 @@ func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig) e
 	case physSlot == "":
 		return setupErrorf("primary_slot_name is empty on the standby at %s: without a physical slot the primary keeps neither the WAL nor, between connections, the catalog rows (hot_standby_feedback's xmin) the standby's logical slot needs; create one on the primary (SELECT pg_create_physical_replication_slot('walrelay_standby')) and set primary_slot_name = 'walrelay_standby' on the standby (then SELECT pg_reload_conf())", standby)
 	}
+	return checkUpstream(ctx, conn, pconn, physSlot, standby, primary, log)
+}
+
+// checkUpstream checks that the standby's physical slot (physSlot, its
+// primary_slot_name) holds the WAL and the xmin its logical slot needs.
+//
+// PostgreSQL does not say which server a standby streams from in a way
+// walrelay can compare with cfg.PrimaryURL (pg_stat_wal_receiver's
+// sender_host is the name the standby used), so the slot itself tells:
+//   - the primary has a physical slot of that name: the standby streams
+//     from the primary through it (a standby of a standby naming an
+//     existing slot of the primary could not use it: the primary's
+//     walsender ends a second connection to an active slot);
+//   - the primary has none and the standby streams: its upstream holds
+//     the slot, another standby (cascading), and checkChainFeedback looks
+//     at what reaches the primary;
+//   - the primary has none and the standby does not stream: a standby of
+//     the primary whose slot is missing streams nothing (its wal receiver
+//     fails on the slot) until the slot is made, and neither could the
+//     relay's slot be created, which waits for WAL the standby replays;
+//     refused, naming the slot to create (on the primary, or on the
+//     standby it streams from when cascading).
+func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, physSlot, standby, primary string, log *zap.Logger) error {
+	var receiver string
+	err := conn.QueryRow(ctx, "SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), 'absent')").Scan(&receiver)
+	if err != nil {
+		return fmt.Errorf("read the standby's wal receiver (pg_stat_wal_receiver): %w", err)
+	}
+	var found, active bool
+	err = pconn.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(active), false)
+		FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'`, physSlot).Scan(&found, &active)
+	if err != nil {
+		return fmt.Errorf("read the primary's replication slots: %w", err)
+	}
+	switch {
+	case found && !active:
+		// Not refused: a standby reconnecting (after its restart, or the
+		// primary's) streams again shortly, and the slot holds the WAL and
+		// xmin meanwhile.
+		log.Warn("the standby does not stream from the primary now: its physical slot there is inactive; walrelay receives what the primary writes only once the standby streams again (check the standby's primary_conninfo and its log)",
+			zap.String("standby", standby), zap.String("primary", primary), zap.String("physical_slot", physSlot), zap.String("wal_receiver", receiver))
+	case found:
+	case receiver == "streaming":
+		return checkChainFeedback(ctx, pconn, physSlot, standby, primary, log)
+	default:
+		return setupErrorf("primary_slot_name %q of the standby at %s names no physical slot on the primary at %s, and the standby does not stream (pg_stat_wal_receiver: %s): without the slot the primary keeps neither the WAL nor the xmin the standby's logical slot needs, and the standby streams nothing; create it on the primary (SELECT pg_create_physical_replication_slot('%s')), or, for a standby of a standby, on the standby it streams from", physSlot, standby, primary, receiver, physSlot)
+	}
+	return nil
+}
+
+// checkChainFeedback: the standby streams from another standby (S1),
+// which holds its physical slot; walrelay reaches neither S1 nor its
+// settings. What S2's hot_standby_feedback asks for reaches the primary
+// only through S1, and only if S1 runs with hot_standby_feedback = on:
+// S1 passes its downstream's xmin and catalog_xmin on, into its own
+// physical slot on the primary (or its walsender's xmin without one).
+// With S1's feedback off the primary's slot for S1 has no xmin at all, and
+// the primary vacuums catalog rows S2's logical slot needs: PostgreSQL
+// invalidates it (rows_removed). So the primary must show some standby's
+// feedback: a physical slot or a walsender with an xmin. Another standby
+// of the primary with feedback on satisfies this too: a check of what is
+// visible, not a proof.
+func checkChainFeedback(ctx context.Context, pconn *pgx.Conn, physSlot, standby, primary string, log *zap.Logger) error {
+	var slotsWithXmin, sendersWithXmin int
+	err := pconn.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical' AND (xmin IS NOT NULL OR catalog_xmin IS NOT NULL)),
+		(SELECT count(*) FROM pg_stat_replication WHERE backend_xmin IS NOT NULL)`).Scan(&slotsWithXmin, &sendersWithXmin)
+	if err != nil {
+		return fmt.Errorf("read the primary's replication slots and standbys: %w", err)
+	}
+	if slotsWithXmin == 0 && sendersWithXmin == 0 {
+		return setupErrorf("the standby at %s streams from another standby (cascading: its primary_slot_name %q is no slot of the primary at %s), and no hot_standby_feedback reaches the primary (no physical slot there has an xmin, nor any standby's walsender): the primary vacuums catalog rows the slot needs and PostgreSQL invalidates it (rows_removed); set hot_standby_feedback = on on the intermediate standby (ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()), with a physical slot for it on the primary (its primary_slot_name)", standby, physSlot, primary)
+	}
+	log.Info("the standby streams from another standby (cascading): its physical slot is there; the primary shows hot_standby_feedback arriving",
+		zap.String("standby", standby), zap.String("primary", primary), zap.String("physical_slot", physSlot),
+		zap.Int("physical_slots_with_xmin", slotsWithXmin), zap.Int("walsenders_with_xmin", sendersWithXmin))
 	return nil
 }
 

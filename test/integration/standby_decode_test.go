@@ -220,6 +220,34 @@ func TestStandbyDecodeRefusals(t *testing.T) {
 				showing(standbyURL, "primary_slot_name", rs.standby.Slot)
 			},
 			want: []string{"primary_slot_name is empty", "pg_create_physical_replication_slot"}},
+		// The standby names a slot its primary does not have: its wal
+		// receiver fails (the slot does not exist) and it streams nothing,
+		// nor would the primary hold its WAL and xmin if it did.
+		{name: "primary_slot_name not on the primary", args: e.standbyArgs(standbyURL, primaryURL),
+			before: func() {
+				set(standbyURL, "ALTER SYSTEM SET primary_slot_name = 'walrelay_nowhere'")
+				showing(standbyURL, "primary_slot_name", "walrelay_nowhere")
+				// The wal receiver restarts on the change and fails on the
+				// slot: until then it streams through the old one.
+				e.waitFor("the standby not streaming", 30*time.Second, func() (bool, error) {
+					c, err := pgx.Connect(e.ctx, standbyURL)
+					if err != nil {
+						return false, err
+					}
+					defer c.Close(context.Background())
+					var status string
+					err = c.QueryRow(e.ctx, "SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), 'absent')").Scan(&status)
+					return err == nil && status != "streaming", fmt.Errorf("wal receiver %s (%v)", status, err)
+				})
+			},
+			after: func() {
+				set(standbyURL, "ALTER SYSTEM RESET primary_slot_name")
+				showing(standbyURL, "primary_slot_name", rs.standby.Slot)
+				if err := rs.standby.WaitStreaming(e.ctx); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []string{`primary_slot_name "walrelay_nowhere"`, "no physical slot on the primary", "SELECT pg_create_physical_replication_slot('walrelay_nowhere')"}},
 		{name: "wal_level replica on the primary", args: e.standbyArgs(standbyURL, primaryURL),
 			before: func() {
 				set(primaryURL, "ALTER SYSTEM SET wal_level = replica")
