@@ -23,6 +23,11 @@ import (
 // the primary to log its running transactions.
 const standbySnapshotInterval = time.Second
 
+// chainFeedbackWait is how long checkChainFeedback waits for feedback to
+// show on the primary before it refuses: more than the default
+// wal_receiver_status_interval (10 s), at which a standby sends it.
+const chainFeedbackWait = 15 * time.Second
+
 // StandbyDecoding is the first server_version_num that decodes logically
 // on a hot standby.
 const StandbyDecoding = 160000
@@ -129,14 +134,28 @@ func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, physSlot, standby
 // visible, not a proof.
 func checkChainFeedback(ctx context.Context, pconn *pgx.Conn, physSlot, standby, primary string, log *zap.Logger) error {
 	var slotsWithXmin, sendersWithXmin int
-	err := pconn.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical' AND (xmin IS NOT NULL OR catalog_xmin IS NOT NULL)),
-		(SELECT count(*) FROM pg_stat_replication WHERE backend_xmin IS NOT NULL)`).Scan(&slotsWithXmin, &sendersWithXmin)
-	if err != nil {
-		return fmt.Errorf("read the primary's replication slots and standbys: %w", err)
+	deadline := time.Now().Add(chainFeedbackWait)
+	for {
+		err := pconn.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical' AND (xmin IS NOT NULL OR catalog_xmin IS NOT NULL)),
+			(SELECT count(*) FROM pg_stat_replication WHERE backend_xmin IS NOT NULL)`).Scan(&slotsWithXmin, &sendersWithXmin)
+		if err != nil {
+			return fmt.Errorf("read the primary's replication slots and standbys: %w", err)
+		}
+		if slotsWithXmin > 0 || sendersWithXmin > 0 || time.Now().After(deadline) {
+			break
+		}
+		// An intermediate standby that just connected sends its first
+		// feedback within its wal_receiver_status_interval (10 s by
+		// default): a valid chain is not refused for being new.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 	if slotsWithXmin == 0 && sendersWithXmin == 0 {
-		return setupErrorf("the standby at %s streams from another standby (cascading: its primary_slot_name %q is no slot of the primary at %s), and no hot_standby_feedback reaches the primary (no physical slot there has an xmin, nor any standby's walsender): the primary vacuums catalog rows the slot needs and PostgreSQL invalidates it (rows_removed); set hot_standby_feedback = on on the intermediate standby (ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()), with a physical slot for it on the primary (its primary_slot_name)", standby, physSlot, primary)
+		return setupErrorf("the standby at %s streams from another standby (cascading: its primary_slot_name %q is no slot of the primary at %s), and no hot_standby_feedback reaches the primary (for 15 s no physical slot there had an xmin, nor any standby's walsender): the primary vacuums catalog rows the slot needs and PostgreSQL invalidates it (rows_removed); set hot_standby_feedback = on on the intermediate standby (ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()), with a physical slot for it on the primary (its primary_slot_name)", standby, physSlot, primary)
 	}
 	log.Info("the standby streams from another standby (cascading): its physical slot is there; the primary shows hot_standby_feedback arriving",
 		zap.String("standby", standby), zap.String("primary", primary), zap.String("physical_slot", physSlot),
