@@ -70,7 +70,7 @@ func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, l
 	case physSlot == "":
 		return setupErrorf("primary_slot_name is empty on the standby at %s: without a physical slot the primary keeps neither the WAL nor, between connections, the catalog rows (hot_standby_feedback's xmin) the standby's logical slot needs; create one on the primary (SELECT pg_create_physical_replication_slot('walrelay_standby')) and set primary_slot_name = 'walrelay_standby' on the standby (then SELECT pg_reload_conf())", standby)
 	}
-	return checkUpstream(ctx, conn, pconn, physSlot, standby, primary, log)
+	return checkUpstream(ctx, conn, pconn, cfg.Slot, physSlot, standby, primary, log)
 }
 
 // checkUpstream checks that the standby's physical slot (physSlot, its
@@ -92,7 +92,7 @@ func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, l
 //     relay's slot be created, which waits for WAL the standby replays;
 //     refused, naming the slot to create (on the primary, or on the
 //     standby it streams from when cascading).
-func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, physSlot, standby, primary string, log *zap.Logger) error {
+func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, slotName, physSlot, standby, primary string, log *zap.Logger) error {
 	var receiver string
 	err := conn.QueryRow(ctx, "SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), 'absent')").Scan(&receiver)
 	if err != nil {
@@ -113,7 +113,7 @@ func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, physSlot, standby
 			zap.String("standby", standby), zap.String("primary", primary), zap.String("physical_slot", physSlot), zap.String("wal_receiver", receiver))
 	case found:
 	case receiver == "streaming":
-		return checkChainFeedback(ctx, pconn, physSlot, standby, primary, log)
+		return checkChainFeedback(ctx, conn, pconn, slotName, physSlot, standby, primary, log)
 	default:
 		return setupErrorf("primary_slot_name %q of the standby at %s names no physical slot on the primary at %s, and the standby does not stream (pg_stat_wal_receiver: %s): without the slot the primary keeps neither the WAL nor the xmin the standby's logical slot needs, and the standby streams nothing; create it on the primary (SELECT pg_create_physical_replication_slot('%s')), or, for a standby of a standby, on the standby it streams from", physSlot, standby, primary, receiver, physSlot)
 	}
@@ -128,21 +128,35 @@ func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, physSlot, standby
 // physical slot on the primary (or its walsender's xmin without one).
 // With S1's feedback off the primary's slot for S1 has no xmin at all, and
 // the primary vacuums catalog rows S2's logical slot needs: PostgreSQL
-// invalidates it (rows_removed). So the primary must show some standby's
-// feedback: a physical slot or a walsender with an xmin. Another standby
-// of the primary with feedback on satisfies this too: a check of what is
-// visible, not a proof.
-func checkChainFeedback(ctx context.Context, pconn *pgx.Conn, physSlot, standby, primary string, log *zap.Logger) error {
-	var slotsWithXmin, sendersWithXmin int
+// invalidates it (rows_removed).
+//
+// What the primary must show: when the relay's slot exists on S2 already
+// (a restart), something on the primary holding its catalog_xmin (a
+// physical slot's xmin or catalog_xmin, or a walsender's xmin, as old or
+// older); before the slot exists, any standby's feedback at all (a
+// physical slot or a walsender with an xmin), which another standby of the
+// primary with feedback on satisfies too: a check of what is visible, not
+// a proof. Either is waited for up to chainFeedbackWait.
+func checkChainFeedback(ctx context.Context, conn, pconn *pgx.Conn, slotName, physSlot, standby, primary string, log *zap.Logger) error {
+	var catalogXmin *string
+	err := conn.QueryRow(ctx, "SELECT (SELECT catalog_xmin::text FROM pg_replication_slots WHERE slot_name = $1)", slotName).Scan(&catalogXmin)
+	if err != nil {
+		return fmt.Errorf("look up replication slot %q: %w", slotName, err)
+	}
+	var slotsHolding, sendersHolding int
 	deadline := time.Now().Add(chainFeedbackWait)
 	for {
+		// $1 NULL (no slot yet): any xmin counts.
 		err := pconn.QueryRow(ctx, `SELECT
-			(SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical' AND (xmin IS NOT NULL OR catalog_xmin IS NOT NULL)),
-			(SELECT count(*) FROM pg_stat_replication WHERE backend_xmin IS NOT NULL)`).Scan(&slotsWithXmin, &sendersWithXmin)
+			(SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical'
+				AND (CASE WHEN $1::text IS NULL THEN xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+					ELSE age(xmin) >= age($1::text::xid) OR age(catalog_xmin) >= age($1::text::xid) END)),
+			(SELECT count(*) FROM pg_stat_replication WHERE backend_xmin IS NOT NULL
+				AND ($1::text IS NULL OR age(backend_xmin) >= age($1::text::xid)))`, catalogXmin).Scan(&slotsHolding, &sendersHolding)
 		if err != nil {
 			return fmt.Errorf("read the primary's replication slots and standbys: %w", err)
 		}
-		if slotsWithXmin > 0 || sendersWithXmin > 0 || time.Now().After(deadline) {
+		if slotsHolding > 0 || sendersHolding > 0 || time.Now().After(deadline) {
 			break
 		}
 		// An intermediate standby that just connected sends its first
@@ -154,12 +168,19 @@ func checkChainFeedback(ctx context.Context, pconn *pgx.Conn, physSlot, standby,
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	if slotsWithXmin == 0 && sendersWithXmin == 0 {
-		return setupErrorf("the standby at %s streams from another standby (cascading: its primary_slot_name %q is no slot of the primary at %s), and no hot_standby_feedback reaches the primary (for 15 s no physical slot there had an xmin, nor any standby's walsender): the primary vacuums catalog rows the slot needs and PostgreSQL invalidates it (rows_removed); set hot_standby_feedback = on on the intermediate standby (ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()), with a physical slot for it on the primary (its primary_slot_name)", standby, physSlot, primary)
+	if slotsHolding == 0 && sendersHolding == 0 {
+		seen := "no physical slot there had an xmin, nor any standby's walsender"
+		if catalogXmin != nil {
+			seen = fmt.Sprintf("no physical slot there, nor any standby's walsender, held the slot's catalog_xmin %s", *catalogXmin)
+		}
+		return setupErrorf("the standby at %s streams from another standby (cascading: its primary_slot_name %q is no slot of the primary at %s), and its hot_standby_feedback does not reach the primary (for %v %s): the primary vacuums catalog rows the slot needs and PostgreSQL invalidates it (rows_removed); set hot_standby_feedback = on on the intermediate standby (ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()), with a physical slot for it on the primary (its primary_slot_name)", standby, physSlot, primary, chainFeedbackWait, seen)
 	}
-	log.Info("the standby streams from another standby (cascading): its physical slot is there; the primary shows hot_standby_feedback arriving",
-		zap.String("standby", standby), zap.String("primary", primary), zap.String("physical_slot", physSlot),
-		zap.Int("physical_slots_with_xmin", slotsWithXmin), zap.Int("walsenders_with_xmin", sendersWithXmin))
+	fields := []zap.Field{zap.String("standby", standby), zap.String("primary", primary), zap.String("physical_slot", physSlot),
+		zap.Int("physical_slots_holding", slotsHolding), zap.Int("walsenders_holding", sendersHolding)}
+	if catalogXmin != nil {
+		fields = append(fields, zap.Stringp("catalog_xmin", catalogXmin))
+	}
+	log.Info("the standby streams from another standby (cascading): its physical slot is there; the primary shows hot_standby_feedback arriving", fields...)
 	return nil
 }
 

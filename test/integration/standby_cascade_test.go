@@ -103,14 +103,36 @@ func TestStandbyDecodeCascade(t *testing.T) {
 	// S1 without hot_standby_feedback: S2's feedback stops at S1, P's slot
 	// of S1 loses its xmin, and a start on S2 is refused, naming the fix.
 	execAt(t, e.ctx, s1.URL("postgres"), "ALTER SYSTEM SET hot_standby_feedback = off", "SELECT pg_reload_conf()")
-	e.waitFor("P's physical slot of S1 without xmin", 30*time.Second, func() (bool, error) {
-		var xmin, catalogXmin *string
-		err := queryAt(e.ctx, rs.primary.URL("postgres"), "SELECT xmin::text, catalog_xmin::text FROM pg_replication_slots WHERE slot_name = $1", []any{s1.Slot}, &xmin, &catalogXmin)
-		return err == nil && xmin == nil && catalogXmin == nil, fmt.Errorf("xmin %v, catalog_xmin %v (%v)", xmin, catalogXmin, err)
-	})
+	noXmin := func(slot string) func() (bool, error) {
+		return func() (bool, error) {
+			var xmin, catalogXmin *string
+			err := queryAt(e.ctx, rs.primary.URL("postgres"), "SELECT xmin::text, catalog_xmin::text FROM pg_replication_slots WHERE slot_name = $1", []any{slot}, &xmin, &catalogXmin)
+			return err == nil && xmin == nil && catalogXmin == nil, fmt.Errorf("xmin %v, catalog_xmin %v (%v)", xmin, catalogXmin, err)
+		}
+	}
+	e.waitFor("P's physical slot of S1 without xmin", 30*time.Second, noXmin(s1.Slot))
+	args := e.standbyArgs(s2URL, e.url)
+	fix := "set hot_standby_feedback = on on the intermediate standby"
+	// A first start (no slot yet on S2): nothing on P shows any feedback.
 	refused := time.Now()
-	refusedWith(t, e.standbyArgs(s2URL, e.url), "streams from another standby (cascading", "no hot_standby_feedback reaches the primary", "set hot_standby_feedback = on on the intermediate standby")
-	t.Logf("misconfigured cascade refused in %v; test %v", time.Since(refused).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	refusedWith(t, withFlag(args, "--slot", e.name+"_new"), "streams from another standby (cascading", "no physical slot there had an xmin", fix)
+	t.Logf("misconfigured cascade, new slot, refused in %v", time.Since(refused).Round(time.Millisecond))
+
+	// A direct standby of P with feedback on gives P an xmin, but not the
+	// catalog_xmin of the relay's slot on S2: a restart is still refused.
+	d, err := rs.primary.StartStandby(e.ctx, devcluster.StandbyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	e.waitFor("P's physical slot of the direct standby with an xmin", 30*time.Second, func() (bool, error) {
+		var xmin *string
+		err := queryAt(e.ctx, rs.primary.URL("postgres"), "SELECT xmin::text FROM pg_replication_slots WHERE slot_name = $1", []any{d.Slot}, &xmin)
+		return err == nil && xmin != nil, fmt.Errorf("xmin %v (%v)", xmin, err)
+	})
+	refused = time.Now()
+	refusedWith(t, args, "streams from another standby (cascading", "held the slot's catalog_xmin", fix)
+	t.Logf("misconfigured cascade, existing slot, another standby's feedback on P, refused in %v; test %v", time.Since(refused).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
 // queryAt reads one row of sql on a connection of its own to url.
