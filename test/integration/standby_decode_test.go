@@ -308,6 +308,38 @@ func TestStandbyDecodeRefusals(t *testing.T) {
 			t.Logf("refused in %v, exit %d: %s", elapsed.Round(time.Millisecond), code, line)
 		})
 	}
+
+	// The standby does not stream from its primary now (its primary_conninfo
+	// names a closed port), its physical slot there inactive: a warning,
+	// not a refusal; it streams again once it reconnects.
+	t.Run("physical slot inactive", func(t *testing.T) {
+		set(standbyURL, fmt.Sprintf("ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=%d user=postgres'", closedPort(t)))
+		defer func() {
+			set(standbyURL, "ALTER SYSTEM RESET primary_conninfo")
+			if err := rs.standby.WaitStreaming(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		e.waitFor("the standby's physical slot inactive on the primary", 30*time.Second, func() (bool, error) {
+			var active bool
+			err := queryAt(e.ctx, primaryURL, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", []any{rs.standby.Slot}, &active)
+			return err == nil && !active, fmt.Errorf("active %v (%v)", active, err)
+		})
+		p := startProc(t, nil, e.standbyArgs(standbyURL, primaryURL)...)
+		defer func() {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}()
+		want := "the standby does not stream from the primary now: its physical slot there is inactive"
+		e.waitFor("the warning", 30*time.Second, func() (bool, error) {
+			select {
+			case <-p.done:
+				return false, fmt.Errorf("walrelay exited: %s", finalLines(p.out.String()))
+			default:
+			}
+			return strings.Contains(p.out.String(), want), fmt.Errorf("no line saying %q", want)
+		})
+	})
 }
 
 // TestStandbyDecodeReplayPaused: with replay paused on the standby,
