@@ -11,6 +11,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,6 +98,11 @@ func TestStandbyDecodeCascade(t *testing.T) {
 	if err := rr.stop(t); err != nil {
 		t.Errorf("the relay stopped with %v", err)
 	}
+	// status on S2 names S1 as what it streams from.
+	status := []string{"status", "--pg-url", s2URL, "--primary-url", e.url, "--slot", e.name, "--explain"}
+	if out, code := runOutput(t, status...); !strings.Contains(out, fmt.Sprintf("streams from 127.0.0.1:%d", s1.Port)) {
+		t.Errorf("walrelay status (exit %d) does not name S1 (port %d) as S2's upstream:\n%s", code, s1.Port, out)
+	}
 	t.Logf("cascade P → S1 → S2, PostgreSQL %d: %d committed, %d delivered, 0 lost, %d duplicates, %d order inversions",
 		pgVersion/10000, len(committed), len(distinctIDs(recs)), dups, inv)
 
@@ -132,7 +138,18 @@ func TestStandbyDecodeCascade(t *testing.T) {
 	})
 	refused = time.Now()
 	refusedWith(t, args, "streams from another standby (cascading", "held the slot's catalog_xmin", fix)
-	t.Logf("misconfigured cascade, existing slot, another standby's feedback on P, refused in %v; test %v", time.Since(refused).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	t.Logf("misconfigured cascade, existing slot, another standby's feedback on P, refused in %v", time.Since(refused).Round(time.Millisecond))
+
+	// S1 stopped: S2 streams from nowhere, and status --explain says so.
+	if err := s1.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("status --explain naming S2 not streaming", 30*time.Second, func() (bool, error) {
+		out, code := runOutput(t, status...)
+		ok := strings.Contains(out, "NOT STREAMING") && strings.Contains(out, "standby_not_streaming") && strings.Contains(out, "primary_conninfo")
+		return ok, fmt.Errorf("exit %d:\n%s", code, out)
+	})
+	t.Logf("test %v", time.Since(start).Round(time.Millisecond))
 }
 
 // queryAt reads one row of sql on a connection of its own to url.
