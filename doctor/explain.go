@@ -440,9 +440,10 @@ type Cause struct {
 	// Kind is invalidated, relay_stopped, relay_not_streaming,
 	// relay_waiting_for_kafka, relay_behind, open_transaction,
 	// prepared_transaction, replication_slot, standby, quiet_outbox,
-	// standby_replay_paused, standby_replay_behind (the slot on a hot
-	// standby: StandbyReplay.Cause), primary_unreachable (its primary:
-	// PrimaryUnreachableCause) or standby_slot (Failover.Causes).
+	// standby_replay_paused, standby_not_streaming, standby_replay_behind
+	// (the slot on a hot standby: StandbyReplay.Cause), primary_unreachable
+	// (its primary: PrimaryUnreachableCause) or standby_slot
+	// (Failover.Causes).
 	Kind string `json:"cause"`
 	// Holds is what it holds back.
 	Holds string `json:"holds"`

@@ -24,6 +24,12 @@ type StandbyReplay struct {
 	LagBytes   int64   `json:"lag_bytes"`
 	LagSeconds float64 `json:"lag_seconds"`
 	Paused     bool    `json:"paused"`
+	// Receiver is the standby's wal receiver (pg_stat_wal_receiver's
+	// status: streaming, or absent without one) and Upstream the server it
+	// streams from, as the standby names it (sender_host:sender_port):
+	// for a standby of a standby (cascading), not the primary.
+	Receiver string `json:"wal_receiver,omitempty"`
+	Upstream string `json:"upstream,omitempty"`
 }
 
 // ReadStandbyReplay reads the replay on conn; nil when conn's server is
@@ -44,6 +50,11 @@ func ReadStandbyReplay(ctx context.Context, conn *pgx.Conn) (*StandbyReplay, err
 	if !inRecovery {
 		return nil, nil
 	}
+	err = conn.QueryRow(ctx, `SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), 'absent'),
+		       coalesce((SELECT sender_host || ':' || sender_port FROM pg_stat_wal_receiver), '')`).Scan(&r.Receiver, &r.Upstream)
+	if err != nil {
+		return nil, fmt.Errorf("read the standby's wal receiver: %w", err)
+	}
 	return &r, nil
 }
 
@@ -54,6 +65,12 @@ func (r StandbyReplay) Text() string {
 	s := fmt.Sprintf("%s behind what the standby received (%s), replayed to %s", BytesText(r.LagBytes), DurationText(secondsDuration(r.LagSeconds)), r.ReplayLSN)
 	if r.Paused {
 		s += "; PAUSED"
+	}
+	switch {
+	case r.Receiver == "streaming" && r.Upstream != "":
+		s += "; streams from " + r.Upstream
+	case r.Receiver != "" && r.Receiver != "streaming":
+		s += "; NOT STREAMING (wal receiver " + r.Receiver + ")"
 	}
 	return s
 }
@@ -66,6 +83,10 @@ func (r StandbyReplay) Cause() (Cause, bool) {
 		return Cause{Kind: "standby_replay_paused", Holds: "the relay's stream: nothing committed since reaches the slot",
 			Text: fmt.Sprintf("replay is paused on the standby the slot is on (pg_is_wal_replay_paused()), at %s with %s received and waiting: decoding sees only replayed WAL", r.ReplayLSN, BytesText(r.LagBytes)),
 			Fix:  "on the standby, SELECT pg_wal_replay_resume() (it was paused by pg_wal_replay_pause(), or by recovery_target_action = pause at a recovery target)"}, true
+	case r.Receiver != "" && r.Receiver != "streaming":
+		return Cause{Kind: "standby_not_streaming", Holds: "the relay's stream: nothing the primary commits reaches the standby",
+			Text: fmt.Sprintf("the standby the slot is on does not stream (pg_stat_wal_receiver: %s), replayed to %s: decoding sees only WAL the standby receives", r.Receiver, r.ReplayLSN),
+			Fix:  "check the standby's primary_conninfo and its log, that its upstream runs, and that its primary_slot_name is a physical slot there (for a standby of a standby, on the standby it streams from); a standby fed by restore_command only gets WAL as the archive does"}, true
 	case r.LagBytes > behindBytes:
 		return Cause{Kind: "standby_replay_behind", Holds: "the relay's lag: commits reach the slot only once replayed",
 			Text: fmt.Sprintf("the standby the slot is on replays %s behind what it received (%s): the delay adds to the relay's lag", BytesText(r.LagBytes), DurationText(secondsDuration(r.LagSeconds))),

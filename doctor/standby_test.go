@@ -15,6 +15,8 @@ func TestStandbyReplayCause(t *testing.T) {
 		{"a little behind", StandbyReplay{LagBytes: 1 << 20, LagSeconds: 0.2}, ""},
 		{"far behind", StandbyReplay{LagBytes: 64 << 20, LagSeconds: 30}, "standby_replay_behind"},
 		{"paused", StandbyReplay{Paused: true, LagBytes: 8192}, "standby_replay_paused"},
+		{"streaming", StandbyReplay{Receiver: "streaming", Upstream: "s1:5432"}, ""},
+		{"not streaming", StandbyReplay{Receiver: "absent"}, "standby_not_streaming"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, ok := tc.r.Cause()
@@ -23,6 +25,12 @@ func TestStandbyReplayCause(t *testing.T) {
 			}
 			if tc.kind == "standby_replay_paused" && !strings.Contains(c.Fix, "pg_wal_replay_resume()") {
 				t.Errorf("the fix does not name pg_wal_replay_resume(): %s", c.Fix)
+			}
+			if tc.r.Upstream != "" && !strings.Contains(tc.r.Text(), "streams from "+tc.r.Upstream) {
+				t.Errorf("Text() does not name the upstream: %s", tc.r.Text())
+			}
+			if tc.kind == "standby_not_streaming" && !strings.Contains(tc.r.Text(), "NOT STREAMING") {
+				t.Errorf("Text() does not say NOT STREAMING: %s", tc.r.Text())
 			}
 			if tc.r.Paused && !strings.Contains(tc.r.Text(), "PAUSED") {
 				t.Errorf("Text() does not say PAUSED: %s", tc.r.Text())

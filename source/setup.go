@@ -124,7 +124,7 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 			return Record{}, fmt.Errorf("connect to the primary (source.SetupConfig.PrimaryURL): %w", err)
 		}
 		defer pconn.Close(context.Background())
-		if err := checkStandby(ctx, conn, pconn, cfg); err != nil {
+		if err := checkStandby(ctx, conn, pconn, cfg, log); err != nil {
 			return Record{}, err
 		}
 	}

@@ -23,6 +23,11 @@ import (
 // the primary to log its running transactions.
 const standbySnapshotInterval = time.Second
 
+// chainFeedbackWait is how long checkChainFeedback waits for feedback to
+// show on the primary before it refuses: more than the default
+// wal_receiver_status_interval (10 s), at which a standby sends it.
+const chainFeedbackWait = 15 * time.Second
+
 // StandbyDecoding is the first server_version_num that decodes logically
 // on a hot standby.
 const StandbyDecoding = 160000
@@ -32,7 +37,13 @@ const StandbyDecoding = 160000
 // invalidated by rows_removed, a slot creation that never ends) or never
 // (a primary URL of another cluster, whose writes the standby never
 // replays). conn is the standby, pconn the primary.
-func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig) error {
+//
+// The standby may stream from another standby (cascading: P → S1 → S2,
+// walrelay on S2, cfg.PrimaryURL naming P, the top of the chain, which
+// has S2's system identifier and is what S2 replays). Its physical slot
+// is then on S1, which walrelay does not reach; checkUpstream checks what
+// P shows instead.
+func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, log *zap.Logger) error {
 	standby, primary := slot.Redact(cfg.URL), slot.Redact(cfg.PrimaryURL)
 	var feedback, physSlot, system string
 	err := conn.QueryRow(ctx, `SELECT current_setting('hot_standby_feedback'), current_setting('primary_slot_name'),
@@ -59,6 +70,117 @@ func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig) e
 	case physSlot == "":
 		return setupErrorf("primary_slot_name is empty on the standby at %s: without a physical slot the primary keeps neither the WAL nor, between connections, the catalog rows (hot_standby_feedback's xmin) the standby's logical slot needs; create one on the primary (SELECT pg_create_physical_replication_slot('walrelay_standby')) and set primary_slot_name = 'walrelay_standby' on the standby (then SELECT pg_reload_conf())", standby)
 	}
+	return checkUpstream(ctx, conn, pconn, cfg.Slot, physSlot, standby, primary, log)
+}
+
+// checkUpstream checks that the standby's physical slot (physSlot, its
+// primary_slot_name) holds the WAL and the xmin its logical slot needs.
+//
+// PostgreSQL does not say which server a standby streams from in a way
+// walrelay can compare with cfg.PrimaryURL (pg_stat_wal_receiver's
+// sender_host is the name the standby used), so the slot itself tells:
+//   - the primary has a physical slot of that name: the standby streams
+//     from the primary through it (a standby of a standby naming an
+//     existing slot of the primary could not use it: the primary's
+//     walsender ends a second connection to an active slot);
+//   - the primary has none and the standby streams: its upstream holds
+//     the slot, another standby (cascading), and checkChainFeedback looks
+//     at what reaches the primary;
+//   - the primary has none and the standby does not stream: a standby of
+//     the primary whose slot is missing streams nothing (its wal receiver
+//     fails on the slot) until the slot is made, and neither could the
+//     relay's slot be created, which waits for WAL the standby replays;
+//     refused, naming the slot to create (on the primary, or on the
+//     standby it streams from when cascading).
+func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, slotName, physSlot, standby, primary string, log *zap.Logger) error {
+	var receiver string
+	err := conn.QueryRow(ctx, "SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), 'absent')").Scan(&receiver)
+	if err != nil {
+		return fmt.Errorf("read the standby's wal receiver (pg_stat_wal_receiver): %w", err)
+	}
+	var found, active bool
+	err = pconn.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(active), false)
+		FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'`, physSlot).Scan(&found, &active)
+	if err != nil {
+		return fmt.Errorf("read the primary's replication slots: %w", err)
+	}
+	switch {
+	case found && !active:
+		// Not refused: a standby reconnecting (after its restart, or the
+		// primary's) streams again shortly, and the slot holds the WAL and
+		// xmin meanwhile.
+		log.Warn("the standby does not stream from the primary now: its physical slot there is inactive; walrelay receives what the primary writes only once the standby streams again (check the standby's primary_conninfo and its log)",
+			zap.String("standby", standby), zap.String("primary", primary), zap.String("physical_slot", physSlot), zap.String("wal_receiver", receiver))
+	case found:
+	case receiver == "streaming":
+		return checkChainFeedback(ctx, conn, pconn, slotName, physSlot, standby, primary, log)
+	default:
+		return setupErrorf("primary_slot_name %q of the standby at %s names no physical slot on the primary at %s, and the standby does not stream (pg_stat_wal_receiver: %s): without the slot the primary keeps neither the WAL nor the xmin the standby's logical slot needs, and the standby streams nothing; create it on the primary (SELECT pg_create_physical_replication_slot('%s')), or, for a standby of a standby, on the standby it streams from", physSlot, standby, primary, receiver, physSlot)
+	}
+	return nil
+}
+
+// checkChainFeedback: the standby streams from another standby (S1),
+// which holds its physical slot; walrelay reaches neither S1 nor its
+// settings. What S2's hot_standby_feedback asks for reaches the primary
+// only through S1, and only if S1 runs with hot_standby_feedback = on:
+// S1 passes its downstream's xmin and catalog_xmin on, into its own
+// physical slot on the primary (or its walsender's xmin without one).
+// With S1's feedback off the primary's slot for S1 has no xmin at all, and
+// the primary vacuums catalog rows S2's logical slot needs: PostgreSQL
+// invalidates it (rows_removed).
+//
+// What the primary must show: when the relay's slot exists on S2 already
+// (a restart), something on the primary holding its catalog_xmin (a
+// physical slot's xmin or catalog_xmin, or a walsender's xmin, as old or
+// older); before the slot exists, any standby's feedback at all (a
+// physical slot or a walsender with an xmin), which another standby of the
+// primary with feedback on satisfies too: a check of what is visible, not
+// a proof. Either is waited for up to chainFeedbackWait.
+func checkChainFeedback(ctx context.Context, conn, pconn *pgx.Conn, slotName, physSlot, standby, primary string, log *zap.Logger) error {
+	var catalogXmin *string
+	err := conn.QueryRow(ctx, "SELECT (SELECT catalog_xmin::text FROM pg_replication_slots WHERE slot_name = $1)", slotName).Scan(&catalogXmin)
+	if err != nil {
+		return fmt.Errorf("look up replication slot %q: %w", slotName, err)
+	}
+	var slotsHolding, sendersHolding int
+	deadline := time.Now().Add(chainFeedbackWait)
+	for {
+		// $1 NULL (no slot yet): any xmin counts.
+		err := pconn.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical'
+				AND (CASE WHEN $1::text IS NULL THEN xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+					ELSE age(xmin) >= age($1::text::xid) OR age(catalog_xmin) >= age($1::text::xid) END)),
+			(SELECT count(*) FROM pg_stat_replication WHERE backend_xmin IS NOT NULL
+				AND ($1::text IS NULL OR age(backend_xmin) >= age($1::text::xid)))`, catalogXmin).Scan(&slotsHolding, &sendersHolding)
+		if err != nil {
+			return fmt.Errorf("read the primary's replication slots and standbys: %w", err)
+		}
+		if slotsHolding > 0 || sendersHolding > 0 || time.Now().After(deadline) {
+			break
+		}
+		// An intermediate standby that just connected sends its first
+		// feedback within its wal_receiver_status_interval (10 s by
+		// default): a valid chain is not refused for being new.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if slotsHolding == 0 && sendersHolding == 0 {
+		seen := "no physical slot there had an xmin, nor any standby's walsender"
+		if catalogXmin != nil {
+			seen = fmt.Sprintf("no physical slot there, nor any standby's walsender, held the slot's catalog_xmin %s", *catalogXmin)
+		}
+		return setupErrorf("the standby at %s streams from another standby (cascading: its primary_slot_name %q is no slot of the primary at %s), and its hot_standby_feedback does not reach the primary (for %v %s): the primary vacuums catalog rows the slot needs and PostgreSQL invalidates it (rows_removed); set hot_standby_feedback = on on the intermediate standby (ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()), with a physical slot for it on the primary (its primary_slot_name)", standby, physSlot, primary, chainFeedbackWait, seen)
+	}
+	fields := []zap.Field{zap.String("standby", standby), zap.String("primary", primary), zap.String("physical_slot", physSlot),
+		zap.Int("physical_slots_holding", slotsHolding), zap.Int("walsenders_holding", sendersHolding)}
+	if catalogXmin != nil {
+		fields = append(fields, zap.Stringp("catalog_xmin", catalogXmin))
+	}
+	log.Info("the standby streams from another standby (cascading): its physical slot is there; the primary shows hot_standby_feedback arriving", fields...)
 	return nil
 }
 

@@ -93,8 +93,23 @@ func (p *Postgres) StartStandby(ctx context.Context, opts StandbyOptions) (*Post
 		}
 		return nil, err
 	}
-	if err := s.baseBackup(ctx, conn, p, version); err != nil {
-		return fail(fmt.Errorf("standby: base backup of %s: %w", p.dataDir(), err))
+	// A standby of a standby (cascading) is copied from the primary at the
+	// top of the chain and streams from p: a backup taken on a standby
+	// refuses WAL written with full_page_writes = off, which devcluster's
+	// servers write; the standby then streams from p what follows the
+	// backup's start, which p has or will have replayed.
+	src, bconn := p, conn
+	if p.Upstream != nil {
+		for src.Upstream != nil {
+			src = src.Upstream
+		}
+		if bconn, err = pgx.Connect(ctx, src.URL("postgres")); err != nil {
+			return fail(fmt.Errorf("standby: connect to the top of the chain: %w", err))
+		}
+		defer bconn.Close(context.Background())
+	}
+	if err := s.baseBackup(ctx, bconn, src, version); err != nil {
+		return fail(fmt.Errorf("standby: base backup of %s: %w", src.dataDir(), err))
 	}
 	if err := s.configureStandby(p, version, opts); err != nil {
 		return fail(err)
@@ -396,8 +411,10 @@ func (s *Postgres) WaitReplayed(ctx context.Context) error {
 	if s.Upstream == nil {
 		return errors.New("not a standby: no upstream to replay")
 	}
+	// An upstream that is a standby itself (cascading) has written
+	// nothing: what it replayed is what s is to replay.
 	var target string
-	if err := s.Upstream.queryRow(ctx, "SELECT pg_current_wal_lsn()::text", &target); err != nil {
+	if err := s.Upstream.queryRow(ctx, "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END::text", &target); err != nil {
 		return err
 	}
 	return WaitFor(60*time.Second, 20*time.Millisecond, func() (bool, error) {

@@ -262,3 +262,32 @@ func TestKillThenStart(t *testing.T) {
 		t.Fatalf("after the crash: %d rows, %v; want 1", n, err)
 	}
 }
+
+// TestStandbyOfStandby: a standby of a standby (cascading, P → S1 → S2)
+// streams from S1 through a physical slot there, not on P, and replays
+// what P writes; WaitReplayed on S2 waits for S1's replay position.
+func TestStandbyOfStandby(t *testing.T) {
+	ctx := context.Background()
+	p := startTestPrimary(t)
+	mustExec(t, connect(t, p.URL("postgres")), "CREATE TABLE t (v int)")
+	s1 := startTestStandby(t, p, StandbyOptions{})
+	s2 := startTestStandby(t, s1, StandbyOptions{})
+	if s2.Upstream != s1 {
+		t.Fatalf("S2's upstream is port %d, want S1's %d", s2.Upstream.Port, s1.Port)
+	}
+	var onS1, onP bool
+	if err := connect(t, s1.URL("postgres")).QueryRow(ctx, "SELECT count(*) = 1 FROM pg_replication_slots WHERE slot_name = $1 AND active", s2.Slot).Scan(&onS1); err != nil || !onS1 {
+		t.Fatalf("S2's physical slot %q on S1: active %v, %v", s2.Slot, onS1, err)
+	}
+	if err := connect(t, p.URL("postgres")).QueryRow(ctx, "SELECT count(*) > 0 FROM pg_replication_slots WHERE slot_name = $1", s2.Slot).Scan(&onP); err != nil || onP {
+		t.Fatalf("S2's physical slot %q on P: %v, %v", s2.Slot, onP, err)
+	}
+	mustExec(t, connect(t, p.URL("postgres")), "INSERT INTO t SELECT generate_series(1, 10)")
+	if err := s1.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(t, s2.URL("postgres"), 10)
+}

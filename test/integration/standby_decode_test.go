@@ -220,6 +220,34 @@ func TestStandbyDecodeRefusals(t *testing.T) {
 				showing(standbyURL, "primary_slot_name", rs.standby.Slot)
 			},
 			want: []string{"primary_slot_name is empty", "pg_create_physical_replication_slot"}},
+		// The standby names a slot its primary does not have: its wal
+		// receiver fails (the slot does not exist) and it streams nothing,
+		// nor would the primary hold its WAL and xmin if it did.
+		{name: "primary_slot_name not on the primary", args: e.standbyArgs(standbyURL, primaryURL),
+			before: func() {
+				set(standbyURL, "ALTER SYSTEM SET primary_slot_name = 'walrelay_nowhere'")
+				showing(standbyURL, "primary_slot_name", "walrelay_nowhere")
+				// The wal receiver restarts on the change and fails on the
+				// slot: until then it streams through the old one.
+				e.waitFor("the standby not streaming", 30*time.Second, func() (bool, error) {
+					c, err := pgx.Connect(e.ctx, standbyURL)
+					if err != nil {
+						return false, err
+					}
+					defer c.Close(context.Background())
+					var status string
+					err = c.QueryRow(e.ctx, "SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), 'absent')").Scan(&status)
+					return err == nil && status != "streaming", fmt.Errorf("wal receiver %s (%v)", status, err)
+				})
+			},
+			after: func() {
+				set(standbyURL, "ALTER SYSTEM RESET primary_slot_name")
+				showing(standbyURL, "primary_slot_name", rs.standby.Slot)
+				if err := rs.standby.WaitStreaming(e.ctx); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []string{`primary_slot_name "walrelay_nowhere"`, "no physical slot on the primary", "SELECT pg_create_physical_replication_slot('walrelay_nowhere')"}},
 		{name: "wal_level replica on the primary", args: e.standbyArgs(standbyURL, primaryURL),
 			before: func() {
 				set(primaryURL, "ALTER SYSTEM SET wal_level = replica")
@@ -280,6 +308,38 @@ func TestStandbyDecodeRefusals(t *testing.T) {
 			t.Logf("refused in %v, exit %d: %s", elapsed.Round(time.Millisecond), code, line)
 		})
 	}
+
+	// The standby does not stream from its primary now (its primary_conninfo
+	// names a closed port), its physical slot there inactive: a warning,
+	// not a refusal; it streams again once it reconnects.
+	t.Run("physical slot inactive", func(t *testing.T) {
+		set(standbyURL, fmt.Sprintf("ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=%d user=postgres'", closedPort(t)))
+		defer func() {
+			set(standbyURL, "ALTER SYSTEM RESET primary_conninfo")
+			if err := rs.standby.WaitStreaming(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		e.waitFor("the standby's physical slot inactive on the primary", 30*time.Second, func() (bool, error) {
+			var active bool
+			err := queryAt(e.ctx, primaryURL, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", []any{rs.standby.Slot}, &active)
+			return err == nil && !active, fmt.Errorf("active %v (%v)", active, err)
+		})
+		p := startProc(t, nil, e.standbyArgs(standbyURL, primaryURL)...)
+		defer func() {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}()
+		want := "the standby does not stream from the primary now: its physical slot there is inactive"
+		e.waitFor("the warning", 30*time.Second, func() (bool, error) {
+			select {
+			case <-p.done:
+				return false, fmt.Errorf("walrelay exited: %s", finalLines(p.out.String()))
+			default:
+			}
+			return strings.Contains(p.out.String(), want), fmt.Errorf("no line saying %q", want)
+		})
+	})
 }
 
 // TestStandbyDecodeReplayPaused: with replay paused on the standby,
