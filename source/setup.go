@@ -441,6 +441,14 @@ func ensureSlot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, ver
 		}
 		return replaced, createSlot(ctx, cfg, failover, log)
 	}
+	if err == nil && cfg.Snapshot != nil && cfg.CreateSlot {
+		if snapshotPending, err = snapshotPendingLocked(ctx, conn, pconn, cfg, log); err != nil {
+			return nil, err
+		}
+		// Read again: the start that held the lock may have dropped
+		// the slot, or made it a failover slot.
+		info, err = slot.ReadInfo(ctx, conn, cfg.Slot)
+	}
 	if errors.Is(err, slot.ErrNoSlot) {
 		return create()
 	}
@@ -573,12 +581,11 @@ func createSlot(ctx context.Context, cfg SetupConfig, failover bool, log *zap.Lo
 // finds the slot, publishes no snapshot and streams (or waits as the
 // standby).
 func createSlotWithSnapshot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, failover bool, log *zap.Logger) error {
-	lockKey := "walrelay slot " + cfg.Slot
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockKey); err != nil {
-		return fmt.Errorf("wait for the lock on creating slot %q: %w", cfg.Slot, err)
+	unlock, err := lockSlotCreation(ctx, conn, cfg, log)
+	if err != nil {
+		return err
 	}
-	// A failed unlock is released with the session, when conn closes.
-	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", lockKey) }()
+	defer unlock()
 	if done, err := unfinishedSnapshot(ctx, conn, pconn, cfg, log); done || err != nil {
 		return err
 	}
@@ -661,6 +668,45 @@ func createSlotWithSnapshot(ctx context.Context, conn, pconn *pgx.Conn, cfg Setu
 	}
 	log.Info("initial snapshot done: the slot streams from its consistent point", zap.String("slot", cfg.Slot), zap.Stringer("consistent_point", at), zap.Bool("failover", failover))
 	return nil
+}
+
+// lockSlotCreation takes the advisory lock serialising createSlotWithSnapshot,
+// waiting (and saying so) while another walrelay holds it; unlock releases
+// it (a failed unlock is released with the session, when conn closes).
+func lockSlotCreation(ctx context.Context, conn *pgx.Conn, cfg SetupConfig, log *zap.Logger) (unlock func(), err error) {
+	key := "walrelay slot " + cfg.Slot
+	var got bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtext($1))", key).Scan(&got); err != nil {
+		return nil, fmt.Errorf("take the lock on creating slot %q: %w", cfg.Slot, err)
+	}
+	if !got {
+		log.Info("another walrelay is creating the replication slot and publishing its initial snapshot: waiting for it to finish", zap.String("slot", cfg.Slot))
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", key); err != nil {
+			return nil, fmt.Errorf("wait for the lock on creating slot %q: %w", cfg.Slot, err)
+		}
+	}
+	return func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", key) }, nil
+}
+
+// snapshotPendingLocked reads, with the lock on creating the slot held for
+// a moment, whether the record marks the slot's initial snapshot as
+// unfinished. A slot found without the lock may be one another walrelay
+// copied from its temporary slot a moment ago and is still publishing the
+// snapshot of: streaming from it then would put later changes on Kafka
+// before snapshot rows (and take the slot, so that the other start cannot
+// finish). Once the lock is free, a mark still there is one a start that
+// died left.
+func snapshotPendingLocked(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, log *zap.Logger) (bool, error) {
+	unlock, err := lockSlotCreation(ctx, conn, cfg, log)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	rec, ok, err := ReadRecord(ctx, pconn, cfg.RecordSchema, cfg.Slot)
+	if err != nil {
+		return false, err
+	}
+	return ok && rec.SnapshotPending != 0, nil
 }
 
 // unfinishedSnapshot looks, with the lock on creating the slot held, at

@@ -382,6 +382,53 @@ func TestInitialSnapshotTwoRelaysStartedTogether(t *testing.T) {
 	}
 }
 
+// TestInitialSnapshotSlotFoundMidSnapshot: a relay that finds the slot
+// while another start still holds the lock on creating it (it copies the
+// slot from its temporary one before it publishes the snapshot, so the
+// slot exists the whole time) waits for that start, saying so, instead of
+// streaming at once: streaming then would put changes after the
+// consistent point on Kafka before the other's snapshot rows, and take the
+// slot the other must make a failover slot. The test stands in for that
+// start: it creates the slot and holds the lock; released, the relay
+// streams from the slot, publishing no snapshot of its own.
+func TestInitialSnapshotSlotFoundMidSnapshot(t *testing.T) {
+	e := newEnv(t)
+	insertSeq(e, "pre", 0, 99) // before the slot: not this relay's to publish
+	holder := e.conn()
+	defer holder.Close(context.Background())
+	if _, err := holder.Exec(e.ctx, "SELECT pg_advisory_lock(hashtext($1))", "walrelay slot "+e.name); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.name)
+	c := e.consume()
+	p := startProc(t, nil, e.args()...)
+	e.waitFor("the relay to wait for the other start", 2*time.Minute, func() (bool, error) {
+		if exited(p) {
+			return false, fmt.Errorf("relay exited (%v): %s", p.err, lastLines(p.out.String(), 3))
+		}
+		if e.slotInfo().Active {
+			return false, errors.New("the relay streams from the slot while another start holds the lock on creating it")
+		}
+		return strings.Contains(p.out.String(), "another walrelay is creating the replication slot"), nil
+	})
+	insertSeq(e, "post", 0, 9)
+	if e.slotInfo().Active {
+		t.Fatal("the relay streams from the slot while another start holds the lock on creating it")
+	}
+	if _, err := holder.Exec(e.ctx, "SELECT pg_advisory_unlock(hashtext($1))", "walrelay slot "+e.name); err != nil {
+		t.Fatal(err)
+	}
+	c.waitIDs(10, 2*time.Minute)
+	e.fence("", c)
+	recs := c.records()
+	if len(recs) != 10 {
+		t.Errorf("%d records, want the 10 rows inserted after the slot was created", len(recs))
+	}
+	if strings.Contains(p.out.String(), "initial snapshot published") {
+		t.Error("the relay published an initial snapshot of a slot another start created")
+	}
+}
+
 // TestSnapshotCommand: `walrelay snapshot --table T --where …` publishes
 // the table's current rows meeting the condition once, with the record
 // and topic flags of run, and exits 0; a bad condition is refused with
