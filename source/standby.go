@@ -93,10 +93,9 @@ func checkStandby(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, l
 //     refused, naming the slot to create (on the primary, or on the
 //     standby it streams from when cascading).
 func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, slotName, physSlot, standby, primary string, log *zap.Logger) error {
-	var receiver string
-	err := conn.QueryRow(ctx, "SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), 'absent')").Scan(&receiver)
+	receiver, err := steadyReceiver(ctx, conn)
 	if err != nil {
-		return fmt.Errorf("read the standby's wal receiver (pg_stat_wal_receiver): %w", err)
+		return err
 	}
 	var found, active bool
 	err = pconn.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(active), false)
@@ -118,6 +117,47 @@ func checkUpstream(ctx context.Context, conn, pconn *pgx.Conn, slotName, physSlo
 		return setupErrorf("primary_slot_name %q of the standby at %s names no physical slot on the primary at %s, and the standby does not stream (pg_stat_wal_receiver: %s): without the slot the primary keeps neither the WAL nor the xmin the standby's logical slot needs, and the standby streams nothing; create it on the primary (SELECT pg_create_physical_replication_slot('%s')), or, for a standby of a standby, on the standby it streams from", physSlot, standby, primary, receiver, physSlot)
 	}
 	return nil
+}
+
+// receiverSteady is how long the standby's wal receiver must show
+// "streaming" (the same process throughout) for steadyReceiver to believe
+// it.
+const receiverSteady = 1500 * time.Millisecond
+
+// steadyReceiver is the status of the standby's wal receiver
+// (pg_stat_wal_receiver, "absent" without one), "streaming" only when the
+// same receiver process shows it across receiverSteady. PostgreSQL marks
+// a receiver streaming as it starts and shows it once connected, before
+// it asks for its slot, so one failing on a missing slot (retried every
+// wal_retrieve_retry_interval, 5 s by default) shows "streaming" for the
+// moment each attempt lasts: a single
+// look that fell in one took a standby of the primary whose slot is
+// missing for a standby of a standby, and the relay's slot creation then
+// waited for WAL that never came.
+func steadyReceiver(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var firstPID int32
+	var deadline time.Time
+	for {
+		var status string
+		var pid int32
+		err := conn.QueryRow(ctx, "SELECT coalesce(status, 'absent'), coalesce(pid, 0) FROM (SELECT 1) one LEFT JOIN pg_stat_wal_receiver ON true").Scan(&status, &pid)
+		if err != nil {
+			return "", fmt.Errorf("read the standby's wal receiver (pg_stat_wal_receiver): %w", err)
+		}
+		switch {
+		case status != "streaming":
+			return status, nil
+		case pid != firstPID: // the first look, or a receiver restarted since
+			firstPID, deadline = pid, time.Now().Add(receiverSteady)
+		case time.Now().After(deadline):
+			return status, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // checkChainFeedback: the standby streams from another standby (S1),
