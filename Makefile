@@ -76,6 +76,7 @@ KAFKA_SKIP := ^(TestPartitionedOutbox|TestPartitionedWithoutViaRootRefused|TestU
 
 test-kafka: deps
 	WALRELAY_TEST_KAFKA=apache $(GO) test -race -count=1 -timeout 10m ./test/kafkacluster
+	WALRELAY_TEST_KAFKA=apache $(GO) test -race -count=1 -timeout 10m -run Apache ./router
 	WALRELAY_TEST_KAFKA=apache scripts/test-integration --timeout 30m --skip '$(KAFKA_SKIP)'
 
 # The version matrix: the integration suite (and internal/devcluster's

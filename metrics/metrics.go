@@ -50,6 +50,7 @@ type Metrics struct {
 	SlotFailoverProtected prometheus.Gauge
 	GapRefusals           prometheus.Counter
 	UnconfirmedCommits    prometheus.Counter
+	HangingAborted        prometheus.Counter
 	SlotCreationWait      prometheus.Gauge
 	TraceSpansDropped     *prometheus.CounterVec
 	SchemaReads           *prometheus.CounterVec
@@ -252,6 +253,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		UnconfirmedCommits: f.NewCounter(prometheus.CounterOpts{
 			Name: "walrelay_kafka_unconfirmed_commits_total",
 			Help: "Exactly-once: sessions that resent events after a Kafka commit whose outcome was not confirmed (a broker lost during the commit) and that, read back, did not land on every partition (or could not be read), rather than skip them on a newer checkpoint's word; read_committed consumers may see some of those events twice.",
+		}),
+		HangingAborted: f.NewCounter(prometheus.CounterOpts{
+			Name: "walrelay_kafka_hanging_transactions_aborted_total",
+			Help: "Exactly-once: partitions on which the relay aborted its own Kafka transaction that the transaction coordinator had left open after a commit whose outcome was not confirmed (it skips the markers of a partition whose leader it cannot find, as when a broker restarts): their events are resent once rather than committed twice or lost. Rising: brokers restarting during commits.",
 		}),
 		SchemaReads: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_schema_registry_reads_total",

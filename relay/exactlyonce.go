@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/checkpoint"
@@ -89,6 +90,35 @@ func (m *commitMemory) distrust(ctx context.Context, found resumePoint, landed f
 	m.log.Warn("exactly-once: the last Kafka commit's outcome was not confirmed and it did not land on every partition, or could not be read back: resending the events after the last checkpoint whose commit Kafka confirmed, rather than skipping them on the newer one's word (a read_committed consumer may see some twice)",
 		zap.Stringer("checkpoint_lsn", found.ckpt.LSN), zap.Stringer("resume_lsn", m.lastSure.ckpt.LSN))
 	return m.lastSure
+}
+
+// abortHanging runs before the checkpoint is read, after a Kafka commit
+// whose outcome was not confirmed: abort (router.Txn.AbortHanging) aborts
+// what the coordinator left open of that transaction, which neither
+// committed nor aborted would otherwise take the fate of this session's
+// first transaction on its partitions (read twice, or lost). Its events
+// are then resent after the last checkpoint Kafka confirmed.
+func (m *commitMemory) abortHanging(ctx context.Context, abort func(context.Context, *router.CommitUnconfirmed) ([]string, error)) error {
+	if !m.unsure || m.doubt == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	where, err := abort(ctx, m.doubt)
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		m.log.Warn("exactly-once: cannot ask the partitions of the Kafka commit whose outcome was not confirmed whether its transaction is still open there (DescribeProducers needs READ on the event topics): a transaction Kafka's coordinator left open is not aborted, and read_committed consumers may see its events twice",
+			zap.Error(err))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(where) > 0 {
+		m.metrics.HangingAborted.Add(float64(len(where)))
+		m.log.Warn("exactly-once: Kafka's transaction coordinator left the unconfirmed commit's transaction open on some partitions (it skips the markers of a partition whose leader it cannot find, as when a broker restarts): aborted it there, so that its events are resent once rather than committed with, or lost in, the next transaction; where it did commit, a read_committed consumer may see an event twice",
+			zap.Strings("partitions", where))
+	}
+	return nil
 }
 
 // commitMemory is what this process knows of its exactly-once Kafka

@@ -357,3 +357,46 @@ func TestDistrustAfterAnUnconfirmedCommit(t *testing.T) {
 		t.Fatalf("doubt cleared: resumed after %s, want the checkpoint found", got.ckpt.LSN)
 	}
 }
+
+// abortHanging asks the router to abort what Kafka left open of a commit
+// in doubt, only then, and counts the partitions; a refusal of READ is a
+// warning, not a stop (the resend after the last sure checkpoint still
+// holds), any other failure ends the session.
+func TestAbortHangingOnlyInDoubt(t *testing.T) {
+	cfg := validConfig()
+	cfg.ExactlyOnce = true
+	m := metrics.NewUnregistered()
+	r, err := New(cfg, zap.NewNop(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	never := func(context.Context, *router.CommitUnconfirmed) ([]string, error) {
+		t.Fatal("looked for hanging transactions with no commit in doubt")
+		return nil, nil
+	}
+	if err := r.commits.abortHanging(ctx, never); err != nil {
+		t.Fatal(err)
+	}
+	r.commits.unsure = true // the commit never asked: nothing it wrote is known
+	if err := r.commits.abortHanging(ctx, never); err != nil {
+		t.Fatal(err)
+	}
+	r.commits.doubt = &router.CommitUnconfirmed{}
+	if err := r.commits.abortHanging(ctx, func(context.Context, *router.CommitUnconfirmed) ([]string, error) {
+		return []string{"outbox.event.order/1", "walrelay.checkpoints/0"}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if v := testutil.ToFloat64(m.HangingAborted); v != 2 {
+		t.Fatalf("walrelay_kafka_hanging_transactions_aborted_total = %v after two partitions, want 2", v)
+	}
+	denied := fmt.Errorf("find hanging Kafka transactions on outbox.event.order/1: %w", kerr.TopicAuthorizationFailed)
+	if err := r.commits.abortHanging(ctx, func(context.Context, *router.CommitUnconfirmed) ([]string, error) { return nil, denied }); err != nil {
+		t.Fatalf("READ denied: %v, want a warning only", err)
+	}
+	lost := errors.New("no broker")
+	if err := r.commits.abortHanging(ctx, func(context.Context, *router.CommitUnconfirmed) ([]string, error) { return nil, lost }); !errors.Is(err, lost) {
+		t.Fatalf("broker lost: %v, want the session to end on it", err)
+	}
+}

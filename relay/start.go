@@ -116,6 +116,9 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 			return err
 		}
 		tookID = time.Since(began)
+		if err := r.commits.abortHanging(ctx, rt.Txn().AbortHanging); err != nil {
+			return kafkaTxnError(err)
+		}
 		found, err := r.readCheckpoint(ctx, rt.Txn())
 		readCheckpoint = time.Since(began) - tookID
 		if err == nil {

@@ -3,7 +3,10 @@ package router
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -14,8 +17,9 @@ import (
 // coordinator killed during the commit). Commit then returns a
 // *CommitUnconfirmed naming the first record the transaction wrote to each
 // partition, and once the transactional id is taken again (Init, which
-// makes the coordinator finish the transaction) Landed reads those records
-// back to learn the outcome.
+// makes the coordinator finish the transaction) AbortHanging ends what
+// the coordinator left open of it and Landed reads those records back to
+// learn the outcome.
 
 // CommitUnconfirmed is Commit's error when Kafka did not answer the commit
 // (EndTxn failed): the transaction may have committed, on every partition
@@ -134,4 +138,124 @@ func (t *Txn) Landed(ctx context.Context, uc *CommitUnconfirmed) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// AbortHanging aborts what the coordinator left open of the transaction
+// of a failed Commit (uc), and reports where: the partitions, by
+// "topic/partition". Apache Kafka's coordinator, finishing a transaction
+// after its node restarts, skips the markers of a partition whose leader
+// it cannot find at that moment (it logs "likely deleted"; seen on Kafka
+// 4.4 when a node restarts within its broker session timeout: its old
+// session is fenced, every partition it leads loses its leader for a
+// moment, while it writes them). The transaction's records there stay
+// open: read_committed consumers stop before them (the last stable
+// offset), Landed waits in vain, and the next transaction of this
+// producer to write there ends them with its own marker: committed with
+// it, events resent in it are read twice; aborted, events skipped on the
+// checkpoint's word are lost.
+//
+// It asks each partition the transaction wrote, and the checkpoint
+// topic's, which producers hold a transaction open (DescribeProducers,
+// which needs DESCRIBE on the topic). Where this producer does (none of
+// its own is open now: call it after Init, and before ReadCheckpoint,
+// whose probe would commit a checkpoint left open), it writes a record
+// there in a transaction it then aborts: the abort marker ends the older
+// records too. Those events then read as not landed, and are resent once.
+func (t *Txn) AbortHanging(ctx context.Context, uc *CommitUnconfirmed) ([]string, error) {
+	r := t.r
+	pid, _, err := r.client.ProducerID(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("find hanging Kafka transactions: %w", err)
+	}
+	adm := kadm.NewClient(r.client)
+	meta, err := adm.Metadata(ctx, r.cfg.CheckpointTopic)
+	if err != nil {
+		return nil, fmt.Errorf("find hanging Kafka transactions: %w", err)
+	}
+	asked := make(kadm.TopicsSet)
+	for _, p := range meta.Topics[r.cfg.CheckpointTopic].Partitions {
+		asked.Add(r.cfg.CheckpointTopic, p.Partition)
+	}
+	for _, w := range uc.written {
+		asked.Add(w.topic, w.partition)
+	}
+	described, err := adm.DescribeProducers(ctx, asked)
+	if err != nil {
+		return nil, fmt.Errorf("find hanging Kafka transactions: %w", err)
+	}
+	type hanging struct {
+		topic     string
+		partition int32
+	}
+	var open []hanging
+	var failed error
+	described.EachPartition(func(p kadm.DescribedProducersPartition) {
+		if p.Err != nil {
+			failed = fmt.Errorf("find hanging Kafka transactions on %s/%d: %w", p.Topic, p.Partition, p.Err)
+			return
+		}
+		for _, ap := range p.ActiveProducers {
+			if ap.ProducerID == pid && ap.CurrentTxnStartOffset >= 0 {
+				open = append(open, hanging{p.Topic, p.Partition})
+			}
+		}
+	})
+	if failed != nil {
+		return nil, failed
+	}
+	if len(open) == 0 {
+		return nil, nil
+	}
+	counts, err := adm.Metadata(ctx, topicsOf(open, func(h hanging) string { return h.topic })...)
+	if err != nil {
+		return nil, fmt.Errorf("abort hanging Kafka transactions: %w", err)
+	}
+	recs := make([]*kgo.Record, 0, len(open))
+	where := make([]string, 0, len(open))
+	for _, h := range open {
+		n := len(counts.Topics[h.topic].Partitions)
+		rec := sweepRecord(h.topic, h.partition, n)
+		if rec == nil {
+			return nil, fmt.Errorf("abort hanging Kafka transactions: no key of walrelay's maps to %s/%d", h.topic, h.partition)
+		}
+		recs = append(recs, rec)
+		where = append(where, h.topic+"/"+strconv.Itoa(int(h.partition)))
+	}
+	if err := t.begin(); err != nil {
+		return nil, err
+	}
+	if err := r.client.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		_ = t.Abort(context.Background())
+		return nil, t.error(fmt.Errorf("abort hanging Kafka transactions: %w", err))
+	}
+	if err := t.Abort(ctx); err != nil {
+		return nil, err
+	}
+	slices.Sort(where)
+	return where, nil
+}
+
+// sweepRecord is a record the router's partitioner (StickyKeyPartitioner,
+// keyed) puts in partition p of topic's n: its key is tried until one
+// hashes there. Only an aborted transaction holds it, so read_committed
+// consumers never see it; a read_uncommitted one sees its key.
+func sweepRecord(topic string, p int32, n int) *kgo.Record {
+	part := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
+	for i := range 100 * n {
+		rec := &kgo.Record{Topic: topic, Key: []byte("walrelay-abort-hanging-" + strconv.Itoa(i)), Value: []byte{}}
+		if int32(part.Partition(rec, n)) == p {
+			return rec
+		}
+	}
+	return nil
+}
+
+func topicsOf[T any](xs []T, topic func(T) string) []string {
+	var ts []string
+	for _, x := range xs {
+		if t := topic(x); !slices.Contains(ts, t) {
+			ts = append(ts, t)
+		}
+	}
+	return ts
 }
