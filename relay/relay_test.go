@@ -301,13 +301,7 @@ func gaugeValue(t *testing.T, g prometheus.Metric) float64 {
 // the doubtful commit did not write, and any checkpoint once nothing is in
 // doubt, is taken as found.
 func TestDistrustAfterAnUnconfirmedCommit(t *testing.T) {
-	cfg := validConfig()
-	cfg.ExactlyOnce = true
-	m := metrics.NewUnregistered()
-	r, err := New(cfg, zap.NewNop(), m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, m := newExactlyOnceRelay(t)
 	ctx := context.Background()
 	asked := 0
 	answer := func(ok bool, err error) func(context.Context, *router.CommitUnconfirmed) (bool, error) {
@@ -363,13 +357,7 @@ func TestDistrustAfterAnUnconfirmedCommit(t *testing.T) {
 // warning, not a stop (the resend after the last sure checkpoint still
 // holds), any other failure ends the session.
 func TestAbortHangingOnlyInDoubt(t *testing.T) {
-	cfg := validConfig()
-	cfg.ExactlyOnce = true
-	m := metrics.NewUnregistered()
-	r, err := New(cfg, zap.NewNop(), m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, m := newExactlyOnceRelay(t)
 	ctx := context.Background()
 	never := func(context.Context, *router.CommitUnconfirmed) ([]string, error) {
 		t.Fatal("looked for hanging transactions with no commit in doubt")
@@ -399,4 +387,18 @@ func TestAbortHangingOnlyInDoubt(t *testing.T) {
 	if err := r.commits.abortHanging(ctx, func(context.Context, *router.CommitUnconfirmed) ([]string, error) { return nil, lost }); !errors.Is(err, lost) {
 		t.Fatalf("broker lost: %v, want the session to end on it", err)
 	}
+}
+
+// newExactlyOnceRelay is a Relay in exactly-once mode that is never run,
+// for the tests of what it remembers of its commits.
+func newExactlyOnceRelay(t *testing.T) (*Relay, *metrics.Metrics) {
+	t.Helper()
+	cfg := validConfig()
+	cfg.ExactlyOnce = true
+	m := metrics.NewUnregistered()
+	r, err := New(cfg, zap.NewNop(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, m
 }
