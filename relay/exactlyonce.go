@@ -94,10 +94,10 @@ func (m *commitMemory) distrust(ctx context.Context, found resumePoint, landed f
 
 // abortHanging runs before the checkpoint is read, after a Kafka commit
 // whose outcome was not confirmed: abort (router.Txn.AbortHanging) aborts
-// what the coordinator left open of that transaction, which neither
-// committed nor aborted would otherwise take the fate of this session's
-// first transaction on its partitions (read twice, or lost). Its events
-// are then resent after the last checkpoint Kafka confirmed.
+// the records of that transaction the coordinator left open, neither
+// committed nor aborted, which would otherwise take the fate of this
+// session's first transaction on their partitions (read twice, or lost).
+// Their events are then resent after the last checkpoint Kafka confirmed.
 func (m *commitMemory) abortHanging(ctx context.Context, abort func(context.Context, *router.CommitUnconfirmed) ([]string, error)) error {
 	if !m.unsure || m.doubt == nil {
 		return nil

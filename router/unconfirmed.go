@@ -156,11 +156,12 @@ func (t *Txn) Landed(ctx context.Context, uc *CommitUnconfirmed) (bool, error) {
 //
 // It asks each partition the transaction wrote, and the checkpoint
 // topic's, which producers hold a transaction open (DescribeProducers,
-// which needs DESCRIBE on the topic). Where this producer does (none of
-// its own is open now: call it after Init, and before ReadCheckpoint,
-// whose probe would commit a checkpoint left open), it writes a record
-// there in a transaction it then aborts: the abort marker ends the older
-// records too. Those events then read as not landed, and are resent once.
+// which needs READ on the topic, as Landed's read does). Where this
+// producer does (none of its own is open now: call it after Init, and
+// before ReadCheckpoint, whose probe would commit a checkpoint left
+// open), it writes a record there in a transaction it then aborts: the
+// abort marker ends the older records too. Those events then read as not
+// landed, and are resent once.
 func (t *Txn) AbortHanging(ctx context.Context, uc *CommitUnconfirmed) ([]string, error) {
 	r := t.r
 	pid, _, err := r.client.ProducerID(ctx)
@@ -216,7 +217,7 @@ func (t *Txn) AbortHanging(ctx context.Context, uc *CommitUnconfirmed) ([]string
 		n := len(counts.Topics[h.topic].Partitions)
 		rec := sweepRecord(h.topic, h.partition, n)
 		if rec == nil {
-			return nil, fmt.Errorf("abort hanging Kafka transactions: no key of walrelay's maps to %s/%d", h.topic, h.partition)
+			return nil, fmt.Errorf("abort hanging Kafka transactions: found no key the partitioner maps to %s/%d", h.topic, h.partition)
 		}
 		recs = append(recs, rec)
 		where = append(where, h.topic+"/"+strconv.Itoa(int(h.partition)))
