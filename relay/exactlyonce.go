@@ -98,27 +98,47 @@ func (m *commitMemory) distrust(ctx context.Context, found resumePoint, landed f
 // committed nor aborted, which would otherwise take the fate of this
 // session's first transaction on their partitions (read twice, or lost).
 // Their events are then resent after the last checkpoint Kafka confirmed.
+//
+// It never stops the relay: a failure (a partition still without a
+// leader after the broker's restart) is tried again for up to
+// hangingWait, and then, or at once when READ is denied, the session goes
+// on as it did before this check existed, with a warning (a broker
+// without DescribeProducers, before Kafka 2.8, fails every time).
 func (m *commitMemory) abortHanging(ctx context.Context, abort func(context.Context, *router.CommitUnconfirmed) ([]string, error)) error {
 	if !m.unsure || m.doubt == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	where, err := abort(ctx, m.doubt)
-	if errors.Is(err, kerr.TopicAuthorizationFailed) {
-		m.log.Warn("exactly-once: cannot ask the partitions of the Kafka commit whose outcome was not confirmed whether its transaction is still open there (DescribeProducers needs READ on the event topics): a transaction Kafka's coordinator left open is not aborted, and read_committed consumers may see its events twice",
-			zap.Error(err))
-		return nil
+	wait := m.hangingWait
+	if wait == 0 {
+		wait = 30 * time.Second
 	}
-	if err != nil {
-		return err
+	deadline := time.Now().Add(wait)
+	for {
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		where, err := abort(actx, m.doubt)
+		cancel()
+		if err == nil {
+			if len(where) > 0 {
+				m.metrics.HangingAborted.Add(float64(len(where)))
+				m.log.Warn("exactly-once: Kafka's transaction coordinator left the unconfirmed commit's transaction open on some partitions (it skips the markers of a partition whose leader it cannot find, as when a broker restarts): aborted it there, so that its events are resent once rather than committed with, or lost in, the next transaction; where it did commit, a read_committed consumer may see an event twice",
+					zap.Strings("partitions", where))
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, kerr.TopicAuthorizationFailed) || !time.Now().Add(time.Second).Before(deadline) {
+			m.log.Warn("exactly-once: cannot tell whether the transaction of the Kafka commit whose outcome was not confirmed is still open on its partitions (DescribeProducers, which needs READ on the event topics and Kafka 2.8 or later): a transaction Kafka's coordinator left open is not aborted, and read_committed consumers may see its events twice",
+				zap.Error(err))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
 	}
-	if len(where) > 0 {
-		m.metrics.HangingAborted.Add(float64(len(where)))
-		m.log.Warn("exactly-once: Kafka's transaction coordinator left the unconfirmed commit's transaction open on some partitions (it skips the markers of a partition whose leader it cannot find, as when a broker restarts): aborted it there, so that its events are resent once rather than committed with, or lost in, the next transaction; where it did commit, a read_committed consumer may see an event twice",
-			zap.Strings("partitions", where))
-	}
-	return nil
 }
 
 // commitMemory is what this process knows of its exactly-once Kafka
@@ -132,6 +152,8 @@ type commitMemory struct {
 	lastSure resumePoint
 	unsure   bool
 	doubt    *router.CommitUnconfirmed
+	// hangingWait bounds abortHanging's tries (0: 30 s).
+	hangingWait time.Duration
 }
 
 // committed hears of a commit Kafka confirmed, of checkpoint d.

@@ -355,7 +355,8 @@ func TestDistrustAfterAnUnconfirmedCommit(t *testing.T) {
 // abortHanging asks the router to abort what Kafka left open of a commit
 // in doubt, only then, and counts the partitions; a refusal of READ is a
 // warning, not a stop (the resend after the last sure checkpoint still
-// holds), any other failure ends the session.
+// holds), other failures are tried again within hangingWait, then warned
+// of; only the relay stopping ends the session.
 func TestAbortHangingOnlyInDoubt(t *testing.T) {
 	r, m := newExactlyOnceRelay(t)
 	ctx := context.Background()
@@ -383,9 +384,31 @@ func TestAbortHangingOnlyInDoubt(t *testing.T) {
 	if err := r.commits.abortHanging(ctx, func(context.Context, *router.CommitUnconfirmed) ([]string, error) { return nil, denied }); err != nil {
 		t.Fatalf("READ denied: %v, want a warning only", err)
 	}
-	lost := errors.New("no broker")
-	if err := r.commits.abortHanging(ctx, func(context.Context, *router.CommitUnconfirmed) ([]string, error) { return nil, lost }); !errors.Is(err, lost) {
-		t.Fatalf("broker lost: %v, want the session to end on it", err)
+	// A passing failure is tried again; one that lasts (a broker without
+	// DescribeProducers) is given up on with a warning, never a stop.
+	r.commits.hangingWait = 2500 * time.Millisecond
+	tries := 0
+	if err := r.commits.abortHanging(ctx, func(context.Context, *router.CommitUnconfirmed) ([]string, error) {
+		if tries++; tries < 2 {
+			return nil, errors.New("no leader yet")
+		}
+		return []string{"outbox.event.order/2"}, nil
+	}); err != nil || tries != 2 || testutil.ToFloat64(m.HangingAborted) != 3 {
+		t.Fatalf("a failure then success: %v after %d tries, %v aborted; want nil after 2, 3", err, tries, testutil.ToFloat64(m.HangingAborted))
+	}
+	tries = 0
+	if err := r.commits.abortHanging(ctx, func(context.Context, *router.CommitUnconfirmed) ([]string, error) {
+		tries++
+		return nil, errors.New("broker is too old")
+	}); err != nil || tries < 2 {
+		t.Fatalf("a lasting failure: %v after %d tries; want nil (a warning) after trying again", err, tries)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := r.commits.abortHanging(cancelled, func(context.Context, *router.CommitUnconfirmed) ([]string, error) {
+		return nil, errors.New("stopping")
+	}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("relay stopping: %v, want the session to end", err)
 	}
 }
 
