@@ -74,7 +74,14 @@ func TestPGPasswordCommand(t *testing.T) {
 	args := append(withFlag(e.args(), "--pg-url", url), "--pg-password-command", script, "--heartbeat-interval", "1s")
 	c := e.consume()
 	p := startProc(t, env, args...)
-	e.waitSlotActive(p)
+	// Not only the slot active: a first start holds it while it publishes
+	// the initial snapshot, before it streams, and a rotation then fails
+	// the snapshot's next connection (CI: it ran the command between
+	// ALTER ROLE and the new answer), which a start that never streamed
+	// takes for credentials to fix: exit 2.
+	e.waitFor("the relay streaming", time.Minute, func() (bool, error) {
+		return strings.Contains(p.out.String(), `"msg":"streaming"`), nil
+	})
 
 	kick := func() {
 		t.Helper()
