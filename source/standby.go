@@ -130,10 +130,10 @@ const receiverSteady = 1500 * time.Millisecond
 // a receiver streaming as it starts and shows it once connected, before
 // it asks for its slot, so one failing on a missing slot (retried every
 // wal_retrieve_retry_interval, 5 s by default) shows "streaming" for the
-// moment each attempt lasts: a single
-// look that fell in one took a standby of the primary whose slot is
-// missing for a standby of a standby, and the relay's slot creation then
-// waited for WAL that never came.
+// moment each attempt lasts: a single look that fell in one took a
+// standby of the primary whose slot is missing for a standby of a
+// standby, and the relay's slot creation then waited for WAL that never
+// came.
 func steadyReceiver(ctx context.Context, conn *pgx.Conn) (string, error) {
 	var firstPID int32
 	var deadline time.Time

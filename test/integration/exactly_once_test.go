@@ -778,9 +778,7 @@ func TestExactlyOnceSigterm(t *testing.T) {
 		// The next SIGTERM must find a relay that handles it: one still
 		// starting dies of it (on Apache Kafka the readers are at the next
 		// mark before the restarted relay streams).
-		e.waitFor("the restarted relay streaming", time.Minute, func() (bool, error) {
-			return strings.Contains(p.out.String(), `"msg":"streaming"`), nil
-		})
+		e.waitStreaming(p)
 	}
 	wr.wait(t)
 	_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)

@@ -79,9 +79,7 @@ func TestPGPasswordCommand(t *testing.T) {
 	// the snapshot's next connection (CI: it ran the command between
 	// ALTER ROLE and the new answer), which a start that never streamed
 	// takes for credentials to fix: exit 2.
-	e.waitFor("the relay streaming", time.Minute, func() (bool, error) {
-		return strings.Contains(p.out.String(), `"msg":"streaming"`), nil
-	})
+	e.waitStreaming(p)
 
 	kick := func() {
 		t.Helper()

@@ -170,6 +170,16 @@ func (e *env) waitSlotActive(p *proc) {
 	})
 }
 
+// waitStreaming waits until the relay binary p logs that it streams:
+// past its setup and initial snapshot, which the slot showing active is
+// not.
+func (e *env) waitStreaming(p *proc) {
+	e.t.Helper()
+	e.waitFor("the relay streaming", time.Minute, func() (bool, error) {
+		return strings.Contains(p.out.String(), `"msg":"streaming"`), nil
+	})
+}
+
 // newClusterEnv is an env whose database lives on a PostgreSQL cluster of
 // its own, started with settings (for server configurations the shared
 // cluster must not have). Skipped against an external PostgreSQL.
