@@ -998,7 +998,10 @@ func (e *env) eosArgs(extra ...string) []string {
 // waitWalsender waits until a walsender other than PID other (0: any)
 // streams the test's slot, and returns its PID. The slot's active_pid alone
 // does not say that: while an initial snapshot creates the slot, it names
-// for a moment the normal backend that copies it.
+// for a moment the normal backend that copies it, then (PostgreSQL 17+) the
+// walsender that runs ALTER_REPLICATION_SLOT on it, which never streams;
+// only a walsender past START_REPLICATION is catching up or streaming in
+// pg_stat_replication.
 func (e *env) waitWalsender(other int32, timeout time.Duration) int32 {
 	e.t.Helper()
 	var pid int32
@@ -1008,8 +1011,8 @@ func (e *env) waitWalsender(other int32, timeout time.Duration) int32 {
 			return false, err
 		}
 		defer c.Close(context.Background())
-		err = c.QueryRow(e.ctx, `SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
-			WHERE s.slot_name = $1 AND a.backend_type = 'walsender'`, e.name).Scan(&pid)
+		err = c.QueryRow(e.ctx, `SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+			WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming')`, e.name).Scan(&pid)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, errors.New("no walsender streams the slot")
 		}
