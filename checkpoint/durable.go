@@ -129,12 +129,21 @@ func (d Durable) Verify(slot, systemID string, serverWAL decoder.LSN) (legacy bo
 	case d.SystemID != "" && d.SystemID != systemID:
 		return false, fmt.Errorf("checkpoint of slot %q was written for PostgreSQL system %s, this server is system %s (another cluster, or a forged record): %s", slot, d.SystemID, systemID, fix)
 	case d.LSN > serverWAL:
-		return false, fmt.Errorf("checkpoint of slot %q is at %s, beyond the server's WAL position %s (another cluster, a restored backup, or a forged record): %s", slot, d.LSN, serverWAL, fix)
+		return false, &AheadError{fmt.Errorf("checkpoint of slot %q is at %s, beyond the server's WAL position %s (another cluster, a restored backup, or a forged record): %s", slot, d.LSN, serverWAL, fix)}
 	case d.Partial != nil && d.Partial.CommitLSN > serverWAL:
-		return false, fmt.Errorf("checkpoint of slot %q names a transaction at %s, beyond the server's WAL position %s (another cluster, a restored backup, or a forged record): %s", slot, d.Partial.CommitLSN, serverWAL, fix)
+		return false, &AheadError{fmt.Errorf("checkpoint of slot %q names a transaction at %s, beyond the server's WAL position %s (another cluster, a restored backup, or a forged record): %s", slot, d.Partial.CommitLSN, serverWAL, fix)}
 	}
 	return d.SystemID == "", nil
 }
+
+// AheadError is Verify's refusal of a checkpoint beyond the server's WAL
+// position. That position is only as new as the IDENTIFY_SYSTEM that
+// reported it: one read before the slot was held can be older than what
+// the slot's previous holder committed meanwhile, so such a caller reads
+// the position again and verifies once more before the refusal is final.
+type AheadError struct{ err error }
+
+func (e *AheadError) Error() string { return e.err.Error() }
 
 // Forked is d on a timeline that forked from d's at switchpoint (a
 // failover): the WAL after switchpoint is another history, whose

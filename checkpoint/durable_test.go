@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -127,16 +128,21 @@ func TestDurableVerify(t *testing.T) {
 		d      Durable
 		server decoder.LSN
 		want   string
+		ahead  bool // an *AheadError: the caller may read the position again
 	}{
-		{"other slot", Durable{Slot: "t", SystemID: sys, LSN: 0x100}, 0x200, `slot "t"`},
-		{"other system", Durable{Slot: "s", SystemID: "42", LSN: 0x100}, 0x200, "system 42"},
-		{"lsn ahead", Durable{Slot: "s", SystemID: sys, LSN: 0x300}, 0x200, "0/300"},
-		{"partial ahead", Durable{Slot: "s", SystemID: sys, LSN: 0x100, Partial: &Partial{CommitLSN: 0x300, Events: 1}}, 0x200, "0/300"},
-		{"legacy lsn ahead", Durable{Slot: "s", LSN: 0x300}, 0x200, "0/300"},
+		{"other slot", Durable{Slot: "t", SystemID: sys, LSN: 0x100}, 0x200, `slot "t"`, false},
+		{"other system", Durable{Slot: "s", SystemID: "42", LSN: 0x100}, 0x200, "system 42", false},
+		{"lsn ahead", Durable{Slot: "s", SystemID: sys, LSN: 0x300}, 0x200, "0/300", true},
+		{"partial ahead", Durable{Slot: "s", SystemID: sys, LSN: 0x100, Partial: &Partial{CommitLSN: 0x300, Events: 1}}, 0x200, "0/300", true},
+		{"legacy lsn ahead", Durable{Slot: "s", LSN: 0x300}, 0x200, "0/300", true},
 	} {
 		_, err := tc.d.Verify("s", sys, tc.server)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "router.Config.CheckpointTopic") {
 			t.Errorf("%s: Verify = %v, want a refusal mentioning %q and the fix", tc.name, err, tc.want)
+		}
+		var ahead *AheadError
+		if errors.As(err, &ahead) != tc.ahead {
+			t.Errorf("%s: Verify = %T, an *AheadError: %v", tc.name, err, tc.ahead)
 		}
 	}
 }

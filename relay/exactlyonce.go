@@ -218,7 +218,13 @@ func (r *Relay) onThisTimeline(ctx context.Context, p resumePoint, sys pglogrepl
 // checkpoint of another slot or cluster, or ahead of the server's WAL, is
 // refused (fatal); one written before walrelay stored the system
 // identifier is accepted with a warning.
-func (r *Relay) verifyCheckpoint(p resumePoint, sys pglogrepl.IdentifySystemResult) error {
+//
+// IDENTIFY_SYSTEM ran before START_REPLICATION took the slot: a relay that
+// held the slot until then (and was fenced since) may have committed a
+// checkpoint of WAL written after that answer. So a checkpoint ahead of it
+// is checked again against the position read now, and refused only if
+// still ahead.
+func (r *Relay) verifyCheckpoint(ctx context.Context, p resumePoint, sys pglogrepl.IdentifySystemResult) error {
 	if !p.found {
 		return nil
 	}
@@ -226,6 +232,21 @@ func (r *Relay) verifyCheckpoint(p resumePoint, sys pglogrepl.IdentifySystemResu
 		return &fatalError{fmt.Errorf("exactly-once: the checkpoint is on timeline %d, the server on %d, and the point they forked is unknown", p.ckpt.Timeline, sys.Timeline)}
 	}
 	legacy, err := p.ckpt.Verify(r.cfg.Slot, sys.SystemID, sys.XLogPos)
+	var ahead *checkpoint.AheadError
+	if errors.As(err, &ahead) {
+		now, ierr := r.identify(ctx)
+		if ierr != nil {
+			return fmt.Errorf("exactly-once: the checkpoint is ahead of the WAL position the stream opened at; reading the position again: %w", ierr)
+		}
+		if now.SystemID != sys.SystemID || now.Timeline != sys.Timeline {
+			// A failover while the stream opened: the next session
+			// starts on the server as it is now.
+			return fmt.Errorf("exactly-once: the server changed while the stream opened (system %s timeline %d, now system %s timeline %d)", sys.SystemID, sys.Timeline, now.SystemID, now.Timeline)
+		}
+		r.log.Info("exactly-once: the checkpoint is ahead of the WAL position read when the stream opened (another relay committed it while this one waited for the slot); checked against the position now",
+			zap.Stringer("checkpoint_lsn", p.ckpt.LSN), zap.Stringer("opened_at", sys.XLogPos), zap.Stringer("server_wal", now.XLogPos))
+		legacy, err = p.ckpt.Verify(r.cfg.Slot, now.SystemID, now.XLogPos)
+	}
 	if err != nil {
 		return &fatalError{fmt.Errorf("exactly-once: checkpoint topic %q: %w", r.cfg.Router.CheckpointTopic, err)}
 	}

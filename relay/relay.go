@@ -43,6 +43,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/confirm"
@@ -81,6 +82,9 @@ type Relay struct {
 	progress *confirm.Progress
 	commits  *commitMemory
 	tables   *tableCounts
+	// identify runs IDENTIFY_SYSTEM on a connection of its own
+	// (slot.IdentifySystem on PGURL; tests replace it).
+	identify func(context.Context) (pglogrepl.IdentifySystemResult, error)
 }
 
 // New checks cfg (start from DefaultConfig) and returns a Relay.
@@ -135,6 +139,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		progress: progress,
 		commits:  &commitMemory{log: log, metrics: m},
 		tables:   &tableCounts{cfg: cfg, log: log, metrics: m},
+	}
+	r.identify = func(ctx context.Context) (pglogrepl.IdentifySystemResult, error) {
+		return slot.IdentifySystem(ctx, cfg.PGURL)
 	}
 	r.guard = &guard{cfg: cfg, log: log, metrics: m, live: lv, progress: progress, clearance: confirm.NewClearance()}
 	r.guard.slotHolder = r.guard.holdsSlot

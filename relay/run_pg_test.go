@@ -23,6 +23,7 @@ import (
 	"github.com/walrelay/walrelay/doctor"
 	"github.com/walrelay/walrelay/heartbeat"
 	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/slot"
 )
 
 // Row ids in primary-key order: the initial snapshot reads in that order.
@@ -179,6 +180,35 @@ func TestRunExactlyOnce(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(rr.m.KafkaTransactions); n < 2 {
 		t.Errorf("walrelay_kafka_transactions_total = %v, want the snapshot's and the stream's", n)
+	}
+}
+
+// TestExactlyOnceCheckpointAheadOfTheStreamsOpening is the race of two
+// relays on one slot: the one taking over ran IDENTIFY_SYSTEM while the
+// other still streamed, and that one committed a checkpoint of WAL written
+// after (here: a row inserted after the answer). The checkpoint is ahead of
+// the answer but not of the server: it is accepted, read against the
+// server's position again. One ahead of the server too is still refused.
+func TestExactlyOnceCheckpointAheadOfTheStreamsOpening(t *testing.T) {
+	e := newPGEnv(t)
+	cfg := e.pgConfig()
+	cfg.ExactlyOnce = true
+	r, err := New(cfg, zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened, err := slot.IdentifySystem(e.ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.insert(id1) // its commit is flushed: the server's position passes opened's
+	d := checkpoint.Durable{Slot: cfg.Slot, SystemID: opened.SystemID, Timeline: opened.Timeline, LSN: opened.XLogPos + 1}
+	if err := r.verifyCheckpoint(e.ctx, resumePoint{found: true, ckpt: d}, opened); err != nil {
+		t.Fatalf("a checkpoint of WAL written after the stream's IDENTIFY_SYSTEM was refused: %v", err)
+	}
+	d.LSN = opened.XLogPos + 1<<40
+	if err := r.verifyCheckpoint(e.ctx, resumePoint{found: true, ckpt: d}, opened); !isFatal(err) {
+		t.Fatalf("a checkpoint ahead of the server gave %v, want refused", err)
 	}
 }
 

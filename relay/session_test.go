@@ -326,7 +326,7 @@ func startSessionWith(t *testing.T, change func(*Config), p *fakeProducer, resum
 	s := r.newSession(ctx, st, dec, start, cfg.StatusInterval)
 	s.system.SystemID, s.system.XLogPos = "7000000000000000001", 1<<40
 	if resume != nil {
-		if err := r.verifyCheckpoint(*resume, s.system); err != nil {
+		if err := r.verifyCheckpoint(ctx, *resume, s.system); err != nil {
 			t.Fatal(err)
 		}
 		s.d = r.newExactlyOnce(p, p, *resume, s.system, s.wait, s.kafkaCtx)
@@ -856,14 +856,71 @@ func TestExactlyOnceRefusesAForeignCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx := context.Background()
 	resume := resumePoint{found: true, ckpt: checkpoint.Durable{Slot: "walrelay", SystemID: "1", LSN: 10}}
 	sys := slotSystem("2", 100)
-	if err := r.verifyCheckpoint(resume, sys); !isFatal(err) {
+	if err := r.verifyCheckpoint(ctx, resume, sys); !isFatal(err) {
 		t.Fatalf("a checkpoint of another system gave %v, want fatal", err)
 	}
 	resume.ckpt.SystemID = ""
-	if err := r.verifyCheckpoint(resume, sys); err != nil {
+	if err := r.verifyCheckpoint(ctx, resume, sys); err != nil {
 		t.Fatalf("a legacy checkpoint gave %v, want accepted", err)
+	}
+}
+
+// TestExactlyOnceChecksACheckpointAheadOfTheStreamAgain: the stream's
+// IDENTIFY_SYSTEM answered before START_REPLICATION took the slot, and a
+// relay that held the slot until then may have committed checkpoints of
+// WAL written since: a checkpoint ahead of that answer is checked against
+// the position read again, refused (fatal) only when still ahead of it;
+// when the position cannot be read, or the server changed meanwhile, the
+// session ends without refusing (the next one starts over).
+func TestExactlyOnceChecksACheckpointAheadOfTheStreamAgain(t *testing.T) {
+	r, err := New(validConfig(), zap.NewNop(), metrics.NewUnregistered())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	opened := slotSystem("1", 100)
+	var now pglogrepl.IdentifySystemResult
+	var nowErr error
+	asked := 0
+	r.identify = func(context.Context) (pglogrepl.IdentifySystemResult, error) {
+		asked++
+		return now, nowErr
+	}
+	for _, tc := range []struct {
+		name    string
+		ckpt    checkpoint.Durable
+		now     pglogrepl.IdentifySystemResult
+		nowErr  error
+		asks    int
+		refused bool // fatal
+		ended   bool // an error, not fatal
+	}{
+		{"behind the stream's position", checkpoint.Durable{LSN: 90}, slotSystem("1", 90), nil, 0, false, false},
+		{"ahead of it, behind the server now", checkpoint.Durable{LSN: 150}, slotSystem("1", 200), nil, 1, false, false},
+		{"partial ahead of it, behind the server now", checkpoint.Durable{LSN: 90, Partial: &checkpoint.Partial{CommitLSN: 150, Events: 1}}, slotSystem("1", 200), nil, 1, false, false},
+		{"ahead of the server now", checkpoint.Durable{LSN: 250}, slotSystem("1", 200), nil, 1, true, false},
+		{"position unreadable", checkpoint.Durable{LSN: 150}, pglogrepl.IdentifySystemResult{}, errors.New("connection refused"), 1, false, true},
+		{"another system now", checkpoint.Durable{LSN: 150}, slotSystem("3", 200), nil, 1, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.ckpt.Slot, tc.ckpt.SystemID = "walrelay", "1"
+			now, nowErr, asked = tc.now, tc.nowErr, 0
+			err := r.verifyCheckpoint(ctx, resumePoint{found: true, ckpt: tc.ckpt}, opened)
+			switch {
+			case tc.refused && !isFatal(err):
+				t.Fatalf("gave %v, want refused (fatal)", err)
+			case tc.ended && (err == nil || isFatal(err)):
+				t.Fatalf("gave %v, want the session ended without a refusal", err)
+			case !tc.refused && !tc.ended && err != nil:
+				t.Fatalf("gave %v, want accepted", err)
+			}
+			if asked != tc.asks {
+				t.Errorf("read the server's position %d times, want %d", asked, tc.asks)
+			}
+		})
 	}
 }
 

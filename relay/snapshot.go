@@ -36,7 +36,7 @@ func (r *Relay) initialSnapshot(rt *router.Router) func(ctx context.Context, nam
 			if err := r.initTransactions(ctx, rt); err != nil {
 				return err
 			}
-			sys, err := slot.IdentifySystem(ctx, r.cfg.PGURL)
+			sys, err := r.identify(ctx)
 			if err != nil {
 				return err
 			}

@@ -141,7 +141,7 @@ func (r *Relay) prepareDelivery(ctx context.Context, rt *router.Router, st strea
 		if err != nil {
 			return nil, err
 		}
-		if err := r.verifyCheckpoint(resume, sys); err != nil {
+		if err := r.verifyCheckpoint(ctx, resume, sys); err != nil {
 			return nil, err
 		}
 		eo := r.newExactlyOnce(rt, rt.Txn(), resume, sys, s.wait, s.kafkaCtx)
