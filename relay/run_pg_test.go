@@ -319,3 +319,52 @@ func TestPublishSnapshotPublishesTheCurrentRows(t *testing.T) {
 		t.Errorf("a slot exists after the snapshot (confirmed at %s)", c)
 	}
 }
+
+// TestStreamDrainedOnARealStream: slot.Stream.Drained, which lets an
+// exactly-once session commit without waiting for the stream to stay
+// silent, on a real walsender: drained once everything sent was read, not
+// drained once the next transaction's bytes arrived.
+func TestStreamDrainedOnARealStream(t *testing.T) {
+	e := newPGEnv(t)
+	e.exec(`CREATE PUBLICATION ` + e.name + ` FOR TABLE outbox`)
+	e.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.name)
+	st, err := slot.Start(e.ctx, e.url, 0, slot.StreamOptions{Slot: e.name, Publication: e.name, Read: DefaultConfig().Read})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close(context.Background())
+	deadline := time.Now().Add(pgPatience)
+	// readUntilDrained reads what arrives until the stream says it is
+	// drained.
+	readUntilDrained := func() {
+		for !st.Drained() {
+			if time.Now().After(deadline) {
+				t.Fatal("the stream never said it was drained")
+			}
+			if _, err := st.Receive(time.Now().Add(50 * time.Millisecond)); err != nil && !errors.Is(err, slot.ErrTimeout) {
+				t.Fatal(err)
+			}
+		}
+	}
+	readUntilDrained()
+	e.insert(id1)
+	for st.Drained() {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream said it was drained while a committed transaction was on its way")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The walsender may send the transaction's messages apart (the
+	// stream is drained in between, which a session asks only between
+	// transactions): read up to its Commit, then until drained again.
+	for {
+		m, err := st.Receive(deadline)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Kind == slot.XLogData && len(m.Data) > 0 && m.Data[0] == 'C' {
+			break
+		}
+	}
+	readUntilDrained()
+}

@@ -32,7 +32,9 @@ const tick = 50 * time.Millisecond
 // delivery is told it ran dry (wakeDry): long enough for one
 // read of what the kernel already holds (after the read coalescing pause),
 // so that a backlog being drained is not taken for an idle stream at every
-// emptied read buffer; short against a Kafka commit.
+// emptied read buffer; short against a Kafka commit. A stream that can
+// tell it has nothing left to read (slot.Stream.Drained) is asked first,
+// and this wait is left for a message only partly arrived.
 const idleWait = 500 * time.Microsecond
 
 // stream is what a session uses of *slot.Stream.
@@ -47,6 +49,17 @@ type stream interface {
 	// is safe for concurrent use.
 	Interrupt()
 	Close(ctx context.Context) error
+}
+
+// drainer is a stream that can tell without waiting that nothing of it is
+// left to read (slot.Stream.Drained).
+type drainer interface{ Drained() bool }
+
+// streamDrained reports whether st says nothing of it is left to read;
+// false when it cannot tell.
+func streamDrained(st stream) bool {
+	d, ok := st.(drainer)
+	return ok && d.Drained()
 }
 
 // session is one replication stream. All its fields belong to the goroutine
@@ -181,6 +194,15 @@ func (s *session) loop() error {
 		}
 		if err := s.ctx.Err(); err != nil {
 			return err
+		}
+		// The delivery waits for the stream to run dry, and it has: say
+		// so now rather than after a wait (idleWait, which Go's timers
+		// stretch to a millisecond or more), once per Kafka transaction.
+		if s.d.Wants() == wakeDry && streamDrained(s.stream) {
+			if err := s.d.Tick(time.Now(), true); err != nil {
+				return err
+			}
+			continue
 		}
 		m, err := s.stream.Receive(s.deadline())
 		switch {

@@ -668,35 +668,68 @@ func TestExactlyOnceSplitsALargeTransactionWithAPartialCheckpoint(t *testing.T) 
 // running dry (or --txn-max-events) commits a Kafka transaction.
 func noInterval(c *Config) { c.TxnMaxInterval = time.Hour; c.Router.TransactionTimeout = 3 * time.Hour }
 
+// drainedStream is a fakeStream that tells when nothing is left to read
+// (as slot.Stream.Drained does), and whose Receive waits for a message
+// whatever its deadline: the session can only learn that the stream ran
+// dry by asking.
+type drainedStream struct{ *fakeStream }
+
+func (d drainedStream) Drained() bool {
+	d.batch.Lock()
+	defer d.batch.Unlock()
+	return len(d.msgs) == 0
+}
+
+func (d drainedStream) Receive(time.Time) (slot.Message, error) {
+	select {
+	case m := <-d.msgs:
+		return m, nil
+	case <-d.intr:
+		return slot.Message{}, slot.ErrInterrupted
+	}
+}
+
+// TestExactlyOnceCommitsWhenTheStreamRunsDry: the open Kafka transaction
+// commits once nothing more is there to join it, whether the stream stays
+// silent for idleWait or says it is drained (drainedStream, which never
+// times out: only asking tells); what is there to read joins it first.
 func TestExactlyOnceCommitsWhenTheStreamRunsDry(t *testing.T) {
-	t.Run("stream idle after a commit: Kafka commit now", func(t *testing.T) {
-		p := &fakeProducer{}
-		h := startSession(t, noInterval, p, &resumePoint{})
-		h.st.send(txnMsgs(2000, "e1")...)
-		waitFor(t, "the Kafka transaction committed without waiting for the interval", func() bool {
-			c := p.checkpoints()
-			return len(c) == 1 && c[0].LSN == 2008 && c[0].Partial == nil
+	for _, st := range []struct {
+		name    string
+		prepare func(*Relay, *session)
+	}{
+		{"silent", nil},
+		{"drained", func(_ *Relay, s *session) { s.stream = drainedStream{s.stream.(*fakeStream)} }},
+	} {
+		t.Run(st.name+": stream idle after a commit: Kafka commit now", func(t *testing.T) {
+			p := &fakeProducer{}
+			h := startSessionWith(t, noInterval, p, &resumePoint{}, st.prepare)
+			h.st.send(txnMsgs(2000, "e1")...)
+			waitFor(t, "the Kafka transaction committed without waiting for the interval", func() bool {
+				c := p.checkpoints()
+				return len(c) == 1 && c[0].LSN == 2008 && c[0].Partial == nil
+			})
+			// The next PostgreSQL commit gets a Kafka transaction of its own.
+			h.st.send(txnMsgs(3000, "e2")...)
+			waitFor(t, "the second Kafka transaction", func() bool {
+				c := p.checkpoints()
+				return len(c) == 2 && c[1].LSN == 3008
+			})
 		})
-		// The next PostgreSQL commit gets a Kafka transaction of its own.
-		h.st.send(txnMsgs(3000, "e2")...)
-		waitFor(t, "the second Kafka transaction", func() bool {
-			c := p.checkpoints()
-			return len(c) == 2 && c[1].LSN == 3008
+		t.Run(st.name+": more messages buffered: one commit once they are read", func(t *testing.T) {
+			p := &fakeProducer{}
+			h := startSessionWith(t, noInterval, p, &resumePoint{}, st.prepare)
+			var batch []slot.Message
+			for i := range 5 {
+				batch = append(batch, txnMsgs(uint64(2000+1000*i), fmt.Sprint("e", i))...)
+			}
+			h.st.send(batch...)
+			waitFor(t, "the batch committed", func() bool { return len(p.checkpoints()) > 0 })
+			if c := p.checkpoints(); len(c) != 1 || c[0].LSN != 6008 {
+				t.Fatalf("checkpoints %+v, want one Kafka transaction for the five buffered PostgreSQL transactions", c)
+			}
 		})
-	})
-	t.Run("more messages buffered: one commit once they are read", func(t *testing.T) {
-		p := &fakeProducer{}
-		h := startSession(t, noInterval, p, &resumePoint{})
-		var batch []slot.Message
-		for i := range 5 {
-			batch = append(batch, txnMsgs(uint64(2000+1000*i), fmt.Sprint("e", i))...)
-		}
-		h.st.send(batch...)
-		waitFor(t, "the batch committed", func() bool { return len(p.checkpoints()) > 0 })
-		if c := p.checkpoints(); len(c) != 1 || c[0].LSN != 6008 {
-			t.Fatalf("checkpoints %+v, want one Kafka transaction for the five buffered PostgreSQL transactions", c)
-		}
-	})
+	}
 	t.Run("more messages buffered: --txn-max-events still bounds", func(t *testing.T) {
 		p := &fakeProducer{}
 		h := startSession(t, func(c *Config) { noInterval(c); c.TxnMaxEvents = 2 }, p, &resumePoint{})

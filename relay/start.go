@@ -295,6 +295,11 @@ func (p *prefetched) Receive(deadline time.Time) (slot.Message, error) {
 	return p.stream.Receive(deadline)
 }
 
+// Drained is the stream's, once nothing read ahead is left.
+func (p *prefetched) Drained() bool {
+	return len(p.blocks) == 0 && p.err == nil && streamDrained(p.stream)
+}
+
 // initTransactions takes the transactional id once this relay holds the
 // slot: it fences any older relay that still holds the id (one that lost
 // the slot without noticing), so the checkpoint read after is final. A

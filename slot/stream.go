@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -72,6 +73,8 @@ type Stream struct {
 	net         net.Conn
 	deadline    time.Time
 	interrupted atomic.Bool
+	path        *readPath
+	raw         syscall.RawConn // the socket, for Drained; nil if none
 	publication string
 	// System is what IDENTIFY_SYSTEM reported when the stream opened.
 	System pglogrepl.IdentifySystemResult
@@ -89,13 +92,14 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 	if err != nil {
 		return nil, err
 	}
-	applyReadOptions(cfg, opts.Read)
+	path := applyReadOptions(cfg, opts.Read)
 	tagApplicationName(cfg, opts.TopicTemplate)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("replication connection: %w", connectError(err, url))
 	}
-	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn(), publication: opts.Publication}
+	s := &Stream{conn: conn, fe: conn.Frontend(), net: conn.Conn(), path: path, publication: opts.Publication}
+	s.raw = rawSocket(s.net)
 	if s.System, err = pglogrepl.IdentifySystem(ctx, conn); err != nil {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
@@ -163,6 +167,18 @@ func senderTimeout(ctx context.Context, conn *pgconn.PgConn) time.Duration {
 		return 0
 	}
 	return time.Duration(ms) * time.Millisecond
+}
+
+// Drained reports, without waiting, that nothing of the stream is left to
+// read: no byte in the process's buffers and none queued on the socket.
+// False when the socket cannot tell (not a TCP or Unix socket). With TLS,
+// a partial record the TLS layer holds reads as drained: the rest of it
+// is still on its way.
+func (s *Stream) Drained() bool {
+	if s.fe.ReadBufferLen() > 0 || s.path.buffered() > 0 {
+		return false
+	}
+	return socketEmpty(s.raw)
 }
 
 // PID is the backend process ID of the replication connection: the
