@@ -45,19 +45,26 @@ type Config struct {
 	// FloorVariants: txnfloor, how its producer commits (floorVariant):
 	// "1", "2", with "s" and/or "c" appended; empty: all of the defaults.
 	FloorVariants []string
-	Duration      time.Duration
-	BigRows       []int
-	IdleFor       time.Duration
-	Repeat        int
-	RelayArgs     []string // extra flags for walrelay run
+	// LatencyFloor: latency, txnfloor variants run in each round beside
+	// the relay's runs, on the same broker; empty: none.
+	LatencyFloor []string
+	Duration     time.Duration
+	BigRows      []int
+	IdleFor      time.Duration
+	Repeat       int
+	RelayArgs    []string // extra flags for walrelay run
 	// ColdCheckpoints leaves the checkpoint topic to the relay (a first
 	// start on a new cluster); by default the broker's setup creates and
 	// uses it first, as on a cluster in service (see warmTransactions).
 	ColdCheckpoints bool
-	Binary          string   // the walrelay binary under test (required: cmd/walrelay-bench finds it)
-	PGURL           string   // external PostgreSQL (superuser); empty: throwaway cluster
-	KafkaBrokers    []string // external Kafka; empty: in-process kfake
-	Log             io.Writer
+	Binary          string // the walrelay binary under test (required: cmd/walrelay-bench finds it)
+	// CompareBinary: latency, a second walrelay binary run in each round
+	// after Binary's runs, on the same broker (rows marked relay=compare),
+	// so that two builds are compared in the same minutes; empty: none.
+	CompareBinary string
+	PGURL         string   // external PostgreSQL (superuser); empty: throwaway cluster
+	KafkaBrokers  []string // external Kafka; empty: in-process kfake
+	Log           io.Writer
 }
 
 // Result is one measured row.
@@ -365,6 +372,7 @@ var metricOrder = []string{
 	"primary_cpu_us_per_event", "primary_walsender_us_per_event", "primary_rest_us_per_event", "standby_cpu_us_per_event", "standby_walsender_us_per_event",
 	"primary_cpu_ratio", "primary_cpu_us_saved", "both_cpu_ratio", "added_p50_ms", "added_p99_ms",
 	"kafka_txns", "p50_ms", "p99_ms", "max_ms", "achieved_rate", "events", "kafka_txns_per_s", "broker_cpu_percent",
+	"commit_ms_per_txn", "marker_wait_ms_per_txn", "relay_cpu_percent", "flush_ms_per_txn", "endtxn_ms_per_txn", "settle_ms_per_txn",
 	"first_record_s", "drain_s", "peak_rss_mb", "cpu_percent",
 	"first_new_record_s", "delivered_twice",
 	"spans_per_event", "tracing_cpu_us_per_event", "rate_ratio", "load1",

@@ -268,7 +268,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery, f
 		res.Metrics["broker_cpu_us_per_event"] = float64(brokerCPU.Microseconds()) / n
 	}
 	if k.name != "discard" {
-		txns, err := kafkaTxns(ctx, k.addrs)
+		txns, err := kafkaTxns(ctx, k.addrs, "walrelay.checkpoints")
 		if err != nil {
 			return Result{}, err
 		}

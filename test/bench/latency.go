@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,46 +14,99 @@ import (
 )
 
 func (b *bencher) latencyAll(ctx context.Context) ([]Result, error) {
-	// Repeats interleave the delivery modes, so that a slow phase of the
-	// machine does not fall on one of them only; each measurement's runs
-	// are followed by a row of their medians.
+	// Every run shares one broker, warmed before the first (warmFor): a
+	// broker in service has long compiled its code paths, and a fresh
+	// Apache Kafka JVM spends a 15 s run compiling its transaction
+	// coordinator's (on one node: exactly-once commits took 10.9 ms and the
+	// markers 7.7 ms on a fresh broker each run, 4.5 and 3.3 ms on one
+	// warmed by a transactional loop, with p50 and p99 halved). Each run
+	// has its own topics. Repeats interleave the delivery modes (and the
+	// --latency-floor variants, on the same broker), so that a slow phase
+	// of the machine does not fall on one of them only; each measurement's
+	// runs are followed by a row of their medians.
+	k, err := b.sharedBroker()
+	if err != nil {
+		return nil, err
+	}
+	defer k.stop()
+	var floors []floorVariant
+	if len(b.cfg.LatencyFloor) > 0 {
+		if floors, err = floorVariants(b.cfg.LatencyFloor); err != nil {
+			return nil, err
+		}
+	}
+	if k.apache != nil {
+		// A minute: a 15 s loop left the floor's p99 falling over the next
+		// three runs (32.8, 39.2, 16.4 ms at 2,000/s).
+		if _, err := b.txnFloor(ctx, k, slices.Max(b.cfg.Rates), floorVariant{producers: 1, settle: true, checkpoint: true}, warmFor); err != nil {
+			return nil, fmt.Errorf("warm up the broker: %w", err)
+		}
+	}
 	runs := map[string][]Result{}
 	var order []string
+	add := func(r Result) {
+		if _, ok := runs[r.Params]; !ok {
+			order = append(order, r.Params)
+		}
+		runs[r.Params] = append(runs[r.Params], r)
+	}
+	relays := []struct{ bin, label string }{{b.cfg.Binary, ""}}
+	if b.cfg.CompareBinary != "" {
+		relays = append(relays, struct{ bin, label string }{b.cfg.CompareBinary, " relay=compare"})
+	}
+	defer func() { b.cfg.Binary = relays[0].bin }()
 	for _, rate := range b.cfg.Rates {
 		for range b.cfg.Repeat {
-			for _, d := range b.cfg.Deliveries {
-				r, err := b.latency(ctx, rate, d)
+			// The build under test, then --compare-binary's, on the same
+			// broker in the same round.
+			for _, rb := range relays {
+				b.cfg.Binary = rb.bin
+				for _, d := range b.cfg.Deliveries {
+					r, err := b.latency(ctx, k, rate, d)
+					if err != nil {
+						return collect(runs, order), err
+					}
+					r.Params += rb.label
+					add(r)
+				}
+			}
+			for _, v := range floors {
+				r, err := b.txnFloor(ctx, k, rate, v, b.cfg.Duration)
 				if err != nil {
 					return collect(runs, order), err
 				}
-				if _, ok := runs[r.Params]; !ok {
-					order = append(order, r.Params)
-				}
-				runs[r.Params] = append(runs[r.Params], r)
+				add(r)
 			}
 		}
 	}
 	return collect(runs, order), nil
 }
 
+// warmFor is how long a transactional loop warms the latency scenario's
+// Apache Kafka before its first run.
+const warmFor = time.Minute
+
 // latency commits one-row transactions at rate per second for the
 // configured duration and measures, per record, the time from the
 // transaction's commit (the record's timestamp) to a consumer reading it.
-func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Result, error) {
+// It runs on k, which the caller started, with topics of its own.
+func (b *bencher) latency(ctx context.Context, k *broker, rate int, delivery string) (Result, error) {
 	su, err := b.newSetup(ctx, "relay")
 	if err != nil {
 		return Result{}, err
 	}
 	defer su.close()
-	mode := "store"
-	if has(b.cfg.Brokers, "apache") {
-		mode = "apache"
-	}
-	url, k := su.url, b.oneBroker(mode)
-	if err := su.startBroker(k); err != nil {
+	su.broker = k
+	defer func() { su.broker = nil }() // before close: k outlives the run
+	url := su.url
+	b.seq++
+	topic, ckpt := fmt.Sprintf("outbox.event.bench.%d", b.seq), fmt.Sprintf("walrelay.checkpoints.%d", b.seq)
+	metricsAddr, err := freeAddr()
+	if err != nil {
 		return Result{}, err
 	}
-	if _, err := su.startRelay(ctx, delivery); err != nil {
+	if _, err := su.startRelay(ctx, delivery, "--topic-template", fmt.Sprintf("outbox.event.{aggregate_type}.%d", b.seq),
+		"--checkpoint-topic", ckpt, "--metrics-addr", metricsAddr); err != nil {
 		return Result{}, err
 	}
 	rl := su.relay
@@ -60,7 +114,7 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 	// The consumer records commit-to-read latencies of records committed
 	// after the warm-up.
 	measureFrom := time.Now().Add(2 * time.Second)
-	cr, err := readCommits(ctx, k.addrs, "outbox.event.bench", measureFrom, time.Time{})
+	cr, err := readCommits(ctx, k.addrs, topic, measureFrom, time.Time{})
 	if err != nil {
 		return Result{}, err
 	}
@@ -71,15 +125,20 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 	brokerStart := k.cpu()
 	runStart := time.Now()
 	total := b.cfg.Duration + time.Until(measureFrom)
+	before, scrapeErr := scrapeRelay(metricsAddr)
 	committed, err := commitAtRate(ctx, url, rate, total, b.cfg.PayloadBytes)
 	if err != nil {
 		return Result{}, err
+	}
+	after, err := scrapeRelay(metricsAddr)
+	if scrapeErr == nil {
+		scrapeErr = err
 	}
 	// Let the last records arrive.
 	cr.WaitFor(committed, 30*time.Second)
 	lat := cr.Stop()
 	runTime, brokerCPU := time.Since(runStart), k.cpu()-brokerStart
-	txns, err := kafkaTxns(ctx, k.addrs)
+	txns, err := kafkaTxns(ctx, k.addrs, ckpt)
 	if err != nil {
 		return Result{}, err
 	}
@@ -97,6 +156,11 @@ func (b *bencher) latency(ctx context.Context, rate int, delivery string) (Resul
 			"achieved_rate": float64(committed) / total.Seconds(),
 			"events":        float64(len(lat)),
 		},
+	}
+	if scrapeErr == nil {
+		cycleMetrics(res.Metrics, before, after)
+	} else {
+		b.logf("latency: the relay's /metrics: %v", scrapeErr)
 	}
 	if txns > 0 {
 		res.Metrics["kafka_txns_per_s"] = float64(txns) / runTime.Seconds()
@@ -168,11 +232,11 @@ func pad(n int) string {
 	return string(b)
 }
 
-// kafkaTxns counts the Kafka transactions the relay committed: each holds
-// exactly one checkpoint record keyed by its slot ("relay"); the startup
-// probe is keyed "relay/probe" and not counted. 0 without exactly-once.
-func kafkaTxns(ctx context.Context, addrs []string) (int, error) {
-	const topic = "walrelay.checkpoints"
+// kafkaTxns counts the Kafka transactions the relay committed with
+// checkpoints in topic: each holds exactly one checkpoint record keyed by
+// its slot ("relay"); the startup probe is keyed "relay/probe" and not
+// counted. 0 without exactly-once.
+func kafkaTxns(ctx context.Context, addrs []string, topic string) (int, error) {
 	adm, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
 	if err != nil {
 		return 0, err

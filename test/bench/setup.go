@@ -97,6 +97,25 @@ func (b *bencher) oneBroker(mode string) *broker {
 	return &broker{name: mode}
 }
 
+// sharedBroker starts the one broker of a scenario whose runs share it
+// (kfake storing records, or Apache Kafka with --broker apache) and
+// readies its transactions; the caller stops it.
+func (b *bencher) sharedBroker() (*broker, error) {
+	mode := "store"
+	if has(b.cfg.Brokers, "apache") {
+		mode = "apache"
+	}
+	k := b.oneBroker(mode)
+	if err := k.start(); err != nil {
+		return nil, err
+	}
+	if err := b.warmTransactions(k); err != nil {
+		k.stop()
+		return nil, err
+	}
+	return k, nil
+}
+
 // startBroker starts k (a no-op for external brokers); close stops it.
 func (s *setup) startBroker(k *broker) error {
 	if err := k.start(); err != nil {

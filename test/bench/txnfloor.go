@@ -3,10 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -25,7 +27,11 @@ import (
 // (issue 36): if the broker alone cannot reach a latency on this machine,
 // neither can the relay. The floor is kind to the broker: PostgreSQL, its
 // writers and the walsender, which share the machine's cores in the
-// latency scenario, are idle here.
+// latency scenario, are idle here, unless the variant asks for them
+// (pgLoad): then the latency scenario's writers commit one-row
+// transactions at the same rate to a throwaway database and
+// pg_recvlogical streams them from a slot, so the broker shares the cores
+// as it does under the relay, and the relay's own share is what is left.
 
 // floorVariant is one way a txnfloor run commits: with how many
 // transactional producers taking turns, and whether a producer, after its
@@ -36,18 +42,20 @@ import (
 // add.partitions.to.txn.retry.backoff.ms (20 ms).
 // With checkpoint, each transaction ends with one record to a second
 // topic, as the relay's ends with its checkpoint: two partitions' markers.
+// With pgLoad, PostgreSQL works beside it as in the latency scenario.
 type floorVariant struct {
 	producers  int
 	settle     bool
 	checkpoint bool
+	pgLoad     bool
 }
 
 // parseFloorVariant reads a --floor value: "1" or "2", then "s" for
-// settle and "c" for checkpoint.
+// settle, "c" for checkpoint and "p" for pgLoad.
 func parseFloorVariant(s string) (floorVariant, error) {
 	var v floorVariant
 	if s == "" || s[0] != '1' && s[0] != '2' {
-		return v, fmt.Errorf("--floor %q: want 1 or 2 producers, then s (settle) and/or c (checkpoint), as in 2sc", s)
+		return v, fmt.Errorf("--floor %q: want 1 or 2 producers, then s (settle), c (checkpoint) and/or p (PostgreSQL's load beside it), as in 2sc", s)
 	}
 	v.producers = int(s[0] - '0')
 	for _, c := range s[1:] {
@@ -56,8 +64,10 @@ func parseFloorVariant(s string) (floorVariant, error) {
 			v.settle = true
 		case 'c':
 			v.checkpoint = true
+		case 'p':
+			v.pgLoad = true
 		default:
-			return v, fmt.Errorf("--floor %q: want 1 or 2 producers, then s (settle) and/or c (checkpoint), as in 2sc", s)
+			return v, fmt.Errorf("--floor %q: want 1 or 2 producers, then s (settle), c (checkpoint) and/or p (PostgreSQL's load beside it), as in 2sc", s)
 		}
 	}
 	return v, nil
@@ -93,24 +103,17 @@ func (b *bencher) txnFloorAll(ctx context.Context) ([]Result, error) {
 	}
 	// One broker for all runs (each has its own topic and transactional
 	// ids): Apache Kafka's start is most of a run's time otherwise.
-	mode := "store"
-	if has(b.cfg.Brokers, "apache") {
-		mode = "apache"
-	}
-	k := b.oneBroker(mode)
-	if err := k.start(); err != nil {
+	k, err := b.sharedBroker()
+	if err != nil {
 		return nil, err
 	}
 	defer k.stop()
-	if err := b.warmTransactions(k); err != nil {
-		return nil, err
-	}
 	runs := map[string][]Result{}
 	var order []string
 	for _, rate := range b.cfg.Rates {
 		for range b.cfg.Repeat {
 			for _, v := range variants {
-				r, err := b.txnFloor(ctx, k, rate, v)
+				r, err := b.txnFloor(ctx, k, rate, v, b.cfg.Duration)
 				if err != nil {
 					return collect(runs, order), err
 				}
@@ -129,9 +132,9 @@ func (b *bencher) txnFloorAll(ctx context.Context) ([]Result, error) {
 // to every partition it wrote to.
 const floorPartitions = 3
 
-// txnFloor runs the transactional loop on k at rate events per second,
-// committing as v says.
-func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVariant) (Result, error) {
+// txnFloor runs the transactional loop on k at rate events per second for
+// dur, committing as v says.
+func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVariant, dur time.Duration) (Result, error) {
 	producers := v.producers
 	b.seq++
 	topic := fmt.Sprintf("bench.txnfloor.%d", b.seq)
@@ -181,7 +184,7 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 	defer cr.Stop()
 
 	events := make(chan time.Time, 1<<16)
-	total := b.cfg.Duration + time.Until(measureFrom)
+	total := dur + time.Until(measureFrom)
 	stop := time.Now().Add(total)
 	var made atomic.Int64
 	go func() {
@@ -200,6 +203,18 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 		}
 	}()
 
+	if v.pgLoad {
+		stopLoad, err := b.pgLoad(ctx, rate, total)
+		if err != nil {
+			return Result{}, err
+		}
+		defer func() {
+			if err := stopLoad(); err != nil {
+				b.logf("txnfloor: PostgreSQL's load beside the floor: %v", err)
+			}
+		}()
+	}
+
 	brokerStart := k.cpu()
 	runStart := time.Now()
 	// turn[i] holds a token while producer i may open the next
@@ -211,7 +226,9 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 		turn[i] = make(chan struct{}, 1)
 	}
 	turn[0] <- struct{}{}
-	var txns atomic.Int64
+	// Where a transaction's time goes, summed over all: its flush, its
+	// EndTxn, the wait for its markers (settle).
+	var txns, flushNs, endNs, settleNs atomic.Int64
 	errs := make(chan error, 1)
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
@@ -271,19 +288,25 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 						}
 					})
 				}
+				t0 := time.Now()
 				if err := pc.Flush(pctx); err != nil {
 					fail(err)
 					return
 				}
 				turn[(i+1)%producers] <- struct{}{}
+				t1 := time.Now()
 				if err := pc.EndTransaction(pctx, kgo.TryCommit); err != nil {
 					fail(err)
 					return
 				}
+				t2 := time.Now()
 				txns.Add(1)
 				if v.settle {
 					settleTxn(pctx, admin, fmt.Sprintf("%s-%d", topic, i))
 				}
+				flushNs.Add(int64(t1.Sub(t0)))
+				endNs.Add(int64(t2.Sub(t1)))
+				settleNs.Add(int64(time.Since(t2)))
 			}
 		})
 	}
@@ -302,7 +325,7 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	res := Result{
 		Scenario: "txnfloor",
-		Params:   fmt.Sprintf("rate=%d/s duration=%s broker=%s producers=%d settle=%v checkpoint=%v", rate, b.cfg.Duration, k.name, producers, v.settle, v.checkpoint),
+		Params:   fmt.Sprintf("rate=%d/s duration=%s broker=%s producers=%d settle=%v checkpoint=%v pgload=%v", rate, dur, k.name, producers, v.settle, v.checkpoint, v.pgLoad),
 		Metrics: map[string]float64{
 			"p50_ms":           ms(lat[len(lat)/2]),
 			"p99_ms":           ms(lat[len(lat)*99/100]),
@@ -312,15 +335,62 @@ func (b *bencher) txnFloor(ctx context.Context, k *broker, rate int, v floorVari
 			"kafka_txns_per_s": float64(txns.Load()) / runTime.Seconds(),
 		},
 	}
+	if n := txns.Load(); n > 0 {
+		per := func(sum int64) float64 { return float64(sum) / float64(n) / 1e6 }
+		res.Metrics["flush_ms_per_txn"] = per(flushNs.Load())
+		res.Metrics["endtxn_ms_per_txn"] = per(endNs.Load())
+		res.Metrics["settle_ms_per_txn"] = per(settleNs.Load())
+	}
 	if k.kafka != nil || k.apache != nil {
 		res.Metrics["broker_cpu_percent"] = 100 * brokerCPU.Seconds() / runTime.Seconds()
 	}
 	if cr.Seen() < made.Load() {
 		res.Notes = fmt.Sprintf("MISSING %d records", made.Load()-cr.Seen())
 	}
-	b.logf("txnfloor rate=%d producers=%d settle=%v checkpoint=%v: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, producers, v.settle, v.checkpoint,
+	b.logf("txnfloor rate=%d producers=%d settle=%v checkpoint=%v pgload=%v: p50 %.1fms p99 %.1fms max %.1fms over %d records, %.0f Kafka transactions/s", rate, producers, v.settle, v.checkpoint, v.pgLoad,
 		res.Metrics["p50_ms"], res.Metrics["p99_ms"], res.Metrics["max_ms"], len(lat), res.Metrics["kafka_txns_per_s"])
 	return res, nil
+}
+
+// pgLoad makes PostgreSQL work beside a floor run as it does in the
+// latency scenario: its writers commit one-row transactions at rate for
+// total to a throwaway database, and pg_recvlogical, standing in for the
+// relay's reading, streams them from a slot to /dev/null. stop ends it
+// and says whether the writers kept up.
+func (b *bencher) pgLoad(ctx context.Context, rate int, total time.Duration) (stop func() error, err error) {
+	su, err := b.newSetup(ctx, "recv")
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgconn.ParseConfig(su.url)
+	if err != nil {
+		su.close()
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	recv := exec.CommandContext(rctx, "pg_recvlogical", "-h", cfg.Host, "-p", fmt.Sprint(cfg.Port), "-U", cfg.User,
+		"-d", cfg.Database, "-S", "recv", "--start", "-f", "/dev/null", "-F", "0", "-n",
+		"-o", "proto_version=1", "-o", "publication_names=bench")
+	if err := recv.Start(); err != nil {
+		cancel()
+		su.close()
+		return nil, fmt.Errorf("pg_recvlogical: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		n, err := commitAtRate(rctx, su.url, rate, total, b.cfg.PayloadBytes)
+		if err == nil && float64(n) < 0.9*float64(rate)*total.Seconds() {
+			err = fmt.Errorf("the writers committed %d of %.0f transactions", n, float64(rate)*total.Seconds())
+		}
+		done <- err
+	}()
+	return func() error {
+		err := <-done
+		cancel()
+		_ = recv.Wait()
+		su.close()
+		return err
+	}, nil
 }
 
 // settleTxn waits until the coordinator completed the transaction id just

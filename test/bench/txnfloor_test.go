@@ -4,10 +4,11 @@ import "testing"
 
 func TestParseFloorVariant(t *testing.T) {
 	for in, want := range map[string]floorVariant{
-		"1":   {producers: 1},
-		"2s":  {producers: 2, settle: true},
-		"1sc": {producers: 1, settle: true, checkpoint: true},
-		"2c":  {producers: 2, checkpoint: true},
+		"1":    {producers: 1},
+		"2s":   {producers: 2, settle: true},
+		"1sc":  {producers: 1, settle: true, checkpoint: true},
+		"2c":   {producers: 2, checkpoint: true},
+		"1scp": {producers: 1, settle: true, checkpoint: true, pgLoad: true},
 	} {
 		got, err := parseFloorVariant(in)
 		if err != nil || got != want {

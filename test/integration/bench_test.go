@@ -43,7 +43,7 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	want := map[string][]string{
 		"drain":   {"recv_events_per_s", "relay_events_per_s", "ratio", "recv_mb_per_s", "relay_mb_per_s", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event"},
-		"latency": {"p50_ms", "p99_ms", "max_ms", "achieved_rate", "events"},
+		"latency": {"p50_ms", "p99_ms", "max_ms", "achieved_rate", "events", "relay_cpu_percent"},
 		"big":     {"drain_s", "peak_rss_mb", "relay_events_per_s"},
 		"idle":    {},
 		"tracing": {"relay_events_per_s", "relay_cpu_us_per_event"},
