@@ -165,6 +165,12 @@ type Config struct {
 	// stay open before aborting it. Default 60s; with a TransactionalID it
 	// must be positive.
 	TransactionTimeout time.Duration
+	// TxnProducers is how many transactional producers take turns (see
+	// txn.go): 1 commits each Kafka transaction before the next one's
+	// first record; 2 produces the next one's records, as the id
+	// "<TransactionalID>-1", while the last one commits. Default 1 (0
+	// means 1); more than 2 is refused.
+	TxnProducers int
 
 	// Values, when set, makes each record's value from its event (package
 	// schema: a schema registry's wire format, the payload checked against
@@ -201,6 +207,7 @@ func DefaultConfig() Config {
 		HeaderType:             "type",
 		CheckpointTopic:        "walrelay.checkpoints",
 		TransactionTimeout:     60 * time.Second,
+		TxnProducers:           1,
 	}
 }
 
@@ -232,6 +239,7 @@ func (c Config) Validate() error {
 		{"router.Config.MaxInflightBytes", c.MaxInflightBytes <= 0, "a positive size", def.MaxInflightBytes},
 		{"router.Config.MaxRecordBytes", c.MaxRecordBytes <= 0, "a positive size", def.MaxRecordBytes},
 		{"router.Config.TransactionTimeout", c.TransactionalID != "" && c.TransactionTimeout <= 0, "a positive duration", def.TransactionTimeout},
+		{"router.Config.TxnProducers", c.TxnProducers < 0 || c.TxnProducers > 2, "1 or 2", def.TxnProducers},
 	} {
 		if f.bad {
 			return fmt.Errorf("%s is %v: give it %s (the default is %v)", f.field, fieldValue(c, f.field), f.want, f.def)
@@ -291,6 +299,8 @@ func fieldValue(c Config, name string) any {
 		return c.MaxRecordBytes
 	case "router.Config.TransactionTimeout":
 		return c.TransactionTimeout
+	case "router.Config.TxnProducers":
+		return c.TxnProducers
 	}
 	return nil
 }
@@ -383,13 +393,25 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 		// Kafka's Java producer retries after retry.backoff.ms (100 ms).
 		kgo.MetadataMinAge(250 * time.Millisecond),
 	}, opts...)
-	if cfg.TransactionalID != "" {
-		r.txn = &Txn{r: r, first: firstWrites{}}
-		all = append(all, kgo.TransactionalID(cfg.TransactionalID), kgo.TransactionTimeout(cfg.TransactionTimeout))
-	}
 	var err error
-	if r.client, err = kgo.NewClient(all...); err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
+	if cfg.TransactionalID == "" {
+		if r.client, err = kgo.NewClient(all...); err != nil {
+			return nil, fmt.Errorf("kafka client: %w", err)
+		}
+	} else {
+		r.txn = &Txn{r: r}
+		for n := range max(cfg.TxnProducers, 1) {
+			l := &lane{n: n, id: laneID(cfg.TransactionalID, n), first: firstWrites{}}
+			l.client, err = kgo.NewClient(append(all[:len(all):len(all)], kgo.TransactionalID(l.id), kgo.TransactionTimeout(cfg.TransactionTimeout))...)
+			if err != nil {
+				for _, open := range r.txn.lanes {
+					open.client.Close()
+				}
+				return nil, fmt.Errorf("kafka client: %w", err)
+			}
+			r.txn.lanes = append(r.txn.lanes, l)
+		}
+		r.client = r.txn.lanes[0].client
 	}
 	r.admin = kadm.NewClient(r.client)
 	r.prep = topics.NewAdmin(r.admin, cfg.CreateTopics, cfg.TopicPartitions, cfg.TopicReplicationFactor, log)
@@ -649,6 +671,9 @@ type outRecord struct {
 	// aggType is the event's aggregate type, for the same dead letter's
 	// walrelay.aggregate_type header (its aggregate id is the key).
 	aggType []byte
+	// lane is the transactional producer it went to (exactly-once), whose
+	// open transaction it is in.
+	lane *lane
 }
 
 func recordOf(r *kgo.Record) *outRecord { return (*outRecord)(unsafe.Pointer(r)) }
@@ -685,8 +710,8 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 	o := recordOf(rec)
 	r.gate.release(o.size)
 	if err != nil {
-		if r.txn != nil {
-			if err = r.txn.fenceError(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnTimedOut) {
+		if o.lane != nil {
+			if err = o.lane.fenceError(r.cfg.TransactionTimeout, err); errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnTimedOut) {
 				r.fail(fmt.Errorf("produce to %s: %w", rec.Topic, err))
 				return
 			}
@@ -733,7 +758,7 @@ func (r *Router) onPromise(rec *kgo.Record, err error) {
 		o.ack.Ack() // exactly-once acks at the Kafka transaction's commit
 		return
 	}
-	r.txn.first.note(o.topic, rec)
+	o.lane.first.note(o.topic, rec)
 }
 
 // fail records the first error Kafka returned for good and tells the
@@ -750,18 +775,21 @@ func (r *Router) fail(err error) {
 // more pending on its transaction; with exactly-once delivery, inside the
 // open Kafka transaction (begun here when none is).
 func (r *Router) produce(o *outRecord) error {
+	client := r.client
 	if r.txn != nil {
 		if err := r.txn.begin(); err != nil {
 			return err
 		}
 		r.txn.track(o.ack)
+		o.lane = r.txn.lane()
 		if r.tracer != nil {
-			r.txn.traced = append(r.txn.traced, &o.rec)
+			o.lane.traced = append(o.lane.traced, &o.rec)
 		}
+		client = o.lane.client
 	}
 	r.gate.acquire(o.size)
 	o.ack.Add()
-	r.client.TryProduce(context.Background(), &o.rec, r.promise)
+	client.TryProduce(context.Background(), &o.rec, r.promise)
 	return nil
 }
 
@@ -786,7 +814,17 @@ func (r *Router) Err() error {
 
 // Flush waits until every record sent so far is acknowledged or failed, or
 // ctx ends.
-func (r *Router) Flush(ctx context.Context) error { return r.client.Flush(ctx) }
+func (r *Router) Flush(ctx context.Context) error {
+	if r.txn == nil {
+		return r.client.Flush(ctx)
+	}
+	for _, l := range r.txn.lanes {
+		if err := l.client.Flush(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Inflight returns how many records are produced and not yet acknowledged.
 func (r *Router) Inflight() int64 { return r.gate.events.Load() }
@@ -801,5 +839,11 @@ func (r *Router) Ping(ctx context.Context) error { return classify(r.client.Ping
 func (r *Router) Close() {
 	r.close()
 	r.bg.Wait()
-	r.client.Close()
+	if r.txn == nil {
+		r.client.Close()
+		return
+	}
+	for _, l := range r.txn.lanes {
+		l.client.Close()
+	}
 }

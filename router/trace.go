@@ -147,14 +147,14 @@ func (r *Router) tracedPromise(rec *kgo.Record, err error) {
 	r.onPromise(rec, nil)
 }
 
-// endTraced ends the spans of the open Kafka transaction's records:
-// committed (err nil) or aborted.
-func (t *Txn) endTraced(err error) {
-	for _, rec := range t.traced {
-		t.r.tracer.End(rec, err)
+// endTraced ends the spans of the lane's open Kafka transaction's
+// records: committed (err nil) or aborted.
+func (l *lane) endTraced(tr Tracer, err error) {
+	for _, rec := range l.traced {
+		tr.End(rec, err)
 	}
-	clear(t.traced)
-	t.traced = t.traced[:0]
+	clear(l.traced)
+	l.traced = l.traced[:0]
 }
 
 // headerValue is the value of rec's first header named key, or nil.

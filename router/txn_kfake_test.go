@@ -208,3 +208,71 @@ func TestTxnSettleRefusedOrPassing(t *testing.T) {
 		})
 	}
 }
+
+// TestKafkaTxnTwoLanesTakeTurns: with two transactional producers, a
+// commit goes on in the background and the next records go to the other
+// producer ("<id>-1") meanwhile; a record is acked only once its own
+// transaction's commit was answered; read_committed readers see the
+// records in the order sent, and the checkpoint read back is the newest,
+// whichever producer committed it.
+func TestKafkaTxnTwoLanesTakeTurns(t *testing.T) {
+	e := newEnv(t, withDefaults(Config{TransactionalID: "walrelay-test", TxnProducers: 2}))
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	txn := e.r.Txn()
+	if err := txn.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if txn.Lanes() != 2 {
+		t.Fatalf("%d lanes, want 2", txn.Lanes())
+	}
+	var ackers []*testAcker
+	for i := range 6 {
+		a := &testAcker{}
+		ackers = append(ackers, a)
+		e.mustSend(event(fmt.Sprint("e", i), "order", "k1", `{}`), decoder.LSN(i+1), a)
+		if txn.Settling() != nil {
+			if err := txn.Settle(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := txn.Commit(ctx, []byte("slot"), []byte(fmt.Sprint("checkpoint ", i))); err != nil {
+			t.Fatal(err)
+		}
+		if txn.Settling() == nil {
+			t.Fatalf("commit %d: not handed to the background", i)
+		}
+		if i > 0 && ackers[i-1].acks.Load() != 1 {
+			t.Fatalf("commit %d handed over before the last one's records were acked", i)
+		}
+	}
+	if err := txn.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range ackers {
+		if n := a.acks.Load(); n != 1 {
+			t.Fatalf("record %d acked %d times, want once", i, n)
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.seeds...), kgo.ConsumeTopics("outbox.event.order"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var ids []string
+	for len(ids) < 6 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %v: %v", ids, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) { ids = append(ids, string(r.Headers[0].Value)) })
+	}
+	if got := fmt.Sprint(ids); got != "[e0 e1 e2 e3 e4 e5]" {
+		t.Fatalf("read_committed saw %s, want the order sent", got)
+	}
+	value, found, err := txn.ReadCheckpoint(ctx, []byte("slot"))
+	if err != nil || !found || string(value) != "checkpoint 5" {
+		t.Fatalf("checkpoint read back %q (found %v, %v), want the newest, checkpoint 5", value, found, err)
+	}
+}

@@ -36,9 +36,10 @@ func TestTxnErrorClassification(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Router{cfg: Config{TransactionTimeout: 2 * time.Second}}
-			r.txn = &Txn{r: r}
-			r.txn.began.Store(time.Now().Add(-tc.open).UnixNano())
-			err := r.txn.error(fmt.Errorf("commit Kafka transaction: %w", tc.err))
+			l := &lane{id: "relay"}
+			r.txn = &Txn{r: r, lanes: []*lane{l}}
+			l.began.Store(time.Now().Add(-tc.open).UnixNano())
+			err := r.txn.error(l, fmt.Errorf("commit Kafka transaction: %w", tc.err))
 			if got := errors.Is(err, ErrFenced); got != tc.fenced {
 				t.Errorf("errors.Is(%v, ErrFenced) = %v, want %v", err, got, tc.fenced)
 			}

@@ -26,6 +26,7 @@ import (
 // or on some. Landed tells. It wraps the commit's error.
 type CommitUnconfirmed struct {
 	err     error
+	lane    int // the lane (transactional producer) that asked
 	written []written
 }
 
@@ -65,10 +66,10 @@ func (f firstWrites) note(t *topic, rec *kgo.Record) {
 	}
 }
 
-// unconfirmed wraps err, the commit's failure, with what the transaction
-// wrote.
-func (f firstWrites) unconfirmed(err error) *CommitUnconfirmed {
-	e := &CommitUnconfirmed{err: err, written: make([]written, 0, len(f))}
+// unconfirmed wraps err, the commit's failure on lane n, with what the
+// transaction wrote.
+func (f firstWrites) unconfirmed(n int, err error) *CommitUnconfirmed {
+	e := &CommitUnconfirmed{err: err, lane: n, written: make([]written, 0, len(f))}
 	for k, off := range f {
 		e.written = append(e.written, written{topic: k.t.name, partition: k.partition, offset: off})
 	}
@@ -164,11 +165,15 @@ func (t *Txn) Landed(ctx context.Context, uc *CommitUnconfirmed) (bool, error) {
 // landed, and are resent once.
 func (t *Txn) AbortHanging(ctx context.Context, uc *CommitUnconfirmed) ([]string, error) {
 	r := t.r
-	pid, _, err := r.client.ProducerID(ctx)
+	if uc.lane >= len(t.lanes) {
+		return nil, fmt.Errorf("find hanging Kafka transactions: the unconfirmed commit was the second transactional producer's, %q, which this router does not have (Init found it denied)", laneID(r.cfg.TransactionalID, uc.lane))
+	}
+	l := t.lanes[uc.lane]
+	pid, _, err := l.client.ProducerID(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("find hanging Kafka transactions: %w", err)
 	}
-	adm := kadm.NewClient(r.client)
+	adm := kadm.NewClient(l.client)
 	meta, err := adm.Metadata(ctx, r.cfg.CheckpointTopic)
 	if err != nil {
 		return nil, fmt.Errorf("find hanging Kafka transactions: %w", err)
@@ -222,12 +227,15 @@ func (t *Txn) AbortHanging(ctx context.Context, uc *CommitUnconfirmed) ([]string
 		recs = append(recs, rec)
 		where = append(where, h.topic+"/"+strconv.Itoa(int(h.partition)))
 	}
+	cur := t.cur
+	t.cur = uc.lane
+	defer func() { t.cur = cur }()
 	if err := t.begin(); err != nil {
 		return nil, err
 	}
-	if err := r.client.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if err := l.client.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		_ = t.Abort(context.Background())
-		return nil, t.error(fmt.Errorf("abort hanging Kafka transactions: %w", err))
+		return nil, t.error(l, fmt.Errorf("abort hanging Kafka transactions: %w", err))
 	}
 	if err := t.Abort(ctx); err != nil {
 		return nil, err
