@@ -74,6 +74,11 @@ type kafkaTxn interface {
 	Open() bool
 	Records() int
 	Commit(ctx context.Context, key, value []byte) error
+	// Settling is non-nil while a commit goes on in the background (two
+	// producers taking turns), closed once Kafka answered it; Settle
+	// waits for it and returns its outcome.
+	Settling() <-chan struct{}
+	Settle() error
 	Abort(ctx context.Context) error
 }
 

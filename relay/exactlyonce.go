@@ -315,6 +315,11 @@ type exactlyOnce struct {
 	curEvents int              // its outbox events so far, sent or skipped
 	inPG      bool             // between a Begin and its Commit
 	txnStart  time.Time        // when the open Kafka transaction began
+
+	// flying is the checkpoint of the commit going on in the background
+	// (kafkaTxn.Settling), and flyingEnd ends its context once settled.
+	flying    *checkpoint.Durable
+	flyingEnd context.CancelFunc
 }
 
 // newExactlyOnce is exactly-once delivery through p and txn, resuming
@@ -419,14 +424,35 @@ func (e *exactlyOnce) Commit(end decoder.LSN) error {
 // Tick commits the open Kafka transaction when it is due (its bounds), or
 // when the stream ran dry at a PostgreSQL transaction boundary: nothing
 // more is there to join it, so waiting for the interval would only delay
-// it. Mid-transaction it waits for the rest (or the bounds). The commit is
-// synchronous, so at most one is in flight; what arrives meanwhile waits
-// in the socket and joins the next one.
+// it. Mid-transaction it waits for the rest (or the bounds). At most one
+// commit is in flight: with one producer the commit is synchronous, and
+// what arrives meanwhile waits in the socket and joins the next one; with
+// two, the next one's records go to the other producer meanwhile, and its
+// commit waits for this one's answer. Tick also collects the answer of a
+// commit in the background once it came.
 func (e *exactlyOnce) Tick(now time.Time, dry bool) error {
+	if e.flying != nil && isClosed(e.txn.Settling()) {
+		if err := e.settle(); err != nil {
+			return err
+		}
+	}
 	if e.commitDue(now) || dry && e.Wants() == wakeDry {
 		return e.commit()
 	}
 	return nil
+}
+
+// isClosed reports whether ch is closed (a nil channel is not).
+func isClosed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // Wants is wakeDry between PostgreSQL transactions while a Kafka
@@ -436,6 +462,8 @@ func (e *exactlyOnce) Tick(now time.Time, dry bool) error {
 // minInterval is set.
 func (e *exactlyOnce) Wants() wake {
 	switch {
+	case !e.txn.Open() && e.flying != nil:
+		return wakeSoon // to collect the commit's answer (Tick)
 	case !e.txn.Open():
 		return wakeScheduled
 	case !e.inPG && (e.minInterval <= 0 || time.Since(e.txnStart) >= e.minInterval):
@@ -449,15 +477,21 @@ func (e *exactlyOnce) Wants() wake {
 // cleanly, aborted otherwise (the next session resends from the last
 // checkpoint). Nothing else is in flight after.
 func (e *exactlyOnce) Close(commit bool) (drain, error) {
-	if !e.txn.Open() {
-		return e.p, nil
+	if commit && e.txn.Open() {
+		if err := e.commit(); err != nil {
+			return e.p, err
+		}
 	}
-	if commit {
-		return e.p, e.commit()
+	settleErr := e.settle()
+	if !e.txn.Open() {
+		return e.p, settleErr
 	}
 	ctx, cancel := e.kafkaCtx()
 	defer cancel()
-	return e.p, e.failed(e.txn.Abort(ctx))
+	if err := e.txn.Abort(ctx); err != nil && settleErr == nil {
+		return e.p, e.failed(err)
+	}
+	return e.p, settleErr
 }
 
 // commitDue reports whether the open Kafka transaction should commit now.
@@ -474,22 +508,54 @@ func (e *exactlyOnce) commitDue(now time.Time) bool {
 // relay runs: it waits for Txn.Commit to return, which takes at most the
 // transaction timeout, or once the relay stops, until the stop deadline
 // (see session.kafkaCtx).
+//
+// With two producers taking turns, Kafka.Txn.Commit hands the commit
+// itself to the background once Kafka has the records; the next commit
+// (or Tick, or Close) collects its answer first (settle). The commit's
+// time (walrelay_kafka_commit_seconds) is then what the relay waited:
+// the last commit's answer, the records, the checkpoint.
 func (e *exactlyOnce) commit() error {
+	began := time.Now()
+	if err := e.settle(); err != nil {
+		return err
+	}
 	d := checkpoint.Durable{Slot: e.slot, SystemID: e.systemID, Timeline: e.timeline, LSN: e.lastFull, Time: time.Now()}
 	if e.inPG && e.curEvents > 0 {
 		d.Partial = &checkpoint.Partial{CommitLSN: e.curCommit, Events: e.curEvents}
 	}
 	ctx, cancel := e.kafkaCtx()
-	defer cancel()
 	done := make(chan struct{})
 	var err error
-	began := time.Now()
 	go func() {
 		defer close(done)
 		err = e.txn.Commit(ctx, e.key, d.Marshal())
 	}()
 	_ = e.wait(done, false) // not interruptible: returns once done
 	e.metrics.KafkaCommit.Observe(time.Since(began).Seconds())
+	if err == nil && e.txn.Settling() != nil {
+		e.flying, e.flyingEnd = &d, cancel
+		return nil
+	}
+	cancel()
+	return e.answered(d, err)
+}
+
+// settle waits for the answer to the commit in the background, if one
+// is, while still answering PostgreSQL.
+func (e *exactlyOnce) settle() error {
+	if e.flying == nil {
+		return nil
+	}
+	d, end := *e.flying, e.flyingEnd
+	e.flying, e.flyingEnd = nil, nil
+	_ = e.wait(e.txn.Settling(), false) // not interruptible: returns once answered
+	err := e.txn.Settle()
+	end()
+	return e.answered(d, err)
+}
+
+// answered hears Kafka's answer (err) to the commit of checkpoint d.
+func (e *exactlyOnce) answered(d checkpoint.Durable, err error) error {
 	if err != nil {
 		if e.unconfirmed != nil {
 			e.unconfirmed(err)

@@ -170,6 +170,25 @@ type fakeProducer struct {
 	commits   []checkpoint.Durable
 	aborts    int
 	commitErr error
+
+	// async hands each commit to the background, as two transactional
+	// producers taking turns do: answer (or, with autoAnswer, Commit
+	// itself) answers it; only then are its records acked and its
+	// checkpoint listed. A Commit before the last one was settled is a
+	// protocol violation, counted in overlaps.
+	async      bool
+	autoAnswer bool
+	flight     *fakeFlight
+	calls      int // Commit calls that handed a commit over
+	overlaps   int
+}
+
+// fakeFlight is a fakeProducer's commit in the background.
+type fakeFlight struct {
+	done chan struct{}
+	acks []router.Acker
+	d    checkpoint.Durable
+	err  error
 }
 
 func (p *fakeProducer) Send(ev *decoder.Event, _ decoder.LSN, a router.Acker) (<-chan struct{}, error) {
@@ -249,12 +268,73 @@ func (p *fakeProducer) Commit(_ context.Context, key, value []byte) error {
 	if err != nil || string(key) != d.Slot {
 		panic(fmt.Sprintf("bad checkpoint record %q: %v", value, err))
 	}
+	if p.async {
+		if p.flight != nil {
+			p.overlaps++ // two commits in flight: one could land without the other
+		}
+		p.calls++
+		p.flight = &fakeFlight{done: make(chan struct{}), acks: p.txnAcks, d: d}
+		p.txnAcks, p.inTxn = nil, false
+		if p.autoAnswer {
+			p.answerLocked(nil)
+		}
+		return nil
+	}
 	p.commits = append(p.commits, d)
 	for _, a := range p.txnAcks {
 		a.Ack()
 	}
 	p.txnAcks, p.inTxn = nil, false
 	return nil
+}
+
+// answer answers the commit in the background: committed when err is nil.
+func (p *fakeProducer) answer(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.answerLocked(err)
+}
+
+func (p *fakeProducer) answerLocked(err error) {
+	f := p.flight
+	if err == nil {
+		for _, a := range f.acks {
+			a.Ack()
+		}
+		p.commits = append(p.commits, f.d)
+	}
+	f.err = err
+	close(f.done)
+}
+
+// handed is how many commits were handed to the background.
+func (p *fakeProducer) handed() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls
+}
+
+func (p *fakeProducer) Settling() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.flight == nil {
+		return nil
+	}
+	return p.flight.done
+}
+
+func (p *fakeProducer) Settle() error {
+	p.mu.Lock()
+	f := p.flight
+	p.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	<-f.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.flight = nil
+	return f.err
 }
 
 func (p *fakeProducer) Abort(context.Context) error {
