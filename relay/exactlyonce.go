@@ -509,7 +509,7 @@ func (e *exactlyOnce) commitDue(now time.Time) bool {
 // transaction timeout, or once the relay stops, until the stop deadline
 // (see session.kafkaCtx).
 //
-// With two producers taking turns, Kafka.Txn.Commit hands the commit
+// With two producers taking turns, kafkaTxn.Commit hands the commit
 // itself to the background once Kafka has the records; the next commit
 // (or Tick, or Close) collects its answer first (settle). The commit's
 // time (walrelay_kafka_commit_seconds) is then what the relay waited:
