@@ -108,6 +108,7 @@ func defaultVars() kong.Vars {
 		"txn_max_interval":         dur(d.TxnMaxInterval),
 		"txn_min_interval":         dur(d.TxnMinInterval),
 		"txn_timeout":              dur(d.Router.TransactionTimeout),
+		"txn_producers":            n(d.Router.TxnProducers),
 	}
 }
 

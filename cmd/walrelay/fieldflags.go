@@ -63,6 +63,7 @@ var fieldFlags = map[string]string{
 	"router.Config.HeaderType":               "--header-type",
 	"router.Config.CreateTopics":             "--create-topics",
 	"router.Config.TransactionTimeout":       "--txn-timeout",
+	"router.Config.TxnProducers":             "--txn-producers",
 	"router.Config.CheckpointTopic":          "--checkpoint-topic",
 	"source.SetupConfig.URL":                 "--pg-url",
 	"source.SetupConfig.Slot":                "--slot",

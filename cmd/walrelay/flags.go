@@ -231,6 +231,7 @@ type DeliveryFlags struct {
 	TxnMaxInterval  time.Duration `default:"${txn_max_interval}" help:"Exactly-once: commit the Kafka transaction at least this often, for a stream that never runs dry (it commits as soon as it does)."`
 	TxnMinInterval  time.Duration `default:"${txn_min_interval}" help:"Exactly-once: when the stream runs dry, commit the Kafka transaction only once it is this old; raise it to trade latency for fewer Kafka transactions."`
 	TxnTimeout      time.Duration `default:"${txn_timeout}" help:"Exactly-once: how long the broker keeps a Kafka transaction open before aborting it; at least twice --txn-max-interval (refused at startup otherwise)."`
+	TxnProducers    int           `default:"${txn_producers}" help:"Exactly-once: transactional producers taking turns; 2 produces the next Kafka transaction's records, as <transactional-id>-1, while the last one commits (needs WRITE on that id too: a prefixed ACL covers both)."`
 }
 
 // flagGroup is a group of flags that sets its part of a relay.Config.
@@ -331,6 +332,7 @@ func (f DeliveryFlags) apply(cfg *relay.Config) error {
 	cfg.ExactlyOnce = f.Delivery == "exactly-once"
 	cfg.Router.TransactionalID, cfg.Router.CheckpointTopic = f.TransactionalID, f.CheckpointTopic
 	cfg.Router.TransactionTimeout = f.TxnTimeout
+	cfg.Router.TxnProducers = f.TxnProducers
 	cfg.TxnMaxEvents, cfg.TxnMaxInterval, cfg.TxnMinInterval = f.TxnMaxEvents, f.TxnMaxInterval, f.TxnMinInterval
 	return nil
 }
