@@ -810,7 +810,8 @@ func TestExactlyOnceCommitAfterBrokerTimeout(t *testing.T) {
 	var held atomic.Bool
 	released := make(chan struct{})
 	e.kafka.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		if r, ok := req.(*kmsg.EndTxnRequest); ok && r.Commit && r.TransactionalID == txnID && held.CompareAndSwap(false, true) {
+		// Either producer's (--txn-producers 2 commits as <id>-1 in turn).
+		if r, ok := req.(*kmsg.EndTxnRequest); ok && r.Commit && (r.TransactionalID == txnID || r.TransactionalID == txnID+"-1") && held.CompareAndSwap(false, true) {
 			// The fault: hold the commit past the transaction timeout,
 			// which runs on the broker's own clock.
 			e.kafka.SleepControl(func() { time.Sleep(1500 * time.Millisecond) })
