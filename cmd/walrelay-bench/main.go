@@ -64,6 +64,7 @@ type benchCmd struct {
 	RelayBinary   string        `help:"The walrelay binary under test (default: walrelay next to this executable, else the first on PATH)."`
 	RelayArg      []string      `help:"Extra flag for the relay under test (repeatable), e.g. --relay-arg=--binary."`
 	CompareBinary string        `help:"latency: a second walrelay binary, run in each round after the one under test on the same broker (rows marked relay=compare), to compare two builds in the same minutes."`
+	CompareArg    []string      `help:"latency: an extra flag for a second relay run in each round (repeatable; rows marked relay=compare), of --compare-binary when given, else of the binary under test: two settings in the same minutes, e.g. --compare-arg=--txn-producers=2."`
 	ColdCkpt      bool          `name:"cold-checkpoints" help:"Leave the checkpoint topic to the relay, as on its first start on a new cluster (default: the broker's setup creates and uses it first, as on a cluster in service)."`
 	PGURL         string        `name:"pg-url" help:"Use this PostgreSQL (a superuser URL) instead of a throwaway cluster."`
 	Brokers       []string      `help:"Use these Kafka brokers instead of an in-process kfake."`
@@ -111,7 +112,7 @@ func (c *benchCmd) run(ctx context.Context) int {
 	results, err := bench.Run(ctx, bench.Config{
 		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
 		Brokers: c.Broker, Deliveries: c.Delivery, ValueFormats: c.ValueFormat, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, FloorVariants: c.Floor, LatencyFloor: c.LatencyFloor, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
-		Repeat: c.Repeat, RelayArgs: c.RelayArg, CompareBinary: c.CompareBinary, ColdCheckpoints: c.ColdCkpt, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
+		Repeat: c.Repeat, RelayArgs: c.RelayArg, CompareBinary: c.CompareBinary, CompareArgs: c.CompareArg, ColdCheckpoints: c.ColdCkpt, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
 	})
 	if c.JSON {
 		if jerr := bench.PrintJSON(os.Stdout, results); jerr != nil && err == nil {

@@ -62,9 +62,13 @@ type Config struct {
 	// after Binary's runs, on the same broker (rows marked relay=compare),
 	// so that two builds are compared in the same minutes; empty: none.
 	CompareBinary string
-	PGURL         string   // external PostgreSQL (superuser); empty: throwaway cluster
-	KafkaBrokers  []string // external Kafka; empty: in-process kfake
-	Log           io.Writer
+	// CompareArgs: latency, extra walrelay flags for a second run in each
+	// round (rows marked relay=compare), of CompareBinary when set, else
+	// of Binary: two settings compared in the same minutes; empty: none.
+	CompareArgs  []string
+	PGURL        string   // external PostgreSQL (superuser); empty: throwaway cluster
+	KafkaBrokers []string // external Kafka; empty: in-process kfake
+	Log          io.Writer
 }
 
 // Result is one measured row.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -50,19 +51,24 @@ func (b *bencher) latencyAll(ctx context.Context) ([]Result, error) {
 		}
 		runs[r.Params] = append(runs[r.Params], r)
 	}
-	relays := []struct{ bin, label string }{{b.cfg.Binary, ""}}
-	if b.cfg.CompareBinary != "" {
-		relays = append(relays, struct{ bin, label string }{b.cfg.CompareBinary, " relay=compare"})
+	type relayRun struct {
+		bin, label string
+		args       []string
+	}
+	relays := []relayRun{{bin: b.cfg.Binary}}
+	if b.cfg.CompareBinary != "" || len(b.cfg.CompareArgs) > 0 {
+		bin := cmp.Or(b.cfg.CompareBinary, b.cfg.Binary)
+		relays = append(relays, relayRun{bin: bin, label: " relay=compare", args: b.cfg.CompareArgs})
 	}
 	defer func() { b.cfg.Binary = relays[0].bin }()
 	for _, rate := range b.cfg.Rates {
 		for range b.cfg.Repeat {
-			// The build under test, then --compare-binary's, on the same
-			// broker in the same round.
+			// The build under test, then the compared one (--compare-binary,
+			// --compare-arg), on the same broker in the same round.
 			for _, rb := range relays {
 				b.cfg.Binary = rb.bin
 				for _, d := range b.cfg.Deliveries {
-					r, err := b.latency(ctx, k, rate, d)
+					r, err := b.latency(ctx, k, rate, d, rb.args...)
 					if err != nil {
 						return collect(runs, order), err
 					}
@@ -90,7 +96,7 @@ const warmFor = time.Minute
 // configured duration and measures, per record, the time from the
 // transaction's commit (the record's timestamp) to a consumer reading it.
 // It runs on k, which the caller started, with topics of its own.
-func (b *bencher) latency(ctx context.Context, k *broker, rate int, delivery string) (Result, error) {
+func (b *bencher) latency(ctx context.Context, k *broker, rate int, delivery string, relayArgs ...string) (Result, error) {
 	su, err := b.newSetup(ctx, "relay")
 	if err != nil {
 		return Result{}, err
@@ -105,8 +111,9 @@ func (b *bencher) latency(ctx context.Context, k *broker, rate int, delivery str
 	if err != nil {
 		return Result{}, err
 	}
-	if _, err := su.startRelay(ctx, delivery, "--topic-template", fmt.Sprintf("outbox.event.{aggregate_type}.%d", b.seq),
-		"--checkpoint-topic", ckpt, "--metrics-addr", metricsAddr); err != nil {
+	args := append([]string{"--topic-template", fmt.Sprintf("outbox.event.{aggregate_type}.%d", b.seq),
+		"--checkpoint-topic", ckpt, "--metrics-addr", metricsAddr}, relayArgs...)
+	if _, err := su.startRelay(ctx, delivery, args...); err != nil {
 		return Result{}, err
 	}
 	rl := su.relay
