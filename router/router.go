@@ -399,7 +399,7 @@ func New(cfg Config, opts []kgo.Opt, log *zap.Logger, m *metrics.Metrics, fatal 
 			return nil, fmt.Errorf("kafka client: %w", err)
 		}
 	} else {
-		r.txn = &Txn{r: r}
+		r.txn = &Txn{r: r, opts: all}
 		for n := range max(cfg.TxnProducers, 1) {
 			l := &lane{n: n, id: laneID(cfg.TransactionalID, n), first: firstWrites{}}
 			l.client, err = kgo.NewClient(append(all[:len(all):len(all)], kgo.TransactionalID(l.id), kgo.TransactionTimeout(cfg.TransactionTimeout))...)

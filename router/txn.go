@@ -69,6 +69,7 @@ type Txn struct {
 	settleMax  time.Duration // how long settle waits at most (0: settleMax)
 	broken     atomic.Bool   // a transactional call failed: replace the producer
 	took       atomic.Bool   // Init succeeded (TookID)
+	opts       []kgo.Opt     // the lanes' client options but the transactional ones (sweep)
 }
 
 // lane is one transactional producer and its Kafka transaction. The
@@ -437,8 +438,12 @@ func (l *lane) fenceError(timeout time.Duration, err error) error {
 // The second lane's id, "<id>-1", needs its own WRITE: a prefixed ACL on
 // the id covers both, a literal one only the first. Denied it, the router
 // keeps one lane (commits wait for their markers, as before two lanes),
-// with a warning naming the ACL to add.
+// with a warning naming the ACL to add. With one lane, Init first aborts
+// a transaction a relay with two left open on "<id>-1" (sweep).
 func (t *Txn) Init(ctx context.Context) error {
+	if len(t.lanes) == 1 {
+		t.sweep(ctx, laneID(t.lanes[0].id, 1))
+	}
 	for i, l := range t.lanes {
 		err := t.initLane(ctx, l)
 		if err != nil && i > 0 && t.r.denial(err, "") != nil {
@@ -456,6 +461,37 @@ func (t *Txn) Init(ctx context.Context) error {
 	}
 	t.took.Store(true)
 	return nil
+}
+
+// sweep aborts a Kafka transaction that a relay with two producers left
+// open on the second id (killed, then started again with one: a
+// downgrade, or --txn-producers lowered). Nothing else would take that id
+// before the broker's transaction timeout (60 s by default), and until
+// then read_committed consumers of its partitions stall, and so does the
+// checkpoint read when it holds a checkpoint record. Only an open one is
+// taken, so that a relay that never had two producers registers nothing.
+// A look that fails or is denied only leaves such a transaction to the
+// timeout: it is not an error.
+func (t *Txn) sweep(ctx context.Context, id string) {
+	log := t.r.log.With(zap.String("transactional_id", id))
+	described, err := t.r.admin.DescribeTransactions(ctx, id)
+	if err != nil {
+		log.Debug("cannot look for an open Kafka transaction of a second producer", zap.Error(err))
+		return
+	}
+	if d := described[id]; d.Err != nil || d.State != "Ongoing" {
+		return
+	}
+	cl, err := kgo.NewClient(append(t.opts[:len(t.opts):len(t.opts)], kgo.TransactionalID(id), kgo.TransactionTimeout(t.r.cfg.TransactionTimeout))...)
+	if err == nil {
+		_, _, err = cl.ProducerID(ctx)
+		cl.Close()
+	}
+	if err != nil {
+		log.Warn("a second transactional producer's Kafka transaction is open (a relay ran with --txn-producers 2) and could not be aborted: read_committed consumers of its partitions wait for the broker's transaction timeout", zap.Error(err))
+		return
+	}
+	log.Info("aborted the Kafka transaction a second transactional producer left open (a relay ran with --txn-producers 2)")
 }
 
 // initLane takes lane l's transactional id.

@@ -6,11 +6,16 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/metrics"
 )
 
 // TestKafkaTxnCommitAcksAbortDoesNot runs the transactional producer
@@ -274,5 +279,61 @@ func TestKafkaTxnTwoLanesTakeTurns(t *testing.T) {
 	value, found, err := txn.ReadCheckpoint(ctx, []byte("slot"))
 	if err != nil || !found || string(value) != "checkpoint 5" {
 		t.Fatalf("checkpoint read back %q (found %v, %v), want the newest, checkpoint 5", value, found, err)
+	}
+}
+
+// TestKafkaTxnOneProducerSweepsTheSecond leaves a Kafka transaction open on
+// the second producer, "<id>-1", as a relay with two producers killed
+// between two commits does, and starts a router with one producer (a
+// downgrade, or --txn-producers lowered): its Init must abort that
+// transaction, which nothing else takes before the broker's transaction
+// timeout, so that read_committed readers do not stall behind it.
+func TestKafkaTxnOneProducerSweepsTheSecond(t *testing.T) {
+	e := newEnv(t, withDefaults(Config{TransactionalID: "walrelay-test", TxnProducers: 2}))
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	txn := e.r.Txn()
+	if err := txn.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.mustSend(event("e0", "order", "k1", `{}`), 1, &testAcker{})
+	if err := txn.Commit(ctx, []byte("slot"), []byte("checkpoint 0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	e.mustSend(event("e1", "order", "k1", `{}`), 2, &testAcker{})
+	e.flush()
+	adm := kadm.NewClient(e.helper())
+	state := func(id string) string {
+		d, err := adm.DescribeTransactions(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d[id].State
+	}
+	if st := state("walrelay-test-1"); st != "Ongoing" {
+		t.Fatalf("the second producer's transaction is %q, want Ongoing: the scenario did not happen", st)
+	}
+
+	one, err := New(withDefaults(Config{TransactionalID: "walrelay-test", CreateTopics: true}), e.routerOpts(),
+		zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), metrics.NewUnregistered(), func(error) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	if err := one.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := one.Txn().Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := state("walrelay-test-1"); st == "Ongoing" {
+		t.Fatal("a router with one producer left the second producer's transaction open")
+	}
+	value, found, err := one.Txn().ReadCheckpoint(ctx, []byte("slot"))
+	if err != nil || !found || string(value) != "checkpoint 0" {
+		t.Fatalf("checkpoint read back %q (found %v, %v), want checkpoint 0", value, found, err)
 	}
 }
