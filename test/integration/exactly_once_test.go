@@ -44,7 +44,10 @@ import (
 // right after each kill: in the end a read_committed consumer has read
 // every committed id exactly once, per key in commit order, nothing else,
 // and the slot is confirmed past the end of the writes. A read_uncommitted
-// consumer runs alongside to show how many aborted copies existed.
+// consumer runs alongside to show how many aborted copies existed. The
+// relay runs with two transactional producers (--txn-producers 2) and one
+// in turn, so that every kill is also an upgrade or a downgrade: a kill
+// between two producers' commits, then a relay with one, or the reverse.
 func TestExactlyOnceKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("20 kills of the relay under load")
@@ -59,7 +62,8 @@ func TestExactlyOnceKills(t *testing.T) {
 	// checkpoint by up to 3s of committed Kafka transactions at every
 	// kill, so each restart must skip what PostgreSQL resends.
 	args := e.eosArgs("--status-interval", "3s", "--confirm-delay", "3s")
-	p := startProc(t, nil, args...)
+	producers := func(kills int) []string { return append(args[:len(args):len(args)], "--txn-producers", strconv.Itoa(2-kills%2)) }
+	p := startProc(t, nil, producers(0)...)
 	rc := e.consumeIsolated(true)
 	ru := e.consumeIsolated(false)
 	e.waitSlotStreamed(60 * time.Second)
@@ -100,7 +104,7 @@ func TestExactlyOnceKills(t *testing.T) {
 		kill9(p)
 		done++
 		killLog = append(killLog, fmt.Sprintf("%d/%d", rc.distinct(), wr.rows.Load()))
-		p = startProc(t, nil, args...)
+		p = startProc(t, nil, producers(done)...)
 	}
 	wr.wait(t)
 	writeTime := time.Since(start)
