@@ -43,6 +43,7 @@ type Metrics struct {
 	KafkaTransactions     prometheus.Counter
 	KafkaCommit           prometheus.Histogram
 	KafkaMarkerWait       prometheus.Histogram
+	KafkaTxnProducers     prometheus.Gauge
 	UnmappedInserts       *prometheus.CounterVec
 	SnapshotRows          prometheus.Counter
 	SnapshotRunning       prometheus.Gauge
@@ -233,6 +234,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:    "walrelay_kafka_marker_wait_seconds",
 			Help:    "Exactly-once: how long the first record of a Kafka transaction waited for the transaction coordinator to complete the previous commit (write its markers; 0 when it was complete already), so that the broker does not hold the record for its CONCURRENT_TRANSACTIONS retry. With walrelay_kafka_commit_seconds it is most of each Kafka transaction's cycle; high, it is the broker's time.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		KafkaTxnProducers: f.NewGauge(prometheus.GaugeOpts{
+			Name: "walrelay_kafka_transactional_producers",
+			Help: "Exactly-once: transactional producers taking turns in the session (router.Config.TxnProducers; 1 when Kafka denied the second id, with a warning naming the ACL to add); 0 before the transactional ids are taken.",
 		}),
 		UnmappedInserts: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_unmapped_inserts_total",

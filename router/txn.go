@@ -427,7 +427,7 @@ func (l *lane) fenceError(timeout time.Duration, err error) error {
 	if open := time.Since(time.Unix(0, l.began.Load())); open >= timeout {
 		return fmt.Errorf("%w (open %s, transaction timeout %s): %w", ErrTxnTimedOut, open.Round(time.Millisecond), timeout, err)
 	}
-	return fmt.Errorf("%w: %w", ErrFenced, err)
+	return fmt.Errorf("%w (%s): %w", ErrFenced, l.id, err)
 }
 
 // Init registers the transactional ids with Kafka, fencing any older
@@ -459,13 +459,14 @@ func (t *Txn) Init(ctx context.Context) error {
 			return err
 		}
 	}
+	t.r.metrics.KafkaTxnProducers.Set(float64(len(t.lanes)))
 	t.took.Store(true)
 	return nil
 }
 
 // sweep aborts a Kafka transaction that a relay with two producers left
 // open on the second id (killed, then started again with one: a
-// downgrade, or --txn-producers lowered). Nothing else would take that id
+// downgrade, or TxnProducers lowered). Nothing else would take that id
 // before the broker's transaction timeout (60 s by default), and until
 // then read_committed consumers of its partitions stall, and so does the
 // checkpoint read when it holds a checkpoint record. Only an open one is
@@ -488,10 +489,10 @@ func (t *Txn) sweep(ctx context.Context, id string) {
 		cl.Close()
 	}
 	if err != nil {
-		log.Warn("a second transactional producer's Kafka transaction is open (a relay ran with --txn-producers 2) and could not be aborted: read_committed consumers of its partitions wait for the broker's transaction timeout", zap.Error(err))
+		log.Warn("a second transactional producer's Kafka transaction is open (a relay ran with router.Config.TxnProducers 2) and could not be aborted: read_committed consumers of its partitions wait for the broker's transaction timeout", zap.Error(err))
 		return
 	}
-	log.Info("aborted the Kafka transaction a second transactional producer left open (a relay ran with --txn-producers 2)")
+	log.Info("aborted the Kafka transaction a second transactional producer left open (a relay ran with router.Config.TxnProducers 2)")
 }
 
 // initLane takes lane l's transactional id.

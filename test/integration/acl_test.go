@@ -54,6 +54,77 @@ func TestKafkaACL(t *testing.T) {
 		a.revokeRestore(true, kadm.NewACLs().Allow(a.principal()).AllowHosts().TransactionalIDs(a.txnID()).Operations(kadm.OpWrite), "",
 			func(from, n int) { a.insertRows("orders", from, n) })
 	})
+	// Two transactional producers (--txn-producers 2) also write as
+	// "<id>-1": a literal ACL on the id leaves the relay one, with a
+	// warning naming the ACL to add; a prefixed one covers both.
+	for _, prefixed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("second transactional id/prefixed ACL %v", prefixed), func(t *testing.T) {
+			newACLEnv(t, k).twoProducers(prefixed)
+		})
+	}
+}
+
+// twoProducers runs the relay with two transactional producers, granted
+// WRITE on its transactional id by a literal ACL (newACLEnv's) or also a
+// prefixed one, writes rows and checks each is read once read_committed,
+// and that the second id, "<id>-1", was used only when the prefixed ACL
+// allows it, with one warning naming the ACL to add when not, and
+// walrelay_kafka_transactional_producers saying how many are used.
+func (a *aclEnv) twoProducers(prefixed bool) {
+	t := a.t
+	second := a.txnID() + "-1"
+	if prefixed {
+		a.grant(kadm.NewACLs().Allow(a.principal()).AllowHosts().TransactionalIDs(a.txnID()).
+			ResourcePatternType(kadm.ACLPatternPrefixed).Operations(kadm.OpWrite, kadm.OpDescribe))
+	}
+	logs := a.observeLogs()
+	rc := a.consumeIsolated(true)
+	cfg := a.relayConfig(true)
+	cfg.Router.TxnProducers = 2
+	rr, reg := a.startRelayGathered(cfg)
+	const rows = 40
+	for s := 0; s < rows; s += 10 {
+		a.insertRows("orders", s, 10)
+		a.waitFor(fmt.Sprintf("%d rows read", s+10), 120*time.Second, func() (bool, error) {
+			if ok, err := rr.returned(); ok {
+				return false, fmt.Errorf("relay stopped: %v", err)
+			}
+			return rc.distinct() >= s+10, fmt.Errorf("%d rows read", rc.distinct())
+		})
+	}
+	if n := len(rc.records()); n != rows {
+		t.Errorf("%d records read read_committed, want each of the %d rows once", n, rows)
+	}
+	warned := warnings(logs, "second transactional id")
+	used := a.describeTxnErr(second) == nil
+	if got, want := gathered(reg, "walrelay_kafka_transactional_producers")[""], map[bool]float64{false: 1, true: 2}[prefixed]; got != want {
+		t.Errorf("walrelay_kafka_transactional_producers = %v, want %v", got, want)
+	}
+	switch {
+	case prefixed && (len(warned) > 0 || !used):
+		t.Errorf("with a prefixed ACL: %d warnings about the second id, %s used: %v; want none, and used", len(warned), second, used)
+	case !prefixed && (len(warned) != 1 || used):
+		t.Errorf("with a literal ACL on the id only: %d warnings about the second id, %s used: %v; want one, and not used", len(warned), second, used)
+	case !prefixed && !strings.Contains(fmt.Sprint(warned[0].Message, warned[0].Context), "PREFIXED"):
+		t.Errorf("the warning does not name the prefixed ACL to add: %s %v", warned[0].Message, warned[0].Context)
+	}
+	if len(warned) > 0 {
+		t.Logf("warning: %s %v", warned[0].Message, warned[0].Context)
+	}
+}
+
+// describeTxnErr is the broker's error describing txnID's transaction
+// (TRANSACTIONAL_ID_NOT_FOUND when no producer ever took the id), as the
+// super user.
+func (a *aclEnv) describeTxnErr(txnID string) error {
+	ds, err := a.adm.DescribeTransactions(a.ctx, txnID)
+	if err != nil {
+		return err
+	}
+	if d, ok := ds[txnID]; ok {
+		return d.Err
+	}
+	return fmt.Errorf("%s not described", txnID)
 }
 
 func modeName(eos bool) string {
