@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -379,6 +380,10 @@ func (g *guard) afterFence(err error, walsender uint32) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	txnID := g.cfg.Router.TransactionalID
+	ids := strconv.Quote(txnID)
+	if g.cfg.Router.TxnProducers > 1 {
+		ids += " or " + strconv.Quote(txnID+"-1") // err names the one taken
+	}
 	holds, qerr := g.slotHolder(ctx, walsender)
 	switch {
 	case qerr != nil:
@@ -388,8 +393,8 @@ func (g *guard) afterFence(err error, walsender uint32) error {
 			zap.String("slot", g.cfg.Slot), zap.String("transactional_id", txnID), zap.NamedError("slot_check", qerr), zap.Error(err))
 		return err
 	case holds:
-		return &fatalError{fmt.Errorf("transactional id %q was taken by another producer while this relay holds slot %q: a relay of another slot, or another tool, uses the same transactional id (relay.Config.Router.TransactionalID); give each relay its own (restarting would take it back, and the two would fence each other forever): %w",
-			txnID, g.cfg.Slot, err)}
+		return &fatalError{fmt.Errorf("transactional id %s was taken by another producer while this relay holds slot %q: a relay of another slot, or another tool, uses the same transactional id (relay.Config.Router.TransactionalID); give each relay its own (restarting would take it back, and the two would fence each other forever): %w",
+			ids, g.cfg.Slot, err)}
 	default:
 		g.log.Warn("fenced: another relay took the slot and then the transactional id while this one had lost the slot without noticing; nothing this one sent since its last Kafka commit becomes visible; restarting, it waits as a standby",
 			zap.String("slot", g.cfg.Slot), zap.String("transactional_id", txnID), zap.Error(err))
