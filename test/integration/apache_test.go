@@ -495,8 +495,9 @@ func TestApacheBrokerRestartTxnOpen(t *testing.T) {
 // restarted, and the next kill waits until every partition is fully in
 // sync again, so that two replicas always hold each acknowledged record.
 // At-least-once: every committed id is read, per key in commit order.
-// Exactly-once: read_committed reads every committed id exactly once. The
-// relay keeps running throughout. Reported: events, kills, lost,
+// Exactly-once, with one transactional producer and with two taking turns
+// (--txn-producers 2): read_committed reads every committed id exactly
+// once. The relay keeps running throughout. Reported: events, kills, lost,
 // duplicates and the longest time no new id arrived while writers ran.
 func TestApacheThreeNodeKills(t *testing.T) {
 	needApache(t)
@@ -513,12 +514,18 @@ func TestApacheThreeNodeKills(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer adm.Close()
-	for _, mode := range []string{"at-least-once", "exactly-once"} {
+	for _, mode := range []string{"at-least-once", "exactly-once", "exactly-once, two producers"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t)
 			e.brokers = k.Addrs()
-			eos := mode == "exactly-once"
+			eos := strings.HasPrefix(mode, "exactly-once")
 			args := append(e.args(), "--topic-replication-factor", "3")
+			two := strings.HasSuffix(mode, "two producers")
+			if two {
+				// A coordinator killed while one producer commits and
+				// the other's transaction is open.
+				args = append(args, "--txn-producers", "2")
+			}
 			var distinct func() int
 			var rc *eosConsumer
 			var c *consumer
@@ -553,7 +560,11 @@ func TestApacheThreeNodeKills(t *testing.T) {
 				e.waitInSync(adm, 3, topics...)
 				victim, why := e.leaderOf(adm, e.topic("w"), int32(i%3)), "leader of partition "+strconv.Itoa(i%3)
 				if eos && i%2 == 0 {
-					victim, why = e.txnCoordinator(adm, "walrelay-"+e.name), "transaction coordinator"
+					id := "walrelay-" + e.name
+					if two && i%4 == 2 {
+						id += "-1" // the second producer's coordinator
+					}
+					victim, why = e.txnCoordinator(adm, id), "transaction coordinator of "+id
 				}
 				// Pace the kills through the run: a moment of load first.
 				time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
