@@ -62,7 +62,9 @@ func TestExactlyOnceKills(t *testing.T) {
 	// checkpoint by up to 3s of committed Kafka transactions at every
 	// kill, so each restart must skip what PostgreSQL resends.
 	args := e.eosArgs("--status-interval", "3s", "--confirm-delay", "3s")
-	producers := func(kills int) []string { return append(args[:len(args):len(args)], "--txn-producers", strconv.Itoa(2-kills%2)) }
+	producers := func(kills int) []string {
+		return append(args[:len(args):len(args)], "--txn-producers", strconv.Itoa(2-kills%2))
+	}
 	p := startProc(t, nil, producers(0)...)
 	rc := e.consumeIsolated(true)
 	ru := e.consumeIsolated(false)
