@@ -381,8 +381,14 @@ func (g *guard) afterFence(err error, walsender uint32) error {
 	defer cancel()
 	txnID := g.cfg.Router.TransactionalID
 	ids := strconv.Quote(txnID)
+	// Two producers make ids that differ collide: this relay's second id,
+	// or this one's id as another relay's second. Only the error can say.
+	var pair string
 	if g.cfg.Router.TxnProducers > 1 {
 		ids += " or " + strconv.Quote(txnID+"-1") // err names the one taken
+		pair = fmt.Sprintf(" (its second producer uses %q: no other relay's id may be that)", txnID+"-1")
+	} else if first, ok := strings.CutSuffix(txnID, "-1"); ok && first != "" {
+		pair = fmt.Sprintf(" (%q is also the second producer's id of a relay with transactional id %q and router.Config.TxnProducers 2)", txnID, first)
 	}
 	holds, qerr := g.slotHolder(ctx, walsender)
 	switch {
@@ -393,8 +399,8 @@ func (g *guard) afterFence(err error, walsender uint32) error {
 			zap.String("slot", g.cfg.Slot), zap.String("transactional_id", txnID), zap.NamedError("slot_check", qerr), zap.Error(err))
 		return err
 	case holds:
-		return &fatalError{fmt.Errorf("transactional id %s was taken by another producer while this relay holds slot %q: a relay of another slot, or another tool, uses the same transactional id (relay.Config.Router.TransactionalID); give each relay its own (restarting would take it back, and the two would fence each other forever): %w",
-			ids, g.cfg.Slot, err)}
+		return &fatalError{fmt.Errorf("transactional id %s was taken by another producer while this relay holds slot %q: a relay of another slot, or another tool, uses the same transactional id (relay.Config.Router.TransactionalID)%s; give each relay its own (restarting would take it back, and the two would fence each other forever): %w",
+			ids, g.cfg.Slot, pair, err)}
 	default:
 		g.log.Warn("fenced: another relay took the slot and then the transactional id while this one had lost the slot without noticing; nothing this one sent since its last Kafka commit becomes visible; restarting, it waits as a standby",
 			zap.String("slot", g.cfg.Slot), zap.String("transactional_id", txnID), zap.Error(err))

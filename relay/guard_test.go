@@ -6,6 +6,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/metrics"
+	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -221,4 +223,32 @@ func TestSessionGapPassesOtherErrors(t *testing.T) {
 func isGap(err error) bool {
 	var g *slot.GapError
 	return errors.As(err, &g)
+}
+
+// TestFencedErrorNamesTheSecondProducersID: with two producers, ids that
+// differ collide ("orders" with two producers, "orders-1" on another
+// relay); the refusal of either relay says so, or the operator, seeing two
+// different ids, has nothing to go on.
+func TestFencedErrorNamesTheSecondProducersID(t *testing.T) {
+	for _, tc := range []struct {
+		id        string
+		producers int
+		want      string
+	}{
+		{"orders", 2, `its second producer uses "orders-1"`},
+		{"orders-1", 1, `"orders-1" is also the second producer's id of a relay with transactional id "orders"`},
+		{"orders", 1, ""},
+	} {
+		cfg := validConfig()
+		cfg.ExactlyOnce, cfg.Router.TransactionalID, cfg.Router.TxnProducers = true, tc.id, tc.producers
+		r, _, _ := observedRelay(t, cfg)
+		r.guard.slotHolder = func(context.Context, uint32) (bool, error) { return true, nil }
+		err := r.guard.afterFence(fmt.Errorf("commit: %w", router.ErrFenced), 4242)
+		if !isFatal(err) {
+			t.Fatalf("%s, %d producers: %v, want fatal", tc.id, tc.producers, err)
+		}
+		if tc.want == "" && strings.Contains(err.Error(), "second producer") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s, %d producers: %v\nwant it to say %q", tc.id, tc.producers, err, tc.want)
+		}
+	}
 }
