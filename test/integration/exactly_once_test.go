@@ -436,6 +436,15 @@ func TestExactlyOnceFencing(t *testing.T) {
 func TestExactlyOnceSharedTransactionalID(t *testing.T) {
 	e := newEnv(t)
 	shared := "walrelay-shared-" + e.name
+	e.sharedTransactionalID(shared, shared, nil)
+}
+
+// sharedTransactionalID is TestExactlyOnceSharedTransactionalID's run: relay
+// X on the test's outbox with transactional id idX (and extraX), relay Y on
+// another table with idY, where the two relays' ids overlap; it returns the
+// output of the relay that exited.
+func (e *env) sharedTransactionalID(idX, idY string, extraX []string) string {
+	t := e.t
 	nameY := e.name + "_y"
 	e.exec(`CREATE TABLE outbox_y (LIKE outbox INCLUDING ALL)`)
 	t.Cleanup(func() {
@@ -457,12 +466,12 @@ func TestExactlyOnceSharedTransactionalID(t *testing.T) {
 			return err == nil && left == 0, fmt.Errorf("slot %s still there (%v)", nameY, err)
 		})
 	})
-	argsX := func(id string) []string { return e.eosArgs("--transactional-id", id) }
+	argsX := func(id string) []string { return e.eosArgs(append([]string{"--transactional-id", id}, extraX...)...) }
 	argsY := func(id string) []string {
 		return e.eosArgs("--transactional-id", id, "--slot", nameY, "--publication", nameY, "--table", "public.outbox_y",
 			"--topic-template", "other-"+e.topicPrefix()+"{aggregate_type}", "--dead-letter-topic", "other-"+e.topicPrefix()+"dlq")
 	}
-	procs := [2]*proc{startProc(t, nil, argsX(shared)...)}
+	procs := [2]*proc{startProc(t, nil, argsX(idX)...)}
 	rc := e.consumeIsolated(true)
 	e.waitWalsender(0, 60*time.Second)
 
@@ -473,7 +482,7 @@ func TestExactlyOnceSharedTransactionalID(t *testing.T) {
 	rc.waitDistinct(100, 2*time.Minute)
 	stopY := pacedInserts(e, "outbox_y", "y", 20*time.Millisecond)
 	defer stopY()
-	procs[1] = startProc(t, nil, argsY(shared)...)
+	procs[1] = startProc(t, nil, argsY(idY)...)
 
 	gone := -1
 	e.waitFor("one of the two relays sharing a transactional id exiting", 2*time.Minute, func() (bool, error) {
@@ -511,6 +520,7 @@ func TestExactlyOnceSharedTransactionalID(t *testing.T) {
 	checkRunning(t, procs[0], "relay X")
 	checkRunning(t, procs[1], "relay Y")
 	t.Logf("relay %s exited %d: %s; restarted with its own id; %d outbox events read exactly once", name, code, grepLines(out, "--transactional-id", 1), n)
+	return out
 }
 
 // pacedInserts inserts a row into table (aggregate type aggType, keys

@@ -12,6 +12,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -132,4 +133,84 @@ func (e *env) describeTxn(txnID string) kadm.DescribedTransaction {
 		e.t.Fatalf("describe transaction %s: %v (described: %v)", txnID, d.Err, ok)
 	}
 	return d
+}
+
+// TestTwoProducersOneIDTaken fences one of a two-producer relay's two
+// transactional ids, the other's transaction open or committing:
+//   - an outside producer takes "<id>" or "<id>-1" once (a tool, an
+//     operator's script), while that id's Kafka transaction is open;
+//   - a relay of another slot runs with "<id>-1" as its own id, the
+//     collision two producers bring: the ids differ, so only the error can
+//     tell the operator why they fence each other.
+//
+// The relay still holds its slot, so it must not take the id back in a
+// loop: it stops with exit code 3 and an error naming the id taken (Apache
+// Kafka 4.4 may answer the fence UNKNOWN_SERVER_ERROR, which the relay takes
+// for a broker's failure and restarts from: against a one-off producer,
+// that takes the id back once and goes on). Whatever the other lane's
+// commit did, every committed id is then read exactly once.
+func TestTwoProducersOneIDTaken(t *testing.T) {
+	for _, lane := range []string{"", "-1"} {
+		t.Run("an outside producer takes <id>"+lane, func(t *testing.T) {
+			e := newEnv(t)
+			args := e.eosArgs("--txn-min-interval", "500ms", "--txn-producers", "2")
+			a := startProc(t, nil, args...)
+			rc := e.consumeIsolated(true)
+			e.waitWalsender(0, 60*time.Second)
+			const writers, perWriter = 4, 400
+			wr := e.startWriters(writers, 0, perWriter, 20*time.Millisecond)
+			rc.waitDistinct(writers*perWriter/4, 2*time.Minute)
+
+			taken := "walrelay-" + e.name + lane
+			e.waitTxnOngoing(taken, 30*time.Second)
+			e.takeTransactionalID(taken)
+			const restartMsg = "relay restarting from the last confirmed position"
+			e.waitFor("the relay stopping, or restarting, once fenced", time.Minute, func() (bool, error) {
+				out := a.out.String()
+				return exited(a) || strings.Contains(out, restartMsg), fmt.Errorf("its last lines:\n%s", lastLines(out, 3))
+			})
+			out := a.out.String()
+			if exited(a) {
+				code, _, _ := a.wait(time.Second)
+				if code != 3 || !strings.Contains(out, strconv.Quote(taken)) || !strings.Contains(out, "--transactional-id") {
+					t.Fatalf("the fenced relay exited %d, want 3 with an error naming %q and --transactional-id: %s", code, taken, lastLines(out, 3))
+				}
+				if strings.Contains(out, "another relay took the slot") {
+					t.Errorf("the relay took itself for one that lost its slot:\n%s", grepLines(out, "fenced", 2))
+				}
+				a = startProc(t, nil, args...) // the outside producer is gone: the operator's restart
+			} else if apache == nil {
+				t.Fatalf("on kfake the fenced relay must stop with exit code 3 while it holds its slot; it restarted: %s", grepLines(out, restartMsg, 1))
+			}
+			wr.wait(t)
+			_, n := e.deliveredExactlyOnce(rc, 2*time.Minute)
+			checkRunning(t, a, "the relay")
+			t.Logf("%s taken by an outside producer: %s; %d events read exactly once", taken, lastLines(out, 1), n)
+		})
+	}
+	t.Run("a relay whose id is <id>-1", func(t *testing.T) {
+		e := newEnv(t)
+		id := "walrelay-pair-" + e.name
+		out := e.sharedTransactionalID(id, id+"-1", []string{"--txn-producers", "2"})
+		if !strings.Contains(out, "second producer") {
+			t.Errorf("the error does not say that %q is the second producer's id of the relay with id %q: %s", id+"-1", id, lastLines(out, 2))
+		}
+	})
+}
+
+// takeTransactionalID registers a producer of its own under txnID, as a
+// tool would: the broker aborts the transaction open under it and fences
+// its producer.
+func (e *env) takeTransactionalID(txnID string) {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.TransactionalID(txnID))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		e.t.Fatalf("take transactional id %s: %v", txnID, err)
+	}
 }
