@@ -376,7 +376,7 @@ var metricOrder = []string{
 	"primary_cpu_us_per_event", "primary_walsender_us_per_event", "primary_rest_us_per_event", "standby_cpu_us_per_event", "standby_walsender_us_per_event",
 	"primary_cpu_ratio", "primary_cpu_us_saved", "both_cpu_ratio", "added_p50_ms", "added_p99_ms",
 	"kafka_txns", "p50_ms", "p99_ms", "max_ms", "achieved_rate", "events", "kafka_txns_per_s", "broker_cpu_percent",
-	"commit_ms_per_txn", "marker_wait_ms_per_txn", "relay_cpu_percent", "flush_ms_per_txn", "endtxn_ms_per_txn", "settle_ms_per_txn",
+	"commit_ms_per_txn", "marker_wait_ms_per_txn", "commits_over_16ms", "marker_waits_over_16ms", "relay_cpu_percent", "flush_ms_per_txn", "endtxn_ms_per_txn", "settle_ms_per_txn",
 	"first_record_s", "drain_s", "peak_rss_mb", "cpu_percent",
 	"first_new_record_s", "delivered_twice",
 	"spans_per_event", "tracing_cpu_us_per_event", "rate_ratio", "load1",

@@ -18,7 +18,7 @@ import (
 func TestScrapeRelayCycleMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cpu := promauto.With(reg).NewCounter(prometheus.CounterOpts{Name: "process_cpu_seconds_total"})
-	commit := promauto.With(reg).NewHistogram(prometheus.HistogramOpts{Name: "walrelay_kafka_commit_seconds"})
+	commit := promauto.With(reg).NewHistogram(prometheus.HistogramOpts{Name: "walrelay_kafka_commit_seconds", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
 	restarts := promauto.With(reg).NewCounterVec(prometheus.CounterOpts{Name: "walrelay_stream_restarts_total"}, []string{"cause"})
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
@@ -36,6 +36,7 @@ func TestScrapeRelayCycleMetrics(t *testing.T) {
 	cpu.Add(0.5)
 	commit.Observe(0.002)
 	commit.Observe(0.004)
+	commit.Observe(0.030) // a stall
 	to, err := scrapeRelay(addr)
 	if err != nil {
 		t.Fatal(err)
@@ -46,8 +47,11 @@ func TestScrapeRelayCycleMetrics(t *testing.T) {
 	if got := m["relay_cpu_percent"]; math.Abs(got-50) > 1e-9 {
 		t.Errorf("relay_cpu_percent = %v, want 50", got)
 	}
-	if got := m["commit_ms_per_txn"]; math.Abs(got-3) > 1e-9 {
-		t.Errorf("commit_ms_per_txn = %v, want 3", got)
+	if got := m["commit_ms_per_txn"]; math.Abs(got-12) > 1e-9 {
+		t.Errorf("commit_ms_per_txn = %v, want 12", got)
+	}
+	if got := m["commits_over_16ms"]; got != 1 {
+		t.Errorf("commits_over_16ms = %v, want 1", got)
 	}
 	if _, ok := m["marker_wait_ms_per_txn"]; ok {
 		t.Error("marker_wait_ms_per_txn set with no marker wait observed")
