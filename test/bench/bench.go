@@ -12,6 +12,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -58,17 +59,37 @@ type Config struct {
 	// uses it first, as on a cluster in service (see warmTransactions).
 	ColdCheckpoints bool
 	Binary          string // the walrelay binary under test (required: cmd/walrelay-bench finds it)
-	// CompareBinary: latency, a second walrelay binary run in each round
-	// after Binary's runs, on the same broker (rows marked relay=compare),
-	// so that two builds are compared in the same minutes; empty: none.
+	// CompareBinary: drain and latency, a second walrelay binary run in
+	// each round after Binary's runs, on the same broker (rows marked
+	// relay=compare), so that two builds are compared in the same
+	// minutes; empty: none.
 	CompareBinary string
-	// CompareArgs: latency, extra walrelay flags for a second run in each
-	// round (rows marked relay=compare), of CompareBinary when set, else
-	// of Binary: two settings compared in the same minutes; empty: none.
+	// CompareArgs: drain and latency, extra walrelay flags for a second
+	// run in each round (rows marked relay=compare), of CompareBinary when
+	// set, else of Binary: two settings compared in the same minutes;
+	// empty: none.
 	CompareArgs  []string
 	PGURL        string   // external PostgreSQL (superuser); empty: throwaway cluster
 	KafkaBrokers []string // external Kafka; empty: in-process kfake
 	Log          io.Writer
+}
+
+// relayRun is one relay a round measures: the build under test, or the
+// one compared with it (--compare-binary, --compare-arg), whose rows'
+// parameters end in label.
+type relayRun struct {
+	bin, label string
+	args       []string
+}
+
+// relayRuns lists the relays each round runs, the build under test first.
+func (b *bencher) relayRuns() []relayRun {
+	relays := []relayRun{{bin: b.cfg.Binary}}
+	if b.cfg.CompareBinary != "" || len(b.cfg.CompareArgs) > 0 {
+		bin := cmp.Or(b.cfg.CompareBinary, b.cfg.Binary)
+		relays = append(relays, relayRun{bin: bin, label: " relay=compare", args: b.cfg.CompareArgs})
+	}
+	return relays
 }
 
 // Result is one measured row.

@@ -90,12 +90,16 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	relays := b.relayRuns()
+	defer func() { b.cfg.Binary = relays[0].bin }()
 	var out []Result
 	for _, size := range b.cfg.TxnSizes {
 		for _, k := range brokers {
 			// Repeats interleave the delivery modes and value formats,
 			// so that a slow phase of the machine does not fall on one
-			// only.
+			// only; each drain of the build under test is followed by the
+			// compared one's (--compare-binary, --compare-arg), each with
+			// its own backlog and its own pg_recvlogical beside it.
 			byMode := map[string][]Result{}
 			fs := b.cfg.ValueFormats
 			for rep := range b.cfg.Repeat {
@@ -112,60 +116,76 @@ func (b *bencher) drainAll(ctx context.Context) ([]Result, error) {
 					// three rounds of one run).
 					for j := range fs {
 						f := fs[(j+rep)%len(fs)]
-						r, err := b.drain(ctx, size, k, d, f)
-						if err != nil {
-							return out, err
+						for _, rb := range relays {
+							b.cfg.Binary = rb.bin
+							r, err := b.drain(ctx, size, k, d, f, rb.args...)
+							if err != nil {
+								return out, err
+							}
+							r.Params += rb.label
+							byMode[modeKey(d, f)+rb.label] = append(byMode[modeKey(d, f)+rb.label], r)
 						}
-						byMode[modeKey(d, f)] = append(byMode[modeKey(d, f)], r)
 					}
 				}
 			}
-			for _, d := range b.cfg.Deliveries {
-				for _, f := range b.cfg.ValueFormats {
-					out = append(out, byMode[modeKey(d, f)]...)
-					if rs := byMode[modeKey(d, f)]; len(rs) > 1 {
-						out = append(out, medians(rs))
-					}
-				}
-			}
-			alo, eos := byMode["at-least-once"], byMode["exactly-once"]
-			if len(alo) > 0 && len(eos) > 0 {
-				a, e := medianOf(alo, "relay_events_per_s"), medianOf(eos, "relay_events_per_s")
-				out = append(out, Result{
-					Scenario: "drain",
-					Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s exactly-once/at-least-once", b.cfg.Events, size, b.cfg.PayloadBytes, k.name),
-					Metrics:  map[string]float64{"eos_events_per_s": e, "alo_events_per_s": a, "eos_ratio": e / a},
-					Notes:    fmt.Sprintf("medians of %d runs each", len(eos)),
-				})
-			}
-			for _, d := range b.cfg.Deliveries {
-				asis := byMode[modeKey(d, "asis")]
-				for _, f := range b.cfg.ValueFormats {
-					rs := byMode[modeKey(d, f)]
-					if f == "asis" || len(asis) == 0 || len(rs) == 0 {
-						continue
-					}
-					fr, ar := medianOf(rs, "relay_events_per_s"), medianOf(asis, "relay_events_per_s")
-					fc, ac := medianOf(rs, "relay_cpu_us_per_event"), medianOf(asis, "relay_cpu_us_per_event")
-					out = append(out, Result{
-						Scenario: "drain",
-						Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s delivery=%s value=%s/asis", b.cfg.Events, size, b.cfg.PayloadBytes, k.name, d, f),
-						Metrics: map[string]float64{"value_events_per_s": fr, "asis_events_per_s": ar, "value_rate_ratio": fr / ar,
-							"value_cpu_us_per_event": fc, "asis_cpu_us_per_event": ac, "value_cpu_us_added": fc - ac},
-						Notes: fmt.Sprintf("medians of %d runs each", len(rs)),
-					})
-				}
+			for _, rb := range relays {
+				out = append(out, b.drainSummary(byMode, size, k, rb.label)...)
 			}
 		}
 	}
 	return out, nil
 }
 
+// drainSummary lists one relay's drains of one size and broker (byMode's
+// keys end in its label), each measurement's runs followed by their
+// medians, then the ratios of exactly-once to at-least-once and of each
+// value format to the delivery mode alone.
+func (b *bencher) drainSummary(byMode map[string][]Result, size int, k *broker, label string) []Result {
+	var out []Result
+	for _, d := range b.cfg.Deliveries {
+		for _, f := range b.cfg.ValueFormats {
+			out = append(out, byMode[modeKey(d, f)+label]...)
+			if rs := byMode[modeKey(d, f)+label]; len(rs) > 1 {
+				out = append(out, medians(rs))
+			}
+		}
+	}
+	alo, eos := byMode["at-least-once"+label], byMode["exactly-once"+label]
+	if len(alo) > 0 && len(eos) > 0 {
+		a, e := medianOf(alo, "relay_events_per_s"), medianOf(eos, "relay_events_per_s")
+		out = append(out, Result{
+			Scenario: "drain",
+			Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s exactly-once/at-least-once%s", b.cfg.Events, size, b.cfg.PayloadBytes, k.name, label),
+			Metrics:  map[string]float64{"eos_events_per_s": e, "alo_events_per_s": a, "eos_ratio": e / a},
+			Notes:    fmt.Sprintf("medians of %d runs each", len(eos)),
+		})
+	}
+	for _, d := range b.cfg.Deliveries {
+		asis := byMode[modeKey(d, "asis")+label]
+		for _, f := range b.cfg.ValueFormats {
+			rs := byMode[modeKey(d, f)+label]
+			if f == "asis" || len(asis) == 0 || len(rs) == 0 {
+				continue
+			}
+			fr, ar := medianOf(rs, "relay_events_per_s"), medianOf(asis, "relay_events_per_s")
+			fc, ac := medianOf(rs, "relay_cpu_us_per_event"), medianOf(asis, "relay_cpu_us_per_event")
+			out = append(out, Result{
+				Scenario: "drain",
+				Params:   fmt.Sprintf("events=%d txn=%d payload=%dB broker=%s delivery=%s value=%s/asis%s", b.cfg.Events, size, b.cfg.PayloadBytes, k.name, d, f, label),
+				Metrics: map[string]float64{"value_events_per_s": fr, "asis_events_per_s": ar, "value_rate_ratio": fr / ar,
+					"value_cpu_us_per_event": fc, "asis_cpu_us_per_event": ac, "value_cpu_us_added": fc - ac},
+				Notes: fmt.Sprintf("medians of %d runs each", len(rs)),
+			})
+		}
+	}
+	return out
+}
+
 // drain writes a backlog while three slots wait, decodes one inside
 // PostgreSQL (pg_logical_slot_peek_binary_changes: the decoding limit, no
 // client, no socket), drains one with pg_recvlogical and the other with
 // the relay, and compares.
-func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery, format string) (Result, error) {
+func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery, format string, relayArgs ...string) (Result, error) {
 	su, err := b.newSetup(ctx, "peek", "recv", "relay")
 	if err != nil {
 		return Result{}, err
@@ -230,7 +250,7 @@ func (b *bencher) drain(ctx context.Context, txnSize int, k *broker, delivery, f
 		return Result{}, err
 	}
 	defer closeRegistry()
-	relayWS, err := su.startRelay(ctx, delivery, values...)
+	relayWS, err := su.startRelay(ctx, delivery, append(values, relayArgs...)...)
 	if err != nil {
 		return Result{}, err
 	}

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -51,15 +50,7 @@ func (b *bencher) latencyAll(ctx context.Context) ([]Result, error) {
 		}
 		runs[r.Params] = append(runs[r.Params], r)
 	}
-	type relayRun struct {
-		bin, label string
-		args       []string
-	}
-	relays := []relayRun{{bin: b.cfg.Binary}}
-	if b.cfg.CompareBinary != "" || len(b.cfg.CompareArgs) > 0 {
-		bin := cmp.Or(b.cfg.CompareBinary, b.cfg.Binary)
-		relays = append(relays, relayRun{bin: bin, label: " relay=compare", args: b.cfg.CompareArgs})
-	}
+	relays := b.relayRuns()
 	defer func() { b.cfg.Binary = relays[0].bin }()
 	for _, rate := range b.cfg.Rates {
 		for range b.cfg.Repeat {
