@@ -55,6 +55,7 @@ type Metrics struct {
 	SlotCreationWait      prometheus.Gauge
 	TraceSpansDropped     *prometheus.CounterVec
 	SchemaReads           *prometheus.CounterVec
+	DeliveryHeld          *prometheus.GaugeVec
 
 	// What holds the slot (doctor.Facts), read with the slot every
 	// relay.Config.SlotPollInterval.
@@ -315,6 +316,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "walrelay_trace_spans_dropped_total",
 			Help: "Spans of the OpenTelemetry tracing (on through the OTEL_* variables) not exported, by reason: queue_full (the export queue, OTEL_BSP_MAX_QUEUE_SIZE, was full: the collector is slow or down), export_failed (the collector refused them or could not be reached before OTEL_BSP_EXPORT_TIMEOUT), shutdown (still queued when walrelay stopped). Events are never held back or lost for them: rising means gaps in the traces, check the collector.",
 		}, []string{"reason"}),
+		DeliveryHeld: f.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "walrelay_delivery_held",
+			Help: "1 while a dependency holds delivery, by dependency (kafka, kafka_authorization, token_source, schema_registry, postgresql, standby_replay, publication_watch) and reason (one CamelCase word: Unreachable, NotAnswering, NotAcknowledging, Denied, Expired, Paused, Lagging…); 0, with an empty reason, for a dependency that holds nothing. What readiness, /status and walrelay status report, from the same place: the log has one WARN when a hold starts (its message names the cause and the fix) and one when it ends.",
+		}, []string{"dependency", "reason"}),
 		SnapshotRunning: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_snapshot_running",
 			Help: "1 while a snapshot is read and published; the stream starts after it. Stuck at 1 with walrelay_inflight_events at its limit means Kafka is the bottleneck.",

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/schema"
 	"github.com/walrelay/walrelay/slot"
@@ -169,6 +170,12 @@ type Config struct {
 	// this long, not even the reply to a request for one sent at half of it
 	// (default 60s, like PostgreSQL's wal_receiver_timeout).
 	ReceiveTimeout time.Duration
+	// Holds is where the relay's parts report what holds delivery, which
+	// readiness, Relay.Status and walrelay_delivery_held read (package
+	// holds). Default nil: New makes a board of its own. Give one to have
+	// parts made before the relay report into it too (the Kafka token
+	// source of kafkaauth.OAuth.Holds).
+	Holds *holds.Board
 	// StartupTimeout is how long the relay keeps retrying PostgreSQL and
 	// Kafka, and creating the slot waits for transactions to end, before
 	// it has streamed once (default 2m; 0 or negative: forever); then Run

@@ -49,6 +49,7 @@ import (
 	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/heartbeat"
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -93,6 +94,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
+	if cfg.Holds == nil {
+		cfg.Holds = holds.New(log, m)
+	}
 	if err := slot.ValidSlotName(cfg.Slot); err != nil {
 		return nil, err
 	}
@@ -163,10 +167,19 @@ func (r *Relay) Streaming() bool { return r.live.streaming.Load() }
 // how far behind PostgreSQL what Kafka has lies, as housekeep computes it.
 func (r *Relay) ReplicationLag() time.Duration { return time.Duration(r.live.lag.Load()) }
 
-// Ready returns nil when the relay is streaming, Kafka's authorizer
-// denies it nothing it waits for, and its replication lag is under
-// ReadyMaxLag, else why not.
+// Holds is the board the relay's parts report what holds delivery into
+// (Config.Holds, or the one New made).
+func (r *Relay) Holds() *holds.Board { return r.cfg.Holds }
+
+// Ready returns nil when nothing holds delivery (package holds), the
+// relay is streaming, Kafka's authorizer denies it nothing it waits for,
+// and its replication lag is under ReadyMaxLag, else why not: the holds
+// first, which name the dependency and its cause, rather than the lag
+// they cause.
 func (r *Relay) Ready() error {
+	if err := r.cfg.Holds.Err(); err != nil {
+		return err
+	}
 	if !r.Streaming() {
 		return errors.New("not streaming: connecting, waiting for the slot or backing off")
 	}
