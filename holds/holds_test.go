@@ -26,7 +26,6 @@ func newBoard(t *testing.T) (*Board, *prometheus.Registry, *observer.ObservedLog
 	return b, reg, logs, &now
 }
 
-
 func exposed(t *testing.T, reg *prometheus.Registry) string {
 	t.Helper()
 	mfs, err := reg.Gather()
