@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -45,6 +46,12 @@ type StatusOptions struct {
 	// PlannedOutage is the relay outage the slot must survive: less time
 	// left than that is a warning; 0 disables.
 	PlannedOutage time.Duration
+	// Relay is what the running relay reports of itself (its /status),
+	// read at RelayURL: each hold on delivery is a problem. Nil when not
+	// read; RelayUnreadable then says why, when it was tried.
+	Relay           *holds.Status
+	RelayURL        string
+	RelayUnreadable string
 }
 
 // Status is a slot's health, as status prints it (its JSON is status
@@ -84,6 +91,10 @@ type Status struct {
 	// Creating is, while a relay creates the slot, what the creation waits
 	// for (null otherwise): the slot's figures are then empty.
 	Creating *CreationStatus `json:"creating"`
+	// Relay is what the running relay reports of itself
+	// (StatusOptions.Relay: ready or why not, and what holds delivery);
+	// null when it was not read.
+	Relay *holds.Status `json:"relay"`
 	// Explain is what holds the slot, with StatusOptions.Explain (null
 	// without).
 	Explain  []Cause  `json:"explain"`
@@ -157,8 +168,12 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 		return Status{}, err
 	}
 	if r := st.StandbyReplay; r != nil && r.Paused {
-		st.Warnings = append(st.Warnings, "replay is paused on the standby the slot is on: nothing committed since reaches the relay (SELECT pg_wal_replay_resume() on the standby)")
+		// A paused replay holds every new event: it counts as lag does.
+		st.Problems = append(st.Problems, "replay is paused on the standby the slot is on: nothing committed since reaches the relay (SELECT pg_wal_replay_resume() on the standby)")
+	} else if r != nil && o.MaxLagBytes > 0 && r.LagBytes > o.MaxLagBytes {
+		st.Problems = append(st.Problems, fmt.Sprintf("the standby the slot is on has %s of WAL received and not replayed, above doctor.StatusOptions.MaxLagBytes %s: commits reach the relay only once replayed (look for replay conflicts and slow I/O on the standby)", BytesText(r.LagBytes), BytesText(o.MaxLagBytes)))
 	}
+	st.judgeRelay(o)
 	if o.PrimaryUnreachable != "" {
 		st.Problems = append(st.Problems, "the primary relay.Config.PrimaryURL names is unreachable or takes no writes ("+o.PrimaryUnreachable+"): the relay's heartbeat and record are not written; if it failed over, repoint relay.Config.PrimaryURL to the new primary")
 	}
@@ -184,6 +199,9 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 		if o.PrimaryUnreachable != "" {
 			st.Explain = append([]Cause{PrimaryUnreachableCause(o.PrimaryUnreachable)}, st.Explain...)
 		}
+		if o.Relay != nil {
+			st.Explain = append(HoldCauses(o.Relay.Holds, time.Now()), st.Explain...)
+		}
 		st.Explain = append(st.Explain, failover.Causes()...)
 		if st.Explain == nil {
 			st.Explain = []Cause{}
@@ -194,6 +212,37 @@ func ReadStatus(ctx context.Context, conn *pgx.Conn, o StatusOptions) (Status, e
 	}
 	st.Healthy = len(st.Problems) == 0
 	return st, nil
+}
+
+// judgeRelay adds what the running relay reports of itself: each hold on
+// delivery a problem, as is a relay not ready for another reason; a
+// relay that could not be asked is a warning (status may run where the
+// relay's listener is not reachable).
+func (st *Status) judgeRelay(o StatusOptions) {
+	st.Relay = o.Relay
+	switch {
+	case o.Relay != nil:
+		for _, h := range o.Relay.Holds {
+			st.Problems = append(st.Problems, fmt.Sprintf("the relay reports delivery held by %s since %s (%s): %s", h.Dependency, h.Since.UTC().Format(time.RFC3339), h.Reason, h.Message))
+		}
+		if !o.Relay.Ready && len(o.Relay.Holds) == 0 {
+			st.Problems = append(st.Problems, "the relay reports itself not ready: "+o.Relay.NotReady)
+		}
+	case o.RelayUnreadable != "":
+		st.Warnings = append(st.Warnings, fmt.Sprintf("the relay's /status at %s could not be read (%s): what holds delivery is not known here", o.RelayURL, o.RelayUnreadable))
+	}
+}
+
+// HoldCauses are the holds a relay reports, as causes --explain names
+// first: a hold on delivery holds the slot behind it too.
+func HoldCauses(hs []holds.Hold, now time.Time) []Cause {
+	var cs []Cause
+	for _, h := range hs {
+		cs = append(cs, Cause{Kind: "delivery_held", Holds: "delivery, and the slot: every event after the one waiting waits too (commit order)",
+			Text: fmt.Sprintf("the relay reports %s holding delivery (%s) for %s", h.Dependency, h.Reason, DurationText(now.Sub(h.Since))),
+			Fix:  h.Message})
+	}
+	return cs
 }
 
 // judge adds the problems and warnings the slot's row and the record

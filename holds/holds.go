@@ -35,7 +35,9 @@
 package holds
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -218,6 +220,33 @@ func (c *Condition) Clear() {
 		zap.String("reason", h.Reason), zap.Duration("held_for", b.now().Sub(h.Since).Round(time.Millisecond)))
 }
 
+// HoldAfter holds for reason with message once d has passed, unless the
+// returned stop is called first: for a call that hangs rather than
+// fails, so that it is named while it hangs, not only at its timeout.
+// stop does not clear a hold already made.
+func (c *Condition) HoldAfter(d time.Duration, reason, message string) (stop func()) {
+	if c == nil {
+		return func() {}
+	}
+	var mu sync.Mutex
+	stopped := false
+	t := time.AfterFunc(d, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			c.Hold(reason, message)
+		}
+	})
+	// Once stop returns no hold comes, even from a timer that fired as
+	// it was called: a Clear right after it is final.
+	return func() {
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		t.Stop()
+	}
+}
+
 // Held reports whether this condition holds delivery now.
 func (c *Condition) Held() bool { return c != nil && c.held.Load() }
 
@@ -236,4 +265,33 @@ func (b *Board) export(d Dependency) {
 	if !any {
 		b.held.WithLabelValues(string(d), "").Set(0)
 	}
+}
+
+// Status is what a relay reports of itself on its /status endpoint, and
+// what `walrelay status` reads there: ready or why not, and what holds
+// delivery.
+type Status struct {
+	Ready bool `json:"ready"`
+	// NotReady is readiness's answer when not ready: the holds first,
+	// else what else keeps the relay from being ready.
+	NotReady  string `json:"not_ready,omitempty"`
+	Streaming bool   `json:"streaming"`
+	// ReplicationLagSeconds is how far behind PostgreSQL what Kafka has
+	// lies (relay.Relay.ReplicationLag).
+	ReplicationLagSeconds float64 `json:"replication_lag_seconds"`
+	// ConfirmedLSN is the position last confirmed to PostgreSQL by the
+	// process ("0/0" before its first).
+	ConfirmedLSN string `json:"confirmed_lsn"`
+	Holds        []Hold `json:"holds"`
+}
+
+// StatusHandler serves status() as JSON: the relay's /status, which
+// `walrelay status --relay-url` reads.
+func StatusHandler(status func() Status) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(status()) // a client gone mid-answer is its loss
+	})
 }

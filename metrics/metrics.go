@@ -318,7 +318,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		DeliveryHeld: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "walrelay_delivery_held",
-			Help: "1 while a dependency holds delivery, by dependency (kafka, kafka_authorization, token_source, schema_registry, postgresql, standby_replay, publication_watch) and reason (one CamelCase word: Unreachable, NotAnswering, NotAcknowledging, Denied, Expired, Paused, Lagging…); 0, with an empty reason, for a dependency that holds nothing. What readiness, /status and walrelay status report, from the same place: the log has one WARN when a hold starts (its message names the cause and the fix) and one when it ends.",
+			Help: "1 while a dependency holds delivery, by dependency (kafka, kafka_authorization, token_source, schema_registry, postgresql, standby_replay, publication_watch) and reason (one CamelCase word: Unreachable, NotAnswering, NotAcknowledging, Denied, Expired, Paused, Lagging…); 0, with an empty reason, for a dependency that holds nothing. What readiness and the relay's /status report, from the same place: the log has one WARN when a hold starts (its message names the cause and the fix) and one when it ends.",
 		}, []string{"dependency", "reason"}),
 		SnapshotRunning: f.NewGauge(prometheus.GaugeOpts{
 			Name: "walrelay_snapshot_running",

@@ -27,6 +27,7 @@ import (
 	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/doctor"
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/router"
 	"github.com/walrelay/walrelay/slot"
@@ -43,6 +44,10 @@ type guard struct {
 	// clearance is how far the publication watch vouched for the
 	// publication: guard writes it, sessions' confirmers read it.
 	clearance *confirm.Clearance
+	// watchHold is the publication_watch condition (package holds): held
+	// while the watch cannot vouch, since nothing is confirmed past what
+	// it vouched for.
+	watchHold *holds.Condition
 
 	// record is what the slot streams from, as prepare found and wrote it
 	// down (source.Record); the publication watch checks it still holds.
@@ -114,7 +119,10 @@ func (g *guard) watchPublication(ctx context.Context, stop context.CancelCauseFu
 				}
 				conn = c
 			}
+			stopHang := g.watchHold.HoldAfter(stuckCheckWarn, "NotAnswering", fmt.Sprintf(
+				"a check of publication %q has not been answered for %s: PostgreSQL is stopped, frozen or cut off; nothing is confirmed until a check answers", g.cfg.Publication, stuckCheckWarn))
 			ok, err := g.vouch(ctx, conn)
+			stopHang()
 			var gap *slot.GapError
 			switch {
 			case errors.As(err, &gap):
@@ -129,12 +137,13 @@ func (g *guard) watchPublication(ctx context.Context, stop context.CancelCauseFu
 				conn = nil
 			case ok:
 				stuckSince = time.Time{}
+				g.watchHold.Clear()
 			case stuckSince.IsZero():
 				stuckSince = began
 			case time.Since(stuckSince) > stuckCheckWarn:
-				g.log.Warn("a transaction changing the publication or an outbox table is still open: walrelay confirms nothing past its start until it ends (PostgreSQL would decode past it either way)",
-					zap.String("publication", g.cfg.Publication), zap.Duration("for", time.Since(stuckSince).Round(time.Second)))
-				stuckSince = time.Now()
+				g.watchHold.Hold("ChangeInProgress", fmt.Sprintf(
+					"a transaction changing publication %q or an outbox table has been open for %s: walrelay confirms nothing past its start until it ends (PostgreSQL would decode past it either way); end it, or find it in pg_stat_activity",
+					g.cfg.Publication, time.Since(stuckSince).Round(time.Second)))
 			}
 			sleepCtx(ctx, time.Until(began.Add(g.cfg.ConfirmDelay)))
 		}
@@ -199,7 +208,7 @@ func (g *guard) watchFailed(ctx context.Context, err error, what string) {
 	if pgErr != nil && strings.HasPrefix(pgErr.Code, "57") {
 		what = "its connection was ended by the server (pg_terminate_backend, or a timeout); reconnecting"
 	}
-	g.log.Warn("publication watch: "+what+"; nothing is confirmed until it can check the publication", zap.Error(err))
+	g.watchHold.Hold("CheckFailed", "publication watch: "+what+"; nothing is confirmed until it can check the publication: "+err.Error())
 }
 
 // shuttingDown reports whether the server refuses new connections because

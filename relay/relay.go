@@ -83,6 +83,7 @@ type Relay struct {
 	progress *confirm.Progress
 	commits  *commitMemory
 	tables   *tableCounts
+	kafka    *kafkaWatch
 	// identify runs IDENTIFY_SYSTEM on a connection of its own
 	// (slot.IdentifySystem on PGURL; tests replace it).
 	identify func(context.Context) (pglogrepl.IdentifySystemResult, error)
@@ -96,6 +97,9 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 	cfg.setDefaults()
 	if cfg.Holds == nil {
 		cfg.Holds = holds.New(log, m)
+	}
+	if cfg.Router.Denials == nil {
+		cfg.Router.Denials = cfg.Holds.Condition(holds.KafkaAuthorization)
 	}
 	if err := slot.ValidSlotName(cfg.Slot); err != nil {
 		return nil, err
@@ -143,11 +147,13 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		progress: progress,
 		commits:  &commitMemory{log: log, metrics: m},
 		tables:   &tableCounts{cfg: cfg, log: log, metrics: m},
+		kafka:    &kafkaWatch{cond: cfg.Holds.Condition(holds.Kafka)},
 	}
 	r.identify = func(ctx context.Context) (pglogrepl.IdentifySystemResult, error) {
 		return slot.IdentifySystem(ctx, cfg.PGURL)
 	}
-	r.guard = &guard{cfg: cfg, log: log, metrics: m, live: lv, progress: progress, clearance: confirm.NewClearance()}
+	r.guard = &guard{cfg: cfg, log: log, metrics: m, live: lv, progress: progress, clearance: confirm.NewClearance(),
+		watchHold: cfg.Holds.Condition(holds.PublicationWatch)}
 	r.guard.slotHolder = r.guard.holdsSlot
 	r.guard.coverage = r.guard.readCoverage
 	m.SetReadiness(r.Ready)
@@ -171,9 +177,10 @@ func (r *Relay) ReplicationLag() time.Duration { return time.Duration(r.live.lag
 // (Config.Holds, or the one New made).
 func (r *Relay) Holds() *holds.Board { return r.cfg.Holds }
 
-// Ready returns nil when nothing holds delivery (package holds), the
-// relay is streaming, Kafka's authorizer denies it nothing it waits for,
-// and its replication lag is under ReadyMaxLag, else why not: the holds
+// Ready returns nil when nothing holds delivery (package holds: Kafka,
+// its authorizer, the token source, the schema registry, PostgreSQL, the
+// standby's replay, the publication watch), the relay is streaming, and
+// its replication lag is under ReadyMaxLag, else why not: the holds
 // first, which name the dependency and its cause, rather than the lag
 // they cause.
 func (r *Relay) Ready() error {
@@ -181,12 +188,7 @@ func (r *Relay) Ready() error {
 		return err
 	}
 	if !r.Streaming() {
-		return errors.New("not streaming: connecting, waiting for the slot or backing off")
-	}
-	if rt := r.live.router.Load(); rt != nil {
-		if err := rt.Denied(); err != nil {
-			return err
-		}
+		return errors.New(r.sup.notStreaming())
 	}
 	if lag := r.ReplicationLag(); r.cfg.ReadyMaxLag > 0 && lag > r.cfg.ReadyMaxLag {
 		return fmt.Errorf("replication lag %s exceeds %s", lag.Round(time.Millisecond), r.cfg.ReadyMaxLag)
@@ -196,7 +198,8 @@ func (r *Relay) Ready() error {
 
 // poller is the slot poller of this relay's parts.
 func (r *Relay) poller() *slotPoller {
-	return &slotPoller{cfg: r.cfg, log: r.log, metrics: r.metrics, guard: r.guard, live: r.live, sup: r.sup, progress: r.progress}
+	return &slotPoller{cfg: r.cfg, log: r.log, metrics: r.metrics, guard: r.guard, live: r.live, sup: r.sup, progress: r.progress,
+		replay: r.cfg.Holds.Condition(holds.StandbyReplay)}
 }
 
 // Run prepares the database and relays until ctx ends, then waits (at most
@@ -256,6 +259,7 @@ func (r *Relay) Run(parent context.Context) error {
 				if isFatal(err) {
 					return err
 				}
+				r.kafka.failed(err)
 				if err := r.sup.retry(ctx, kafkaCause(err), err); err != nil {
 					return stopped(err)
 				}
@@ -280,7 +284,11 @@ func (r *Relay) Run(parent context.Context) error {
 		if isFatal(err) {
 			return err
 		}
-		if err := r.sup.retry(ctx, causeOf(err), err); err != nil {
+		cause := causeOf(err)
+		if cause == CauseKafka {
+			r.kafka.failed(err)
+		}
+		if err := r.sup.retry(ctx, cause, err); err != nil {
 			return stopped(err)
 		}
 	}
@@ -306,6 +314,7 @@ func (r *Relay) prepare(ctx context.Context) (*router.Router, error) {
 				if ctx.Err() != nil || isFatal(err) {
 					return fail(err)
 				}
+				r.kafka.failed(err)
 				if err := r.sup.retry(ctx, kafkaCause(err), err); err != nil {
 					return fail(err)
 				}
@@ -387,7 +396,7 @@ func startRouter(ctx context.Context, cfg Config, log *zap.Logger, m *metrics.Me
 		if kafkaConfigError(err) {
 			return nil, err // a *router.ConfigError: fatal
 		}
-		return nil, fmt.Errorf("reach kafka brokers: %w", err)
+		return nil, fmt.Errorf("%w: %w", errKafkaUnreachable, err)
 	}
 	if err := rt.Start(ctx, extra...); err != nil {
 		rt.Close()

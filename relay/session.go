@@ -168,6 +168,7 @@ func (s *session) run() error {
 	r := s.r
 	r.sup.streamed.Store(true)
 	r.live.begin(s)
+	r.sup.pg.Clear()
 	stopInterrupt := context.AfterFunc(s.ctx, s.stream.Interrupt)
 	defer stopInterrupt()
 	r.log.Info("streaming", zap.String("slot", r.cfg.Slot), zap.Stringer("start_lsn", s.start),
@@ -494,6 +495,9 @@ func (s *session) housekeep(force bool) {
 	}
 	s.r.live.lagged(lag)
 	m.ReplicationLag.Set(lag.Seconds())
+	if rt := s.r.live.router.Load(); rt != nil {
+		s.r.kafka.look(rt, now) // not a nil *Router in the interface
+	}
 	if !due {
 		return
 	}

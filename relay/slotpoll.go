@@ -15,6 +15,7 @@ import (
 	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/doctor"
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/slot"
 	"github.com/walrelay/walrelay/source"
@@ -36,6 +37,9 @@ type slotPoller struct {
 	live     *live
 	sup      *supervisor
 	progress *confirm.Progress
+	// replay is the standby_replay condition (package holds), held while
+	// replay on the standby the relay decodes on is paused or lags.
+	replay *holds.Condition
 }
 
 // watchSlot reads the slot's row every SlotPollInterval for the slot

@@ -8,9 +8,13 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/walrelay/walrelay/doctor"
 )
 
 // watchStandby reads the standby's replay on conn, the standby, for the
@@ -35,6 +39,7 @@ func (p *slotPoller) watchStandby(ctx context.Context, conn *pgx.Conn) {
 		return
 	}
 	if !inRecovery {
+		p.replay.Clear()
 		p.live.promoted.Store(true)
 		p.metrics.StandbyReplayLagBytes.Clear()
 		p.metrics.StandbyReplayLagSeconds.Clear()
@@ -57,5 +62,14 @@ func (p *slotPoller) watchStandby(ctx context.Context, conn *pgx.Conn) {
 		p.metrics.StandbyReplayPaused.Set(1)
 	} else {
 		p.metrics.StandbyReplayPaused.Set(0)
+	}
+	lag := time.Duration(lagSeconds * float64(time.Second))
+	switch {
+	case paused:
+		p.replay.Hold("Paused", fmt.Sprintf("replay is paused on the standby the relay decodes on (%s of WAL received and not replayed): nothing committed since reaches the relay; resume it with SELECT pg_wal_replay_resume() on the standby", doctor.BytesText(lagBytes)))
+	case p.cfg.ReadyMaxLag > 0 && lag > p.cfg.ReadyMaxLag:
+		p.replay.Hold("Lagging", fmt.Sprintf("the standby the relay decodes on replays %s behind what it received (%s of WAL), more than relay.Config.ReadyMaxLag %s: decoding sees a commit only once replayed; look for a recovery conflict or a slow disk on the standby", lag.Round(time.Second), doctor.BytesText(lagBytes), p.cfg.ReadyMaxLag))
+	default:
+		p.replay.Clear()
 	}
 }

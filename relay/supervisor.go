@@ -17,6 +17,7 @@ import (
 
 	"github.com/walrelay/walrelay/confirm"
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/metrics"
 )
 
@@ -27,6 +28,12 @@ type supervisor struct {
 	metrics  *metrics.Metrics
 	progress *confirm.Progress
 	backoff  *backoff.ExponentialBackOff
+	// waiting is the cause of the retry in progress (a RestartCause), for
+	// readiness to say what a relay that does not stream waits for.
+	waiting atomic.Value
+	// pg is the postgresql condition (package holds): held from a
+	// failure of PostgreSQL's until a stream starts.
+	pg *holds.Condition
 	// begin is when Run started, or when a snapshot last showed both
 	// servers answering: StartupTimeout counts from it.
 	begin time.Time
@@ -50,6 +57,7 @@ func newSupervisor(cfg Config, log *zap.Logger, m *metrics.Metrics, progress *co
 		},
 		now:   time.Now,
 		sleep: sleepCtx,
+		pg:    cfg.Holds.Condition(holds.PostgreSQL),
 	}
 }
 
@@ -73,6 +81,10 @@ func (v *supervisor) retry(ctx context.Context, cause RestartCause, err error) e
 		wait = max(min(wait, v.begin.Add(v.cfg.StartupTimeout).Sub(v.now())), 0)
 	}
 	v.metrics.StreamRestarts.WithLabelValues(string(cause)).Inc()
+	v.waiting.Store(cause)
+	if reason := pgHoldReason(cause, err); reason != "" {
+		v.pg.Hold(reason, err.Error())
+	}
 	switch cause {
 	case CauseSlotBusy:
 		v.log.Info("waiting as a standby: another client streams from the slot", zap.String("slot", v.cfg.Slot),
@@ -91,6 +103,16 @@ func (v *supervisor) retry(ctx context.Context, cause RestartCause, err error) e
 		return ctx.Err()
 	}
 	return nil
+}
+
+// notStreaming is why a relay that does not stream is not ready, as far
+// as the supervisor knows (the holds, which readiness reads first, name
+// a dependency at fault).
+func (v *supervisor) notStreaming() string {
+	if c, _ := v.waiting.Load().(RestartCause); c == CauseSlotBusy {
+		return "not streaming: waiting as a standby, as another client streams from slot " + v.cfg.Slot
+	}
+	return "not streaming: connecting, waiting for the slot or backing off"
 }
 
 // startupDeadline is when the relay gives up if it has not streamed by

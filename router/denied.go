@@ -108,6 +108,13 @@ func (r *Router) deny(d *DeniedError) {
 	log := r.log.Debug
 	if r.topics.Deny(d.key(), msg, time.Now()) {
 		log = r.log.Warn
+		if r.cfg.Denials != nil {
+			// The hold's WARN says it once; the details go at INFO.
+			log = r.log.Info
+		}
+	}
+	if r.cfg.Denials != nil {
+		r.cfg.Denials.Hold("Denied", r.topics.Denied())
 	}
 	log(msg, zap.String("principal", d.Principal), zap.String("operation", d.Operation),
 		zap.String("resource", d.Resource), zap.String("name", d.Name))
@@ -118,6 +125,13 @@ func (r *Router) deny(d *DeniedError) {
 // call answered), and says so. It is safe for concurrent use.
 func (r *Router) granted(resource, name string) {
 	if r.topics.Allow(resource + " " + name) {
+		if r.cfg.Denials != nil {
+			if why := r.topics.Denied(); why != "" {
+				r.cfg.Denials.Hold("Denied", why)
+			} else {
+				r.cfg.Denials.Clear()
+			}
+		}
 		r.log.Info("Kafka allows the relay again what it denied: delivery resumes", zap.String("resource", resource), zap.String("name", name))
 	}
 }

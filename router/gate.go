@@ -21,7 +21,11 @@ type gate struct {
 	resumeEvents        int64 // wake the waiter at or below these
 	resumeBytes         int64
 	waiting             atomic.Bool
-	wake                chan struct{}
+	// answered counts the records Kafka answered for, acknowledged or
+	// refused: the relay's Kafka watch tells a broker that answers from
+	// one that does not by it.
+	answered atomic.Uint64
+	wake     chan struct{}
 	metrics             *metrics.Metrics
 }
 
@@ -59,6 +63,7 @@ func (g *gate) acquire(size int) {
 }
 
 func (g *gate) release(size int) {
+	g.answered.Add(1)
 	g.bytes.Add(-int64(size))
 	g.metrics.InflightEvents.Set(float64(g.events.Add(-1)))
 	if g.waiting.Load() && g.events.Load() <= g.resumeEvents && g.bytes.Load() <= g.resumeBytes &&

@@ -148,6 +148,11 @@ type Config struct {
 	// record Kafka acknowledged (partition and offset set). It must be
 	// fast. Default none.
 	OnPublished func(*kgo.Record)
+	// Denials, if set, is told when Kafka's authorizer holds delivery
+	// (Hold, with the denial in force) and when it no longer does
+	// (Clear): the relay's kafka_authorization condition (package
+	// holds). Default none.
+	Denials HoldReporter
 	// Tracer, if set, gives each event's record a span (package tracing;
 	// see trace.go). Nil, the default, traces nothing.
 	Tracer Tracer
@@ -176,6 +181,13 @@ type Config struct {
 	// schema: a schema registry's wire format, the payload checked against
 	// its schema); nil produces the payload as is.
 	Values Values
+}
+
+// HoldReporter is told when something holds delivery and when it no
+// longer does (Config.Denials); *holds.Condition is one.
+type HoldReporter interface {
+	Hold(reason, message string)
+	Clear()
 }
 
 // Values makes the value of an event's record (Config.Values).
@@ -828,6 +840,11 @@ func (r *Router) Flush(ctx context.Context) error {
 
 // Inflight returns how many records are produced and not yet acknowledged.
 func (r *Router) Inflight() int64 { return r.gate.events.Load() }
+
+// Answered returns how many records Kafka has answered for since the
+// router was made, acknowledged or refused: while records are in flight,
+// a count that stops moving is a broker that does not answer.
+func (r *Router) Answered() uint64 { return r.gate.answered.Load() }
 
 // Ping reaches a broker with the producer's connection settings: an
 // unreachable broker, a wrong SASL password or an untrusted certificate

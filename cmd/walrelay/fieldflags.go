@@ -39,6 +39,7 @@ var fieldFlags = map[string]string{
 	"relay.Config.TxnMaxEvents":              "--txn-max-events",
 	"relay.Config.TxnMaxInterval":            "--txn-max-interval",
 	"relay.Config.PlannedOutage":             "--planned-outage",
+	"relay.Config.ReadyMaxLag":               "--ready-max-lag",
 	"relay.Config.HeartbeatInterval":         "--heartbeat-interval",
 	"relay.Config.HeartbeatQuery":            "--heartbeat-query",
 	"relay.Config.NoIdleAdvance=false":       "--idle-advance",

@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/exporter-toolkit/web"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/walrelay/walrelay/holds"
 )
 
 // httpOptions configure the metrics and health listener.
@@ -56,12 +58,13 @@ func newHTTPServer(o httpOptions, h http.Handler) *http.Server {
 	}
 }
 
-// serveHTTP serves /metrics, /healthz (the process is alive) and /readyz
-// (ready reports nil) on o.Addr, with TLS and basic auth when
+// serveHTTP serves /metrics, /healthz (the process is alive), /readyz
+// (ready reports nil) and, when status is set, /status (its answer as
+// JSON: what `walrelay status --relay-url` reads) on o.Addr, with TLS and basic auth when
 // o.WebConfigFile says so. It returns the address listened on and a
 // function that stops the server. A web config that does not load is an
 // error here, before anything is served.
-func serveHTTP(o httpOptions, reg *prometheus.Registry, ready func() error, log *zap.Logger) (string, func(), error) {
+func serveHTTP(o httpOptions, reg *prometheus.Registry, ready func() error, status func() holds.Status, log *zap.Logger) (string, func(), error) {
 	if err := web.Validate(o.WebConfigFile); err != nil {
 		return "", nil, fmt.Errorf("--web-config-file %s: %w", o.WebConfigFile, err)
 	}
@@ -77,6 +80,9 @@ func serveHTTP(o httpOptions, reg *prometheus.Registry, ready func() error, log 
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if status != nil {
+		mux.Handle("/status", holds.StatusHandler(status))
+	}
 	l, err := net.Listen("tcp", o.Addr)
 	if err != nil {
 		return "", nil, fmt.Errorf("--metrics-addr %s: %w", o.Addr, err)

@@ -20,7 +20,7 @@ import (
 func startHTTP(t *testing.T, o httpOptions) string {
 	t.Helper()
 	o.Addr = "127.0.0.1:0"
-	addr, stop, err := serveHTTP(o, prometheus.NewRegistry(), func() error { return nil }, zap.NewNop())
+	addr, stop, err := serveHTTP(o, prometheus.NewRegistry(), func() error { return nil }, nil, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestMetricsServerRefusesABadWebConfig(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: /nonexistent-key.pem\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := serveHTTP(httpOptions{Addr: "127.0.0.1:0", WebConfigFile: cfg}, prometheus.NewRegistry(), func() error { return nil }, zap.NewNop())
+	_, _, err := serveHTTP(httpOptions{Addr: "127.0.0.1:0", WebConfigFile: cfg}, prometheus.NewRegistry(), func() error { return nil }, nil, zap.NewNop())
 	if err == nil {
 		t.Fatal("a web config with missing certificate files was accepted")
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/doctor"
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/slot"
 	"github.com/walrelay/walrelay/source"
 )
@@ -35,6 +37,8 @@ type statusCmd struct {
 	// The time the slot has left.
 	RateWindow    time.Duration `default:"1s" help:"When max_slot_wal_keep_size limits the slot, watch the server's WAL position this long to measure its WAL rate and the time left before invalidation; 0 skips it."`
 	PlannedOutage time.Duration `default:"${planned_outage}" help:"Warn when, at the measured WAL rate, max_slot_wal_keep_size would invalidate the slot sooner than this without a relay confirming, or idle_replication_slot_timeout is shorter; 0 disables."`
+	// What the relay itself reports.
+	RelayURL string `name:"relay-url" placeholder:"URL" help:"The running relay's metrics listener (http://127.0.0.1:9187): its /status names what holds delivery (Kafka, its authorization, the token source, the schema registry, PostgreSQL, the standby's replay, the publication watch), each hold a problem (exit 1); unreadable, a warning. Default: http://$WALRELAY_METRICS_ADDR when that variable (run's --metrics-addr) is set, else none."`
 }
 
 // Validate refuses malformed flags before anything is connected.
@@ -101,11 +105,62 @@ func (c *statusCmd) Run(ctx context.Context, lf *LogFlags) error {
 		r := rec.Recorded(c.RecordSchema)
 		opts.Record = &r
 	}
+	if u := c.relayURL(); u != "" {
+		opts.RelayURL = u
+		if rs, err := readRelayStatus(ctx, u); err != nil {
+			opts.RelayUnreadable = err.Error()
+		} else {
+			opts.Relay = rs
+		}
+	}
 	st, err := doctor.ReadStatus(ctx, conn, opts)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
 	return c.report(st)
+}
+
+// relayURL is --relay-url, or the listener run's WALRELAY_METRICS_ADDR
+// names (an address without a host is this machine's); "" for none.
+func (c *statusCmd) relayURL() string {
+	if c.RelayURL != "" {
+		return strings.TrimSuffix(c.RelayURL, "/")
+	}
+	addr := os.Getenv("WALRELAY_METRICS_ADDR")
+	if addr == "" {
+		return ""
+	}
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	return "http://" + addr
+}
+
+// relayStatusTimeout bounds the read of a relay's /status: a relay that
+// does not answer in it is reported unreadable, not waited for.
+const relayStatusTimeout = 5 * time.Second
+
+// readRelayStatus reads what the relay at base reports of itself.
+func readRelayStatus(ctx context.Context, base string) (*holds.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, relayStatusTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("it answered %s", resp.Status)
+	}
+	var st holds.Status
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+		return nil, fmt.Errorf("its answer is not a relay's status: %w", err)
+	}
+	return &st, nil
 }
 
 // report prints st and exits 1 when it has problems.
@@ -209,12 +264,30 @@ func printStatus(w io.Writer, st doctor.Status) {
 	if r := st.StandbyReplay; r != nil {
 		rows = append(rows, [2]string{"standby_replay", r.Text()})
 	}
+	if r := st.Relay; r != nil {
+		rows = append(rows, [2]string{"relay", relayText(*r)})
+	}
 	rows = append(rows, [2]string{"inactive_since", inactive}, [2]string{"invalidated", invalidated},
 		[2]string{"failover", st.Failover}, [2]string{"health", health})
 	for _, row := range rows {
 		fmt.Fprintf(w, "%-20s %s\n", row[0], row[1])
 	}
 	printExplain(w, st)
+}
+
+// relayText is what the relay reports of itself, on one line.
+func relayText(r holds.Status) string {
+	if r.Ready {
+		return "ready, streaming"
+	}
+	if len(r.Holds) == 0 {
+		return "NOT READY: " + r.NotReady
+	}
+	var parts []string
+	for _, h := range r.Holds {
+		parts = append(parts, fmt.Sprintf("%s (%s since %s)", h.Dependency, h.Reason, h.Since.UTC().Format(time.RFC3339)))
+	}
+	return "NOT READY: delivery held by " + strings.Join(parts, ", ")
 }
 
 // printExplain prints what --explain found.

@@ -97,6 +97,8 @@ var (
 		// The few values of both are in the metric's help.
 		"walrelay_kafka_authorization_denied_total/resource":  true,
 		"walrelay_kafka_authorization_denied_total/operation": true,
+		"walrelay_delivery_held/dependency":                   true, // the dependencies and the reasons are in its help
+		"walrelay_delivery_held/reason":                       true,
 		"walrelay_trace_spans_dropped_total/reason":           true, // queue_full, export_failed, shutdown: its help says each
 		"walrelay_schema_registry_reads_total/result":         true, // ok, invalid, error: the help says each
 	}

@@ -88,7 +88,7 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 		return usageError(err)
 	}
 	if c.MetricsAddr != "" {
-		_, stop, err := serveHTTP(httpOptions{Addr: c.MetricsAddr, WebConfigFile: c.WebConfigFile}, reg, r.Ready, log)
+		_, stop, err := serveHTTP(httpOptions{Addr: c.MetricsAddr, WebConfigFile: c.WebConfigFile}, reg, r.Ready, r.Status, log)
 		if err != nil {
 			return &exitError{code: exitFailed, err: err}
 		}

@@ -593,6 +593,9 @@ type tcpProxy struct {
 	mu     sync.Mutex
 	conns  map[*proxied]struct{}
 	wg     sync.WaitGroup
+	// refusing resets new connections at once; hanging forwards nothing
+	// on them (see refuse and hang).
+	refusing, hanging atomic.Bool
 }
 
 // configThroughProxy is e.config() with PostgreSQL reached through a TCP
@@ -641,12 +644,20 @@ func startProxy(t *testing.T, target string) *tcpProxy {
 func (p *tcpProxy) addr() string { return p.ln.Addr().String() }
 
 func (p *tcpProxy) serve(c net.Conn) {
+	if p.refusing.Load() {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		c.Close()
+		return
+	}
 	d, err := net.DialTimeout("tcp", p.target, 10*time.Second)
 	if err != nil {
 		c.Close()
 		return
 	}
 	pr := &proxied{client: c, server: d, release: make(chan struct{})}
+	pr.frozen.Store(p.hanging.Load())
 	p.mu.Lock()
 	p.conns[pr] = struct{}{}
 	p.mu.Unlock()
@@ -726,6 +737,27 @@ func (p *tcpProxy) freeze() int {
 		pr.frozen.Store(true)
 	}
 	return len(p.conns)
+}
+
+// refuse resets every open connection and, while on, every new one: a
+// server that refuses connections. Off, connections work again.
+func (p *tcpProxy) refuse(on bool) {
+	p.refusing.Store(on)
+	if on {
+		p.cut()
+	}
+}
+
+// hang freezes every open connection and, while on, every new one: a
+// server stopped with SIGSTOP. Off, the frozen connections are cut (as a
+// server that was away too long has ended them) and new ones work.
+func (p *tcpProxy) hang(on bool) {
+	p.hanging.Store(on)
+	if on {
+		p.freeze()
+	} else {
+		p.cut()
+	}
 }
 
 // retryStats counts what a retrying writer did.

@@ -13,6 +13,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
 )
@@ -355,7 +357,12 @@ func TestStandbyDecodeReplayPaused(t *testing.T) {
 	cfg.PGURL, cfg.PrimaryURL = standbyURL, e.url
 	cfg.SlotPollInterval = 200 * time.Millisecond
 	c := e.consume()
-	_, reg := e.startRelayGathered(cfg)
+	h := e.watchHolds()
+	rr, reg := e.startRelayGathered(cfg)
+	h.of(rr, reg)
+	// The relay's /status, as `walrelay run --metrics-addr` serves it.
+	relaySrv := httptest.NewServer(holds.StatusHandler(rr.relay.Status))
+	defer relaySrv.Close()
 	insert := func(n int) []string {
 		t.Helper()
 		rows, err := e.conn().Query(e.ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
@@ -391,16 +398,24 @@ func TestStandbyDecodeReplayPaused(t *testing.T) {
 	if got := missingIDs(c, held); len(got) != len(held) {
 		t.Errorf("%d of %d rows committed while replay was paused reached Kafka", len(held)-len(got), len(held))
 	}
-	out, code := runOutput(t, "status", "--pg-url", standbyURL, "--slot", e.name, "--explain")
-	for _, want := range []string{"standby_replay", "PAUSED", "standby_replay_paused", "pg_wal_replay_resume()"} {
+	// Every signal names the paused replay: readiness, the hold's gauge
+	// and WARN, and status, whose exit says unhealthy.
+	h.held(holds.StandbyReplay, "Paused", time.Minute)
+	out, code := runOutput(t, "status", "--pg-url", standbyURL, "--slot", e.name, "--explain", "--relay-url", relaySrv.URL)
+	for _, want := range []string{"standby_replay", "PAUSED", "standby_replay_paused", "pg_wal_replay_resume()",
+		"delivery held by standby_replay (Paused", "delivery_held"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("walrelay status --explain (exit %d) does not say %q:\n%s", code, want, out)
 		}
+	}
+	if code != 1 {
+		t.Errorf("walrelay status exited %d with replay paused, want 1 (unhealthy):\n%s", code, out)
 	}
 	if _, err := sc.Exec(e.ctx, "SELECT pg_wal_replay_resume()"); err != nil {
 		t.Fatal(err)
 	}
 	c.waitAll(held, time.Minute)
+	h.released(holds.StandbyReplay, time.Minute)
 	e.waitFor("the replay-paused metric cleared", time.Minute, func() (bool, error) {
 		m := gathered(reg, "walrelay_standby_replay_paused")
 		return m[""] == 0, fmt.Errorf("walrelay_standby_replay_paused %v", m)
