@@ -110,3 +110,56 @@ func TestSlotHeldByTransactionFires(t *testing.T) {
 		}
 	}
 }
+
+// TestDeliveryHeldFires: a dependency holding delivery for 2m fires
+// WalrelayDeliveryHeld with the dependency and the reason as labels (what
+// its summary names); a hold of a minute, and the 0 every dependency
+// exports while it holds nothing, do not fire it.
+func TestDeliveryHeldFires(t *testing.T) {
+	rule := alertRule(t, "WalrelayDeliveryHeld")
+	held := `walrelay_delivery_held{instance="relay-1",dependency="schema_registry",reason="Unreachable"} 1+0x10
+walrelay_delivery_held{instance="relay-1",dependency="kafka",reason=""} 0+0x10`
+	at := firstFiring(t, rule, held, 10*time.Minute)
+	if at < 2*time.Minute || at > 3*time.Minute {
+		t.Fatalf("fired at %s, want after 2m held", at)
+	}
+	var named bool
+	for _, a := range rule.ActiveAlerts() {
+		if a.State == rules.StateFiring && a.Labels.Get("dependency") == "schema_registry" && a.Labels.Get("reason") == "Unreachable" {
+			named = true
+		}
+		if a.Labels.Get("dependency") == "kafka" {
+			t.Errorf("fired for kafka, which held nothing: %v", a.Labels)
+		}
+	}
+	if !named {
+		t.Errorf("no firing alert names schema_registry and Unreachable: %v", rule.ActiveAlerts())
+	}
+	blip := `walrelay_delivery_held{instance="relay-1",dependency="kafka",reason="NotAcknowledging"} 1 0 0 0 0 0`
+	if at := firstFiring(t, alertRule(t, "WalrelayDeliveryHeld"), blip, 5*time.Minute); at >= 0 {
+		t.Errorf("a one-minute hold fired it at %s", at)
+	}
+}
+
+// TestStandbyReplayAlertsFire: replay paused for 2m, or behind by more
+// than 300s for 5m, fire their alerts; a replay caught up fires neither.
+func TestStandbyReplayAlertsFire(t *testing.T) {
+	if at := firstFiring(t, alertRule(t, "WalrelayStandbyReplayPaused"), `walrelay_standby_replay_paused{instance="relay-1"} 0 0 1+0x10`, 12*time.Minute); at != 4*time.Minute {
+		t.Errorf("WalrelayStandbyReplayPaused fired at %s, want 4m (paused at 2m, held 2m)", at)
+	}
+	if at := firstFiring(t, alertRule(t, "WalrelayStandbyReplayLagging"), `walrelay_standby_replay_lag_seconds{instance="relay-1"} 0+60x20`, 20*time.Minute); at < 10*time.Minute || at > 12*time.Minute {
+		t.Errorf("WalrelayStandbyReplayLagging fired at %s, want about 11m (over 300s at 6m, held 5m)", at)
+	}
+	for name, load := range map[string]string{
+		"paused": `walrelay_standby_replay_paused{instance="relay-1"} 0+0x20`,
+		"lag":    `walrelay_standby_replay_lag_seconds{instance="relay-1"} 0+0x20`,
+	} {
+		rule := "WalrelayStandbyReplayPaused"
+		if name == "lag" {
+			rule = "WalrelayStandbyReplayLagging"
+		}
+		if at := firstFiring(t, alertRule(t, rule), load, 20*time.Minute); at >= 0 {
+			t.Errorf("%s fired at %s for a replay caught up", rule, at)
+		}
+	}
+}
