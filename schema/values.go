@@ -475,13 +475,24 @@ func (v *Values) holdMessage(k subjectVersion, e *entry, reason string, now time
 	const waits = "; the subject's events wait for it, and every event after them with them, since delivery and confirmation follow commit order"
 	switch {
 	case reason == HoldUnreachable:
-		return fmt.Sprintf("subject %s: a read of the schema registry at %s failed: %v%s: bring the registry back, or correct schema.Config.URLs", k.subject, v.urls, e.failure, waits)
+		return fmt.Sprintf("subject %s: a read of the schema registry at %s failed: %s%s: bring the registry back, or correct schema.Config.URLs", k.subject, v.urls, v.cause(e.failure), waits)
 	case e.ready != nil && now.Sub(e.started) >= v.notAnswering:
 		return fmt.Sprintf("subject %s: the schema registry at %s has left a read unanswered for over %s (it gives up at schema.Config.Timeout, %s, and retries)%s: check the registry and the network to it",
 			k.subject, v.urls, v.notAnswering, v.cfg.Timeout, waits)
 	}
-	return fmt.Sprintf("subject %s: the schema registry at %s did not answer a read within schema.Config.Timeout, %s: %v%s: check the registry and the network to it",
-		k.subject, v.urls, v.cfg.Timeout, e.failure, waits)
+	return fmt.Sprintf("subject %s: the schema registry at %s did not answer a read within schema.Config.Timeout, %s: %s%s: check the registry and the network to it",
+		k.subject, v.urls, v.cfg.Timeout, v.cause(e.failure), waits)
+}
+
+// cause is what err says without the request's URL, which the message
+// names already: a failed request's own error (refused, reset, timed
+// out), or the registry's error answer.
+func (v *Values) cause(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return v.scrub.Replace(ue.Err.Error())
+	}
+	return err.Error()
 }
 
 // timedOut reports whether err is a read that got no answer in time.

@@ -560,6 +560,7 @@ func TestSchemaRegistryOutageHolds(t *testing.T) {
 			readyErr = rr.relay.Ready()
 			return held()[phase.reason] == 1 && readyErr != nil && strings.Contains(readyErr.Error(), "schema_registry ("+phase.reason), nil
 		})
+		t.Logf("%s: readiness: %v", phase.reason, readyErr)
 		for _, want := range []string{subject, frontURL} {
 			if !strings.Contains(readyErr.Error(), want) {
 				t.Errorf("%s: readiness %q: want it to name %s", phase.reason, readyErr, want)
