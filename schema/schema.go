@@ -146,10 +146,23 @@ type Config struct {
 
 	// Refresh is how often a subject's latest version is read again; the
 	// schema in hand is used meanwhile, and kept while the registry does
-	// not answer. A subject that does not exist is asked about again
-	// after Refresh too. Default 1 minute.
+	// not answer. A pinned version that does not exist is asked about
+	// again after Refresh too. Default 1 minute.
 	Refresh time.Duration
-	// Timeout bounds one request to the registry. Default 10s.
+	// Recheck is the least time between two reads of a subject's latest
+	// version for payloads its answer refuses. A payload that does not
+	// match the schema in hand (or whose subject the registry lacked) is
+	// dead-lettered against that answer only if it is younger than
+	// Recheck and Refresh; otherwise the event waits while the subject is
+	// read again, and is checked against what that read gives: a version
+	// registered since the one in hand serves the events written for it,
+	// and a stream of bad payloads reads the registry once per Recheck at
+	// most. A pinned version is never read again for it. Zero reads again
+	// for every such payload. Default 1s.
+	Recheck time.Duration
+	// Timeout bounds one request to the registry. Default 10s. A read an
+	// event waits for holds delivery as NotAnswering well before
+	// (NotAnsweringAfter).
 	Timeout time.Duration
 	// RetryPause is the wait after a failed request before the next.
 	// Default 1s.
@@ -163,6 +176,7 @@ func DefaultConfig() Config {
 		Default:    Rule{Format: AsIs},
 		Strategy:   TopicName,
 		Refresh:    time.Minute,
+		Recheck:    time.Second,
 		Timeout:    10 * time.Second,
 		RetryPause: time.Second,
 	}

@@ -6,7 +6,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/http"
+	"net/url"
+	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -516,5 +519,397 @@ func TestLatestIsReadAgain(t *testing.T) {
 	}
 	if counter(t, m, "ok") < 2 {
 		t.Errorf("%v successful reads: want the subject read again", counter(t, m, "ok"))
+	}
+}
+
+// clock moves v's clock ahead of the real one by what Advance adds: the
+// time a test says has passed without waiting for it.
+type clock struct{ ahead atomic.Int64 }
+
+func (c *clock) now() time.Time          { return time.Now().Add(time.Duration(c.ahead.Load())) }
+func (c *clock) Advance(d time.Duration) { c.ahead.Add(int64(d)) }
+
+func withClock(v *Values) *clock {
+	c := &clock{}
+	v.mu.Lock()
+	v.now = c.now
+	v.mu.Unlock()
+	return c
+}
+
+// reads counts the registry's reads of subject versions (references and
+// the rest aside).
+func countReads(reg *srfake.Registry) *atomic.Int32 {
+	var n atomic.Int32
+	reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		if strings.Contains(r.URL.Path, "/versions/") {
+			n.Add(1)
+		}
+		return false
+	})
+	return &n
+}
+
+// TestMismatchReadsTheLatestFirst: a payload the version in hand refuses
+// is checked against the subject's latest before it is dead-lettered: a
+// version registered since (here while Refresh keeps the old one in hand
+// for an hour) frames the events written for it; a payload the latest
+// refuses too is dead-lettered naming it; a stream of refused payloads
+// reads the registry once per Recheck; a pinned version is never read
+// again for it.
+func TestMismatchReadsTheLatestFirst(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	v1 := `{"type":"record","name":"E","fields":[{"name":"a","type":"long"}]}`
+	v2 := `{"type":"record","name":"E","fields":[{"name":"a","type":"long"},{"name":"channel","type":"string","default":"web"}]}`
+	reg.SeedSchema("t-value", 1, 31, sr.Schema{Schema: v1})
+	reads := countReads(reg)
+	v, _ := newValues(t, reg, Config{Default: Rule{Format: Avro}, Refresh: time.Hour, Recheck: time.Second})
+	clk := withClock(v)
+	b, err := value(t, v, "t", "", `{"a": 1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	framed(t, b, 31)
+
+	reg.SeedSchema("t-value", 2, 32, sr.Schema{Schema: v2})
+	clk.Advance(2 * time.Second) // the subject idle longer than Recheck
+	before := reads.Load()
+	b, err = value(t, v, "t", "", `{"a": 2, "channel": "app"}`)
+	if err != nil {
+		t.Fatalf("a payload of the version registered since the one in hand: %v; want it framed with the new version", err)
+	}
+	framed(t, b, 32)
+	if n := reads.Load() - before; n != 1 {
+		t.Errorf("%d reads for the payload: want one, the subject's latest read again", n)
+	}
+
+	// Refused by the latest too: dead-lettered naming it, and a stream of
+	// such payloads reads the registry once per Recheck.
+	before = reads.Load()
+	for range 50 {
+		_, err = value(t, v, "t", "", `{"a": "x"}`)
+		schemaError(t, err, deadletter.ReasonSchemaMismatch, "t-value", 2)
+	}
+	if n := reads.Load() - before; n != 0 {
+		t.Errorf("%d reads for 50 refused payloads within Recheck of the last read: want none", n)
+	}
+	clk.Advance(2 * time.Second)
+	for range 50 {
+		_, err = value(t, v, "t", "", `{"a": "x"}`)
+		schemaError(t, err, deadletter.ReasonSchemaMismatch, "t-value", 2)
+	}
+	if n := reads.Load() - before; n != 1 {
+		t.Errorf("%d reads for 50 refused payloads after Recheck passed: want one", n)
+	}
+
+	// With Recheck zero, each refused payload reads once, and only once.
+	v.mu.Lock()
+	v.cfg.Recheck = 0
+	v.mu.Unlock()
+	before = reads.Load()
+	for range 3 {
+		_, err = value(t, v, "t", "", `{"a": "x"}`)
+		schemaError(t, err, deadletter.ReasonSchemaMismatch, "t-value", 2)
+	}
+	if n := reads.Load() - before; n != 3 {
+		t.Errorf("%d reads for 3 refused payloads with Recheck zero: want 3", n)
+	}
+
+	// A pinned version is what it is: no read for a payload it refuses.
+	vp, _ := newValues(t, reg, Config{Default: Rule{Format: Avro, Version: 1}, Recheck: time.Second})
+	clkp := withClock(vp)
+	if _, err := value(t, vp, "t", "", `{"a": 1}`); err != nil {
+		t.Fatal(err)
+	}
+	clkp.Advance(time.Hour)
+	before = reads.Load()
+	_, err = value(t, vp, "t", "", `{"a": 2, "channel": "app"}`)
+	schemaError(t, err, deadletter.ReasonSchemaMismatch, "t-value", 1)
+	if n := reads.Load() - before; n != 0 {
+		t.Errorf("%d reads for a payload its pinned version refuses: want none", n)
+	}
+}
+
+// TestMissingSubjectReadAgainFirst: an event of a subject the registry
+// lacked when last asked (more than Recheck ago) waits while it is asked
+// again, and is framed once the subject is registered.
+func TestMissingSubjectReadAgainFirst(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	v, _ := newValues(t, reg, Config{Default: Rule{Format: JSONSchema}, Refresh: time.Hour, Recheck: time.Second})
+	clk := withClock(v)
+	_, err := value(t, v, "orders", "", `{"id": 1, "customer": "ada"}`)
+	schemaError(t, err, deadletter.ReasonSchemaNotFound, "orders-value", 0)
+	reg.SeedSchema("orders-value", 1, 8, sr.Schema{Schema: orderJSONSchema, Type: sr.TypeJSON})
+	clk.Advance(2 * time.Second)
+	b, err := value(t, v, "orders", "", `{"id": 1, "customer": "ada"}`)
+	if err != nil {
+		t.Fatalf("an event of a subject registered since it was found missing: %v", err)
+	}
+	framed(t, b, 8)
+}
+
+// holdLog is a HoldReporter that keeps what it was told.
+type holdLog struct {
+	mu      sync.Mutex
+	events  []string // "Hold <reason>" or "Clear", each change once
+	held    bool
+	reason  string
+	message string
+}
+
+func (h *holdLog) Hold(reason, message string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.held || h.reason != reason {
+		h.events = append(h.events, "Hold "+reason)
+	}
+	h.held, h.reason, h.message = true, reason, message
+}
+
+func (h *holdLog) Clear() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held {
+		h.events = append(h.events, "Clear")
+	}
+	h.held, h.reason, h.message = false, "", ""
+}
+
+func (h *holdLog) state() (held bool, reason, message string, events []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held, h.reason, h.message, append([]string(nil), h.events...)
+}
+
+// waitUntil polls cond until it holds, failing the test after a minute.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: a minute passed", what)
+		}
+	}
+}
+
+// TestHoldsWhileEventsWait: a registry that refuses while an event waits
+// for a subject's schema holds delivery as Unreachable, naming the
+// subject, the registry's URL without its credentials and the error; one
+// that does not answer, as NotAnswering, before the read gives up; each
+// hold cleared once the subject's schema is in hand. A failed refresh of
+// a schema in hand holds nothing; a read again before a dead letter that
+// fails holds, and the event waits rather than being dead-lettered.
+func TestHoldsWhileEventsWait(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	reg.SeedSchema("orders-value", 1, 9, sr.Schema{Schema: orderJSONSchema, Type: sr.TypeJSON})
+	var mode atomic.Value // "", "refuse" or "hang"
+	mode.Store("")
+	release := make(chan struct{})
+	reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		switch mode.Load() {
+		case "refuse":
+			http.Error(w, `{"error_code":50001,"message":"storage unavailable"}`, http.StatusInternalServerError)
+			return true
+		case "hang":
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return true
+			}
+		}
+		return false
+	})
+	u, err := url.Parse(reg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("relay", "s3cret")
+	cfg := withDefaults(Config{Default: Rule{Format: JSONSchema}, RetryPause: 10 * time.Millisecond, Timeout: time.Minute})
+	cfg.URLs = []string{u.String()}
+	h := &holdLog{}
+	v, err := New(cfg, zap.NewNop(), metrics.NewUnregistered(), ReportHolds(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	v.notAnswering = 50 * time.Millisecond
+	ev := &decoder.Event{Payload: []byte(`{"id": 1, "customer": "ada"}`)}
+
+	// Refused: Unreachable while the event waits.
+	mode.Store("refuse")
+	_, wait, err := v.Value("orders", ev)
+	if wait == nil || err != nil {
+		t.Fatalf("registry refusing: %v, %v; want a wait", wait, err)
+	}
+	waitUntil(t, "the Unreachable hold", func() bool { held, reason, _, _ := h.state(); return held && reason == HoldUnreachable })
+	_, _, msg, _ := h.state()
+	for _, want := range []string{"orders-value", reg.URL(), "storage unavailable", "commit order"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("hold message %q: want it to name %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "s3cret") || strings.Contains(msg, "relay:") {
+		t.Errorf("hold message %q carries the URL's credentials", msg)
+	}
+	mode.Store("")
+	if b, err := value(t, v, "orders", "", string(ev.Payload)); err != nil || b == nil {
+		t.Fatalf("registry back: %x, %v", b, err)
+	}
+	if held, _, _, _ := h.state(); held {
+		t.Error("held after the subject's schema came")
+	}
+
+	// A refresh of the schema in hand that fails holds nothing.
+	clk := withClock(v)
+	clk.Advance(2 * time.Hour)
+	mode.Store("refuse")
+	for range 3 {
+		if b, wait, err := v.Value("orders", ev); b == nil || wait != nil || err != nil {
+			t.Fatalf("refresh failing: %x, %v, %v; want the schema in hand to serve", b, wait, err)
+		}
+	}
+	v.bg.Wait()
+	if held, _, _, _ := h.state(); held {
+		t.Error("a failed refresh of a schema in hand holds delivery")
+	}
+
+	// A read again before a dead letter that fails holds, and the event
+	// waits: never dead-lettered for want of an answer.
+	clk.Advance(2 * time.Hour)
+	bad := &decoder.Event{Payload: []byte(`{"id": "one"}`)}
+	for i := range 5 {
+		_, wait, err := v.Value("orders", bad)
+		if err != nil || wait == nil {
+			t.Fatalf("read again failing, call %d: %v, %v; want the event to wait", i, wait, err)
+		}
+		<-wait
+	}
+	if held, reason, _, _ := h.state(); !held || reason != HoldUnreachable {
+		t.Errorf("read again before a dead letter failing: held %v (%s); want Unreachable", held, reason)
+	}
+	mode.Store("")
+	_, err = value(t, v, "orders", "", string(bad.Payload))
+	schemaError(t, err, deadletter.ReasonSchemaMismatch, "orders-value", 1)
+	if held, _, _, _ := h.state(); held {
+		t.Error("held after the read again answered")
+	}
+
+	// Hung: NotAnswering while the read waits, before it gives up.
+	reg.SeedSchema("payments-value", 1, 10, sr.Schema{Schema: orderJSONSchema, Type: sr.TypeJSON})
+	mode.Store("hang")
+	_, wait, _ = v.Value("payments", ev)
+	if wait == nil {
+		t.Fatal("registry hanging: want a wait")
+	}
+	waitUntil(t, "the NotAnswering hold", func() bool { held, reason, _, _ := h.state(); return held && reason == HoldNotAnswering })
+	if _, _, msg, _ := h.state(); !strings.Contains(msg, "payments-value") || !strings.Contains(msg, "unanswered") {
+		t.Errorf("hold message %q: want the subject and that the registry has not answered", msg)
+	}
+	close(release)
+	<-wait
+	if b, err := value(t, v, "payments", "", string(ev.Payload)); err != nil || b == nil {
+		t.Fatalf("registry answering again: %x, %v", b, err)
+	}
+	held, _, _, events := h.state()
+	if held {
+		t.Error("held after the hung read answered")
+	}
+	if want := []string{"Hold Unreachable", "Clear", "Hold Unreachable", "Clear", "Hold NotAnswering", "Clear"}; !reflect.DeepEqual(events, want) {
+		t.Errorf("holds reported %q; want %q", events, want)
+	}
+}
+
+// TestTimedOutReadIsNotAnswering: a read that gives up without an answer
+// holds as NotAnswering, the reason it held with while it waited, so that
+// a hung registry is one hold, not one per retry.
+func TestTimedOutReadIsNotAnswering(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	reg.SeedSchema("orders-value", 1, 9, sr.Schema{Schema: orderJSONSchema, Type: sr.TypeJSON})
+	var hang atomic.Bool
+	hang.Store(true)
+	reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		if hang.Load() {
+			<-r.Context().Done()
+			return true
+		}
+		return false
+	})
+	h := &holdLog{}
+	cfg := withDefaults(Config{Default: Rule{Format: JSONSchema}, Timeout: 100 * time.Millisecond, RetryPause: 10 * time.Millisecond})
+	cfg.URLs = []string{reg.URL()}
+	m := metrics.NewUnregistered()
+	v, err := New(cfg, zap.NewNop(), m, ReportHolds(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	ev := &decoder.Event{Payload: []byte(`{"id": 1, "customer": "ada"}`)}
+	for counter(t, m, "error") < 3 {
+		_, wait, err := v.Value("orders", ev)
+		if wait == nil || err != nil {
+			t.Fatalf("registry hanging: %v, %v; want a wait", wait, err)
+		}
+		<-wait
+	}
+	if _, _, msg, _ := h.state(); !strings.Contains(msg, "schema.Config.Timeout") {
+		t.Errorf("hold message %q: want it to say the read gave up at schema.Config.Timeout", msg)
+	}
+	hang.Store(false)
+	if _, err := value(t, v, "orders", "", string(ev.Payload)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, events := h.state(); !reflect.DeepEqual(events, []string{"Hold NotAnswering", "Clear"}) {
+		t.Errorf("holds reported %q; want one NotAnswering hold, then its end", events)
+	}
+}
+
+// TestRecheckWithTheDecodersOnePointer: the decoder gives every event the
+// same *decoder.Event. An event that waited for a read again and got its
+// value must not leave that read to the next event as if it were the
+// next one's: a version registered later is still read for the events
+// written for it.
+func TestRecheckWithTheDecodersOnePointer(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	schemaOf := func(fields ...string) sr.Schema {
+		s := `{"type":"record","name":"E","fields":[{"name":"a","type":"long"}`
+		for _, f := range fields {
+			s += `,{"name":"` + f + `","type":"string","default":""}`
+		}
+		return sr.Schema{Schema: s + `]}`}
+	}
+	reg.SeedSchema("t-value", 1, 41, schemaOf())
+	v, _ := newValues(t, reg, Config{Default: Rule{Format: Avro}, Refresh: time.Hour, Recheck: time.Second})
+	clk := withClock(v)
+	ev := &decoder.Event{} // the decoder's one event, each row in turn
+	send := func(payload string) ([]byte, error) {
+		t.Helper()
+		ev.Payload = []byte(payload)
+		for range 20 {
+			b, wait, err := v.Value("t", ev)
+			if wait == nil {
+				return b, err
+			}
+			<-wait
+		}
+		t.Fatal("Value still waits after 20 registry reads")
+		return nil, nil
+	}
+	if b, err := send(`{"a": 1}`); err != nil {
+		t.Fatal(err)
+	} else {
+		framed(t, b, 41)
+	}
+	for i, field := range []string{"b", "c", "d"} {
+		reg.SeedSchema("t-value", i+2, 42+i, schemaOf([]string{"b", "c", "d"}[:i+1]...))
+		clk.Advance(2 * time.Second)
+		b, err := send(`{"a": 1, "` + field + `": "x"}`)
+		if err != nil {
+			t.Fatalf("version %d: a row using its field %s: %v; want it framed with it", i+2, field, err)
+		}
+		framed(t, b, 42+i)
 	}
 }
