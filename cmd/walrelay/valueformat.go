@@ -21,7 +21,7 @@ type ValueFlags struct {
 	SchemaRegistryPassword string        `name:"schema-registry-password" help:"Schema registry password; prefer the WALRELAY_SCHEMA_REGISTRY_PASSWORD environment variable to keep it out of process listings. Never logged."`
 	SchemaRegistryCA       string        `name:"schema-registry-ca" type:"existingfile" placeholder:"FILE" help:"PEM file of the CA(s) that signed an https registry's certificate (default: the system roots)."`
 	SubjectStrategy        string        `default:"${subject_strategy}" enum:"topic,record,topic-record" help:"Subject of an event's schema: topic (<topic>-value), record (the event type, the schema's full record name) or topic-record (<topic>-<event type>)."`
-	SchemaRefresh          time.Duration `default:"${schema_refresh}" help:"How often a subject's latest version is read again (the schema in hand serves meanwhile, and while the registry does not answer); a missing subject is asked about again after as long."`
+	SchemaRefresh          time.Duration `default:"${schema_refresh}" help:"How often a subject's latest version is read again (the schema in hand serves meanwhile, and while the registry does not answer). A payload the schema in hand refuses, or a subject the registry lacked, is checked against the latest version read anew (at most once a second per subject) before it is dead-lettered; a pinned version is asked about again after --schema-refresh."`
 }
 
 // parseValueFormats turns --value-format values into schema rules: the
