@@ -318,8 +318,14 @@ func (s *session) connectionLost(err error) {
 		return
 	}
 	s.lost = true
-	s.r.log.Warn("the replication connection broke: ending the stream; the next starts from the confirmed position once Kafka has answered what is in flight",
-		zap.Stringer("confirmed_lsn", s.confirm.Confirmed()), zap.Error(err))
+	var timedOut *slot.SenderTimeoutError
+	if errors.As(err, &timedOut) {
+		s.r.log.Warn("the replication connection timed out: the server acknowledged no status update for its wal_sender_timeout and ends the walsender; ending the stream: the next starts from the confirmed position once Kafka has answered what is in flight",
+			zap.Duration("wal_sender_timeout", timedOut.Timeout), zap.Stringer("confirmed_lsn", s.confirm.Confirmed()), zap.Error(err))
+	} else {
+		s.r.log.Warn("the replication connection broke: ending the stream; the next starts from the confirmed position once Kafka has answered what is in flight",
+			zap.Stringer("confirmed_lsn", s.confirm.Confirmed()), zap.Error(err))
+	}
 	select {
 	case s.failed <- fmt.Errorf("replication connection: %w", err):
 	default: // another error ends the session already

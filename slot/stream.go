@@ -82,6 +82,51 @@ type Stream struct {
 	// connection (a role or database may set its own): it ends a stream
 	// whose client sends nothing for that long. 0 when off or unknown.
 	SenderTimeout time.Duration
+	// AckTimeout is how long what the relay writes may go unacknowledged
+	// before the kernel ends the connection (TCP_USER_TIMEOUT, Linux):
+	// SenderTimeout on a TCP connection, 0 when not set.
+	//
+	// A relay waiting for Kafka does not read the stream. Once its socket
+	// holds all it can of the walsender's small messages, Linux drops
+	// what more arrives and shuts the receive window, shrinking it under
+	// segments the server had already sent; the server's acknowledgements
+	// then carry a sequence number past that window, and the relay's
+	// kernel discards them unread. Its first status update after that
+	// stays unacknowledged, is resent with a growing backoff, and holds
+	// every later one in the send queue: the walsender stops hearing the
+	// relay and ends the connection after wal_sender_timeout, while the
+	// relay's writes still succeed. Only reading the stream would undo
+	// it, and the relay cannot read on without holding all the server
+	// sends meanwhile. With the timeout the kernel ends the connection
+	// when the server does, and the next status update fails naming
+	// wal_sender_timeout (*SenderTimeoutError), instead of a connection
+	// reset found once Kafka is back.
+	AckTimeout time.Duration
+}
+
+// SenderTimeoutError is a replication connection that ended because
+// nothing the relay wrote to it was acknowledged for the server's
+// wal_sender_timeout (Stream.AckTimeout): the walsender, not hearing the
+// relay's status updates for that long, ends the connection itself.
+type SenderTimeoutError struct {
+	// Timeout is the connection's wal_sender_timeout.
+	Timeout time.Duration
+	Err     error
+}
+
+func (e *SenderTimeoutError) Error() string {
+	return fmt.Sprintf("the server acknowledged nothing sent to it for its wal_sender_timeout (%s), after which PostgreSQL ends the walsender (\"terminating walsender process due to replication timeout\"): the network stopped delivering, or the relay waited for Kafka without reading the stream until its receive buffer filled, which stops its status updates; to ride out longer Kafka outages on one connection, raise wal_sender_timeout for walrelay's role: %v", e.Timeout, e.Err)
+}
+
+func (e *SenderTimeoutError) Unwrap() error { return e.Err }
+
+// ackTimedOut is err as a *SenderTimeoutError when the kernel ended the
+// connection for its AckTimeout, else nil.
+func (s *Stream) ackTimedOut(err error) error {
+	if s.AckTimeout <= 0 || !errors.Is(err, syscall.ETIMEDOUT) {
+		return nil
+	}
+	return &SenderTimeoutError{Timeout: s.SenderTimeout, Err: err}
 }
 
 // Start opens a replication connection to url and starts streaming slot
@@ -105,6 +150,10 @@ func Start(ctx context.Context, url string, start decoder.LSN, opts StreamOption
 		return nil, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
 	}
 	s.SenderTimeout = senderTimeout(ctx, conn)
+	if _, isTCP := s.net.LocalAddr().(*net.TCPAddr); isTCP && s.raw != nil && s.SenderTimeout > 0 &&
+		setAckTimeout(s.raw, s.SenderTimeout) == nil {
+		s.AckTimeout = s.SenderTimeout
+	}
 	args := []string{
 		"proto_version '1'",
 		// Logical decoding messages carry walrelay's heartbeats: markers
@@ -258,8 +307,13 @@ func (s *Stream) Receive(deadline time.Time) (Message, error) {
 	for {
 		msg, err := s.fe.Receive()
 		if err != nil {
+			if te := s.ackTimedOut(err); te != nil {
+				return Message{}, te
+			}
+			// ETIMEDOUT says Timeout() too, but it is the kernel giving
+			// up on the connection, not the deadline passing.
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, syscall.ETIMEDOUT) {
 				if s.interrupted.Swap(false) {
 					s.deadline = time.Time{} // re-arm the caller's deadline next time
 					return Message{}, ErrInterrupted
@@ -372,6 +426,9 @@ func (s *Stream) SendStatus(confirmed decoder.LSN, replyRequested bool) error {
 		ReplyRequested:   replyRequested,
 	})
 	if err != nil {
+		if te := s.ackTimedOut(err); te != nil {
+			return te
+		}
 		return fmt.Errorf("send standby status update: %w", err)
 	}
 	return nil

@@ -3,6 +3,9 @@ package slot
 import (
 	"errors"
 	"net"
+	"os"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +41,40 @@ func TestInterruptBeforeReceive(t *testing.T) {
 	// The interrupt is consumed: the next Receive waits for its deadline.
 	if _, err := s.Receive(time.Now().Add(10 * time.Millisecond)); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("Receive after the interrupt was reported: %v, want ErrTimeout", err)
+	}
+}
+
+// timedOutConn is a connection the kernel ended for its TCP_USER_TIMEOUT:
+// its reads and writes fail with ETIMEDOUT.
+type timedOutConn struct{ net.Conn }
+
+func (timedOutConn) Read([]byte) (int, error) {
+	return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ETIMEDOUT)}
+}
+func (timedOutConn) SetReadDeadline(time.Time) error { return nil }
+
+// A connection the kernel ended because the server acknowledged nothing
+// for the stream's AckTimeout is a *SenderTimeoutError naming
+// wal_sender_timeout, not a read deadline that passed (ETIMEDOUT says
+// Timeout() too), nor a bare error; without an AckTimeout set, ETIMEDOUT
+// is the kernel's own verdict (its retransmissions or keepalives ran
+// out), and still no deadline of Receive's.
+func TestReceiveAfterAckTimeout(t *testing.T) {
+	c := timedOutConn{}
+	s := &Stream{fe: pgproto3.NewFrontend(c, c), net: c, SenderTimeout: 3 * time.Second, AckTimeout: 3 * time.Second}
+	_, err := s.Receive(time.Now().Add(time.Hour))
+	var te *SenderTimeoutError
+	if !errors.As(err, &te) || te.Timeout != 3*time.Second || !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Fatalf("Receive on a connection ended for its ack timeout: %v, want a *SenderTimeoutError of 3s wrapping ETIMEDOUT", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "wal_sender_timeout (3s)") || !strings.Contains(msg, "raise wal_sender_timeout") {
+		t.Errorf("the error does not name wal_sender_timeout and the fix: %s", msg)
+	}
+
+	s = &Stream{fe: pgproto3.NewFrontend(c, c), net: c}
+	_, err = s.Receive(time.Now().Add(time.Hour))
+	if errors.As(err, &te) || errors.Is(err, ErrTimeout) || err == nil {
+		t.Fatalf("Receive on a connection the kernel timed out, no ack timeout set: %v, want a broken stream", err)
 	}
 }
 

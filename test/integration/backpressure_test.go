@@ -18,9 +18,13 @@ import (
 // stops reading the replication stream and the walsender blocks writing
 // to it, with a wal_sender_timeout of 3 s and the default status interval
 // (10 s): the walsender must keep hearing the relay (its reply_time moves
-// on) and must not end the connection for a replication timeout, however
-// long Kafka stays out. A connection cut meanwhile is noticed while Kafka
-// is still out (the stream ends, a WARN), not when it comes back.
+// on) and must not end the connection for a replication timeout. The
+// stream is one large transaction, which reaches the relay in full-sized
+// segments: its socket fills without the window shrinking that stops
+// status updates under many small transactions (the case of
+// TestFrozenBrokerReplicationTimeoutNoticedAtOnce). A connection cut on
+// the network (the proxy's) meanwhile is noticed while Kafka is still out
+// (the stream ends, a WARN), not when it comes back.
 func TestBackpressureKeepsReplicationConnection(t *testing.T) {
 	e := newEnv(t)
 	const senderTimeout = 3 * time.Second
@@ -115,4 +119,116 @@ func (e *env) freezeKafka() (thaw func()) {
 		return nil, nil, false
 	})
 	return func() { once.Do(func() { close(ch) }) }
+}
+
+// TestFrozenBrokerReplicationTimeoutNoticedAtOnce freezes Kafka under a
+// steady stream of small transactions, as an outbox takes them, with a
+// wal_sender_timeout of 3 s and the replication connection straight to
+// PostgreSQL (no proxy between them). Once the in-flight window is full
+// the relay stops reading; its socket from PostgreSQL fills with small
+// segments, and Linux can then discard every acknowledgement PostgreSQL
+// sends it (docs/failures.md says how), so the status updates stop
+// reaching the walsender and PostgreSQL ends the connection for a
+// replication timeout. The relay must keep the connection, or notice its
+// end while Kafka is still frozen: not streaming, one WARN naming
+// wal_sender_timeout; and once Kafka answers, restart from the confirmed
+// position and lose nothing.
+func TestFrozenBrokerReplicationTimeoutNoticedAtOnce(t *testing.T) {
+	e := newEnv(t)
+	const senderTimeout = 3 * time.Second
+	cfg := e.config()
+	cfg.PGURL += fmt.Sprintf("&options=-c%%20wal_sender_timeout%%3D%dms", senderTimeout.Milliseconds())
+	cfg.StatusInterval = relay.DefaultConfig().StatusInterval
+	cfg.ReceiveTimeout = 60 * time.Second
+	// A smaller window than the default only fills sooner.
+	cfg.Router.MaxInflightEvents = 1000
+	logs := e.observeLogs()
+	rr, reg := e.startRelayGathered(cfg)
+	c := e.consume()
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq) VALUES ('o', 'k', 'T', '{}', 0)`)
+	c.waitIDs(1, 30*time.Second)
+	conn := e.conn()
+	var pid int32
+	if err := conn.QueryRow(e.ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, e.name).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+
+	// One row per transaction, about a thousand a second, until stopped.
+	stop, wrote := make(chan struct{}), make(chan int, 1)
+	go func() {
+		w := e.conn()
+		n := 0
+		defer func() { wrote <- n }()
+		tk := time.NewTicker(50 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			for range 50 {
+				if _, err := w.Exec(e.ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+					VALUES ('o', 'k' || ($1::int % 10), 'T', jsonb_build_object('pad', repeat('x', 100)), $1)`, n+1); err != nil {
+					t.Error(err)
+					return
+				}
+				n++
+			}
+		}
+	}()
+	stopWriting := sync.OnceValue(func() int { close(stop); return <-wrote })
+	defer stopWriting()
+	thaw := e.freezeKafka()
+	defer thaw()
+	frozenAt := time.Now()
+
+	// Kept for 20 wal_sender_timeouts, or ended: either is the server's
+	// doing; what the relay makes of an end is the subject.
+	var cut bool
+	e.waitFor("the walsender to end or to outlast 20 x wal_sender_timeout", 120*time.Second, func() (bool, error) {
+		var now int32
+		var reply *time.Time
+		err := conn.QueryRow(e.ctx, `SELECT coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0),
+			(SELECT reply_time FROM pg_stat_replication WHERE pid = $2)`, e.name, pid).Scan(&now, &reply)
+		if err != nil {
+			return false, err
+		}
+		if now != pid {
+			cut = true
+			return true, nil
+		}
+		if time.Since(frozenAt) < 20*senderTimeout {
+			return false, nil
+		}
+		if reply == nil || time.Since(*reply) > senderTimeout {
+			return false, fmt.Errorf("the walsender outlasted 20 x wal_sender_timeout without hearing the relay (reply_time %v)", reply)
+		}
+		return true, nil
+	})
+	if cut {
+		t.Logf("PostgreSQL ended the walsender %s after Kafka froze", time.Since(frozenAt).Round(time.Millisecond))
+		e.waitFor("the relay to notice the cut while Kafka is frozen", 10*senderTimeout, func() (bool, error) {
+			if ok, err := rr.returned(); ok {
+				return false, fmt.Errorf("relay stopped: %v", err)
+			}
+			return !rr.relay.Streaming() && gathered(reg, "walrelay_streaming")[""] == 0 &&
+				len(warnings(logs, "wal_sender_timeout")) > 0, nil
+		})
+	} else {
+		t.Log("the connection outlived the freeze: nothing to notice")
+	}
+
+	n := stopWriting()
+	thaw()
+	c.waitIDs(n+1, 120*time.Second)
+	e.waitFor("the relay streaming again", 60*time.Second, func() (bool, error) { return rr.relay.Streaming(), nil })
+	if cut {
+		if got := len(warnings(logs, "wal_sender_timeout")); got != 1 {
+			t.Errorf("%d WARNs naming wal_sender_timeout, want 1", got)
+		}
+		if r := gathered(reg, "walrelay_stream_restarts_total")["connection"]; r < 1 {
+			t.Errorf("restarts for a lost connection: %v, want at least 1", r)
+		}
+	}
 }
