@@ -485,22 +485,22 @@ func (e *env) groupCoordinator(adm *kadm.Client, group string) int {
 // three-node Apache Kafka cluster (replication factor 3,
 // min.insync.replicas 2), in both delivery modes side by side, for
 // WALRELAY_TEST_CHAIN_APACHE_SOAK_SECONDS (default 20, and at least one
-// round of the faults below). Throughout, one of the four
-// processes is killed with SIGKILL every 1 to 4 seconds and started
-// again. In rounds, with a moment of load before each: a node is killed
-// with SIGKILL and restarted, one at a time for both modes (in turn the leader of a partition of the
-// event topic, the consumer group's coordinator, and with exactly-once
-// the relay's transaction coordinator; each kill waits until every
-// partition is fully in sync again); the relay's database (PostgreSQL
-// 17+, failover slots) is switched over, the old primary rejoining as the
-// standby the documented way; and the ledger's database fails over to its
-// asynchronous standby, cut off while the consumer went on committing:
-// the promoted database has lost ledger rows, inbox rows and positions,
-// and the running consumer must find its position gone and rewind
-// (counted). At the end, with the relay and a consumer running, the
-// ledger equals the orders exactly: one effect per committed order event,
-// per order in version order; nothing was dead-lettered, and exactly-once
-// delivered no duplicate to its read_committed consumers.
+// round of the faults below). Throughout, one of the four processes is
+// killed with SIGKILL every 1 to 4 seconds and started again. In rounds,
+// with a moment of load before each: a node is killed with SIGKILL and
+// restarted, one at a time for both modes (in turn the leader of a
+// partition of the event topic, the consumer group's coordinator, and
+// with exactly-once the relay's transaction coordinator; each kill waits
+// until every partition is fully in sync again); the relay's database
+// (PostgreSQL 17+, failover slots) is switched over, the old primary
+// rejoining as the standby the documented way; and the ledger's database
+// fails over to its asynchronous standby, cut off while the consumer went
+// on committing: the promoted database has lost ledger rows, inbox rows
+// and positions, and the running consumer must find its position gone
+// and rewind (counted). At the end, with the relay and a consumer
+// running, the ledger equals the orders exactly: one effect per committed
+// order event, per order in version order; nothing was dead-lettered, and
+// exactly-once delivered no duplicate to its read_committed consumers.
 func TestChainApacheSoak(t *testing.T) {
 	needApache(t)
 	needPG(t, 17)
