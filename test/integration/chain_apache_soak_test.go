@@ -588,7 +588,9 @@ func chainApacheSoak(t *testing.T, k *kafkacluster.Cluster, oneNodeDown *sync.Mu
 	t.Cleanup(func() {
 		stopLoop()
 		if looping {
-			<-loopDone
+			if err := <-loopDone; err != nil {
+				t.Logf("the kill loop: %v", err)
+			}
 		}
 		parts.stopAll()
 	})
