@@ -103,9 +103,11 @@ func write(ctx context.Context, args []string) error {
 	if *url == "" {
 		return errors.New("write: -pg-url is required")
 	}
-	db, err := setup(ctx, *url)
-	if err != nil {
-		return err
+	// A service may start while its database fails over (no server
+	// accepts writes for a moment): wait for it, as its writes do.
+	var db *pgxpool.Pool
+	if err := retrying(ctx, func() (err error) { db, err = setup(ctx, *url); return err }); err != nil || db == nil {
+		return err // nil: stopped while waiting
 	}
 	defer db.Close()
 	ct, err := startTracing(ctx, false, "shop")

@@ -280,10 +280,9 @@ var (
 	exampleErr  error
 )
 
-// runExample starts the examples/orders binary (built once) with args;
-// its output goes to the test log.
-func (e *env) runExample(args ...string) *exec.Cmd {
-	e.t.Helper()
+// exampleBinary is the path of the examples/orders binary, built once
+// beside the walrelay binary.
+func exampleBinary() (string, error) {
 	exampleOnce.Do(func() {
 		examplePath = filepath.Join(filepath.Dir(binPath), "orders")
 		out, err := exec.Command("go", "build", "-o", examplePath, "github.com/walrelay/walrelay/examples/orders").CombinedOutput()
@@ -291,10 +290,18 @@ func (e *env) runExample(args ...string) *exec.Cmd {
 			exampleErr = fmt.Errorf("build examples/orders: %v\n%s", err, out)
 		}
 	})
-	if exampleErr != nil {
-		e.t.Fatal(exampleErr)
+	return examplePath, exampleErr
+}
+
+// runExample starts the examples/orders binary (built once) with args;
+// its output goes to the test log.
+func (e *env) runExample(args ...string) *exec.Cmd {
+	e.t.Helper()
+	path, err := exampleBinary()
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	cmd := exec.Command(examplePath, args...)
+	cmd := exec.Command(path, args...)
 	w := &testWriter{t: e.t, prefix: "orders " + args[0] + ": "}
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {
