@@ -74,7 +74,7 @@ func TestFailoverDescribeAndProtected(t *testing.T) {
 		// copied from the primary, moved with pg_replication_slot_advance):
 		// a failover keeps the slot and resends what the copy lags.
 		{name: "before 17, a tool's copy on the one standby",
-			f:    Failover{Name: "walrelay", Standbys: 1, Checked: true, Copies: []Copy{kept15}},
+			f: Failover{Name: "walrelay", Standbys: 1, Checked: true, Copies: []Copy{kept15}},
 			want: []string{"but standby postgres@b:5432/app keeps a copy of the slot that slot synchronization did not make (a tool's, such as Patroni's permanent slots), confirmed at 0/1000, 8.0 KiB (8192 bytes) behind the primary's 0/3000: a failover to it keeps the slot and resumes from the copy's position, sending the events after it again",
 				"nothing before PostgreSQL 17 holds decoding back"},
 			not: []string{"loses the slot", "refuses"}},
@@ -84,7 +84,7 @@ func TestFailoverDescribeAndProtected(t *testing.T) {
 		{name: "before 17, standbys read, none with a copy",
 			f: Failover{Name: "walrelay", Standbys: 1, Checked: true, Copies: []Copy{withCopy(kept15, func(c *Copy) { c.Exists = false })}}, warn: true,
 			want: []string{"standby postgres@b:5432/app has no copy of the slot: PostgreSQL before 17 keeps none on a standby, so a failover to it loses the slot", "Patroni does for a slot named under slots:"},
-			not: []string{"sync_replication_slots"}},
+			not:  []string{"sync_replication_slots"}},
 		{name: "before 17, a tool's copy on one of two standbys",
 			f: Failover{Name: "walrelay", Standbys: 2, Checked: true, Copies: []Copy{kept15}}, warn: true,
 			want: []string{"of the 2 standbys streaming walrelay read a copy of the slot on 1", "a failover to another loses the slot"}},
@@ -102,7 +102,9 @@ func TestFailoverDescribeAndProtected(t *testing.T) {
 			want: []string{"the slot is not a failover slot", "keeps a copy of the slot that slot synchronization did not make", "synchronized_standby_slots holds back only a failover slot's decoding"},
 			not:  []string{"loses"}},
 		{name: "17, a failover slot held back, a tool's copy where sync_replication_slots is off",
-			f:    with(func(g *Failover) { g.Copies = []Copy{withCopy(kept15, func(c *Copy) { c.Version, c.PrimarySlot = 170000, "sb" })} }),
+			f: with(func(g *Failover) {
+				g.Copies = []Copy{withCopy(kept15, func(c *Copy) { c.Version, c.PrimarySlot = 170000, "sb" })}
+			}),
 			want: []string{"held back by synchronized_standby_slots = sb", "keeps a copy of the slot that slot synchronization did not make", ": a promoted standby keeps the slot"},
 			not:  []string{"synchronized and current"}},
 		{name: "status on a standby before 17 with a tool's copy",

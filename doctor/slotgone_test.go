@@ -35,7 +35,7 @@ func TestSlotGoneWording(t *testing.T) {
 				"events committed after 0/5000 may be missing"},
 			not: []string{"no relay ever streamed"}},
 		{name: "never streamed from, on a hot standby",
-			err: SlotGoneError("walrelay", never, true),
+			err:  SlotGoneError("walrelay", never, true),
 			want: []string{"no relay ever streamed from it", "ignore_slots: [{name: walrelay}]", "rebuilt from a new base backup"},
 			not:  []string{"slots: {walrelay:"}},
 		{name: "streamed from, on a hot standby",
