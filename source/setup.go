@@ -205,6 +205,8 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 		return Record{}, err
 	}
 	now.Accepted = accepted
+	// A new record, or a slot created again, has no relay's stream yet.
+	now.NeverStreamed = !recorded || rec.NeverStreamed || created
 	if accepted != nil && now.PublicationOID != rec.PublicationOID {
 		// The publication walrelay streamed from was dropped: decoding the
 		// WAL written while it did not exist fails (PostgreSQL 15-17) or
