@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl
+.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl deps-patroni
 
 all: build
 
@@ -161,7 +161,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-systemd deps-pgbouncer deps-curl
+DEPS := deps-postgres deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-systemd deps-pgbouncer deps-curl deps-patroni
 
 deps: $(DEPS)
 
@@ -310,6 +310,20 @@ deps-curl:
 	  echo "== installing curl (the getting-started steps' checks)"; \
 	  if ! { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl >/dev/null; }; then \
 	    echo "deps-curl: could not install curl (run: sudo apt-get install curl); TestGettingStarted needs it"; \
+	  fi; \
+	fi
+
+# Patroni and etcd (Debian's patroni and etcd-server), which
+# TestPatroniSwitchover runs a two-node cluster of, on the local server's
+# binaries, with an etcd of its own on free ports (under systemd, Debian's
+# package also starts one on 2379, which the test does not use). Without
+# root or passwordless sudo it says so, and that test skips.
+deps-patroni:
+	@if ! command -v patroni >/dev/null || ! command -v etcd >/dev/null; then \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo -n"; \
+	  echo "== installing patroni and etcd-server (TestPatroniSwitchover)"; \
+	  if ! { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patroni etcd-server >/dev/null; }; then \
+	    echo "deps-patroni: could not install patroni and etcd-server (run: sudo apt-get install patroni etcd-server); TestPatroniSwitchover skips"; \
 	  fi; \
 	fi
 

@@ -205,13 +205,11 @@ func (c Copy) Note(slot string) string {
 	if c.Standby == "" {
 		who = "this standby"
 	}
+	// The same words whether the copy lags or not: the relay logs the
+	// line again only when its words change, not its figures.
 	lag := fmt.Sprintf("confirmed at %s", c.ConfirmedLSN)
-	switch {
-	case c.PrimaryConfirmed == 0:
-	case c.PrimaryConfirmed == c.ConfirmedLSN:
-		lag += ", where the primary's is"
-	default:
-		lag += c.distance()
+	if c.PrimaryConfirmed != 0 {
+		lag += fmt.Sprintf(", %s behind the primary's %s", BytesText(int64(c.PrimaryConfirmed-c.ConfirmedLSN)), c.PrimaryConfirmed)
 	}
 	return fmt.Sprintf("%s keeps a copy of the slot that slot synchronization did not make (a tool's, such as Patroni's permanent slots), %s: a failover to it keeps the slot and resumes from the copy's position, sending the events after it again",
 		who, lag)

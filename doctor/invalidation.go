@@ -116,17 +116,17 @@ func ReadInvalidatedError(ctx context.Context, conn *pgx.Conn, info slot.Info, s
 }
 
 // SlotGoneError is the refusal for a slot that no longer exists though
-// walrelay's record rec describes it: lost in a failover, most often,
-// dropped by hand, or dropped by Patroni, which drops every slot its
-// configuration does not name once no client streams from it. A slot no
-// relay ever streamed from (rec.NeverStreamed: walrelay setup created it,
-// and it was gone before walrelay run) is said to be so, with Patroni
-// first among the causes: dropping it is what Patroni does within seconds
-// of walrelay setup. onStandby says walrelay decoded it on a hot standby,
-// whose slot lives and dies with that server (no failover slot can be
-// made there), so the fix is the standby's, not failover slots'. The gap
-// is the same either way: nothing after rec's position reached Kafka
-// from that slot.
+// walrelay's record rec describes it: lost in a failover, dropped by hand,
+// or dropped by Patroni, which drops a slot its configuration does not
+// name whenever it looks at the slots (a restart of PostgreSQL or of
+// Patroni, a switchover, a failover) and no client streams from it. A
+// slot no relay ever streamed from (rec.NeverStreamed: walrelay setup
+// created it, and it was gone before walrelay run) is said to be so, with
+// Patroni first among the causes. onStandby says walrelay decoded it on a
+// hot standby, whose slot lives and dies with that server (no failover
+// slot can be made there), so the fix is the standby's, not failover
+// slots'. The gap is the same either way: nothing after rec's position
+// reached Kafka from that slot.
 func SlotGoneError(name string, rec Recorded, onStandby bool) *slot.GapError {
 	where := fmt.Sprintf("its record in %s, written %s, has it confirmed at %s", rec.Table, rec.UpdatedAt.UTC().Format(time.RFC3339), rec.ConfirmedLSN)
 	if rec.NeverStreamed {
@@ -166,15 +166,15 @@ func SlotDroppedError(name string, onStandby bool, since decoder.LSN) *slot.GapE
 }
 
 // patroniDrops says that Patroni drops a slot its dynamic configuration
-// does not name, whenever no client streams from it (between walrelay
-// setup and walrelay run, or while the relay is down), and the two ways to
-// keep it. On a standby walrelay decodes on, only ignore_slots does:
-// Patroni's permanent slots are the primary's, which it copies to
-// replicas, over the standby's own.
+// does not name (when it looks at the slots: a restart of PostgreSQL or of
+// Patroni, a switchover, a failover) if no client streams from it then,
+// and the two ways to keep it. On a standby walrelay decodes on, only
+// ignore_slots does: Patroni's permanent slots are the primary's, which it
+// copies to replicas, over the standby's own.
 func patroniDrops(name string, onStandby bool) string {
 	keep := fmt.Sprintf("name it in its dynamic configuration (patronictl edit-config: slots: {%s: {type: logical, database: <the database>, plugin: pgoutput}}), which also has Patroni keep a copy on each replica that carries the slot through a failover, or exempt it (ignore_slots: [{name: %s}])", name, name)
 	if onStandby {
 		keep = fmt.Sprintf("exempt it (ignore_slots: [{name: %s}] in its dynamic configuration)", name)
 	}
-	return fmt.Sprintf("under Patroni, a slot its dynamic configuration does not name is dropped whenever no client streams from it (Patroni's log: \"Dropped unknown replication slot '%s'\"): %s", name, keep)
+	return fmt.Sprintf("under Patroni, a slot its dynamic configuration does not name is dropped when no client streams from it and Patroni looks at the slots (a restart of PostgreSQL or of Patroni, a switchover, a failover; Patroni's log: \"Dropped unknown replication slot '%s'\"): %s", name, keep)
 }

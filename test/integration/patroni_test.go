@@ -16,18 +16,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walrelay/walrelay/decoder"
+	"github.com/walrelay/walrelay/internal/devcluster"
 	"github.com/walrelay/walrelay/slot"
 )
 
@@ -342,4 +347,396 @@ func TestSlotNeverStreamedRefusal(t *testing.T) {
 	if got[e.name] != "-infinity" || got[other] != "NULL" {
 		t.Errorf("streamed_at after adding the column: %v, want -infinity for the row already there and NULL for the new slot's", got)
 	}
+}
+
+// patroniCluster is Patroni itself (Debian's patroni package) over an etcd
+// of its own (etcd-server), two nodes of the package's PostgreSQL
+// (Debian's, for its pg_basebackup, which Patroni makes replicas with).
+type patroniCluster struct {
+	t     *testing.T
+	dir   string
+	scope string
+	bin   string // PostgreSQL's bin directory
+	etcd  *exec.Cmd
+	dcs   string // etcd's client address
+	nodes []*patroniNode
+}
+
+type patroniNode struct {
+	name      string
+	pgPort    int
+	apiPort   int
+	config    string
+	cmd       *exec.Cmd
+	log       string
+	done      chan struct{}
+	uid, gid  int
+	runAsUser bool
+}
+
+// startPatroni starts etcd and a Patroni cluster of two nodes, the first
+// the leader, the second its replica, and returns once both answer their
+// role on Patroni's REST API. Skipped without patroni, etcd, or
+// PostgreSQL's pg_basebackup beside the test cluster's server.
+func startPatroni(t *testing.T) *patroniCluster {
+	t.Helper()
+	if pgCluster == nil {
+		t.Skip("needs PostgreSQL binaries of its own; skipped against an external PostgreSQL")
+	}
+	for _, tool := range []string{"patroni", "patronictl", "etcd"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (Debian: apt-get install patroni etcd-server)", tool)
+		}
+	}
+	server, err := filepath.EvalSymlinks(filepath.Join(pgCluster.BinDir(), "postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Dir(server)
+	if _, err := os.Stat(filepath.Join(bin, "pg_basebackup")); err != nil {
+		t.Skipf("needs pg_basebackup beside %s, which Patroni makes its replicas with", server)
+	}
+	dir, err := os.MkdirTemp("", "walrelay-patroni-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &patroniCluster{t: t, dir: dir, bin: bin, scope: filepath.Base(dir)}
+	// Registered before any env on the cluster: it runs after their
+	// cleanups, which drop their databases through it.
+	t.Cleanup(pc.close)
+	uid, gid := -1, -1
+	if os.Geteuid() == 0 { // PostgreSQL refuses root: Patroni runs as postgres
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ports := make([]int, 6)
+	for i := range ports {
+		if ports[i], err = devcluster.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pc.dcs = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	pc.etcd = exec.Command("etcd", "--name", "e", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", "http://"+pc.dcs, "--advertise-client-urls", "http://"+pc.dcs,
+		"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", ports[1]), "--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		"--initial-cluster", fmt.Sprintf("e=http://127.0.0.1:%d", ports[1]))
+	etcdLog, err := os.Create(filepath.Join(dir, "etcd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcdLog.Close()
+	pc.etcd.Stdout, pc.etcd.Stderr = etcdLog, etcdLog
+	if err := pc.etcd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"n1", "n2"} {
+		n := &patroniNode{name: name, pgPort: ports[2+i], apiPort: ports[4+i], uid: uid, gid: gid, runAsUser: uid >= 0}
+		n.config = filepath.Join(dir, name+".yml")
+		n.log = filepath.Join(dir, name+".log")
+		if err := os.WriteFile(n.config, []byte(pc.nodeConfig(n)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		pc.nodes = append(pc.nodes, n)
+	}
+	pc.startNode(pc.nodes[0])
+	pc.waitRole(pc.nodes[0], "primary", 2*time.Minute)
+	pc.startNode(pc.nodes[1])
+	pc.waitRole(pc.nodes[1], "replica", 2*time.Minute)
+	return pc
+}
+
+// nodeConfig is a node's patroni.yml: trust on 127.0.0.1, a short loop,
+// wal_level = logical and hot_standby_feedback (which Patroni's copies of
+// logical slots need).
+func (pc *patroniCluster) nodeConfig(n *patroniNode) string {
+	data := filepath.Join(pc.dir, n.name)
+	return fmt.Sprintf(`scope: %[1]s
+name: %[2]s
+restapi:
+  listen: 127.0.0.1:%[3]d
+  connect_address: 127.0.0.1:%[3]d
+etcd3:
+  hosts: %[4]s
+bootstrap:
+  dcs:
+    ttl: 20
+    loop_wait: 1
+    retry_timeout: 5
+    maximum_lag_on_failover: 1048576
+    postgresql:
+      use_pg_rewind: false
+      use_slots: true
+      parameters:
+        wal_level: logical
+        hot_standby_feedback: "on"
+        max_replication_slots: 10
+        max_wal_senders: 10
+        wal_keep_size: 256MB
+        wal_sender_timeout: 10s
+  initdb:
+  - encoding: UTF8
+  - locale: C
+  pg_hba:
+  - local all all trust
+  - host all all 127.0.0.1/32 trust
+  - host replication all 127.0.0.1/32 trust
+postgresql:
+  listen: 127.0.0.1:%[5]d
+  connect_address: 127.0.0.1:%[5]d
+  data_dir: %[6]s/data
+  bin_dir: %[7]s
+  pgpass: %[6]s.pgpass
+  authentication:
+    superuser: {username: postgres, password: unused}
+    replication: {username: postgres, password: unused}
+    rewind: {username: postgres, password: unused}
+  parameters:
+    unix_socket_directories: %[8]s
+`, pc.scope, n.name, n.apiPort, pc.dcs, n.pgPort, data, pc.bin, pc.dir)
+}
+
+func (pc *patroniCluster) startNode(n *patroniNode) {
+	pc.t.Helper()
+	f, err := os.Create(n.log)
+	if err != nil {
+		pc.t.Fatal(err)
+	}
+	n.cmd = exec.Command("patroni", n.config)
+	n.cmd.Stdout, n.cmd.Stderr = f, f
+	n.cmd.Dir = pc.dir
+	if n.runAsUser {
+		n.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(n.uid), Gid: uint32(n.gid)}}
+		if err := f.Chown(n.uid, n.gid); err != nil {
+			pc.t.Fatal(err)
+		}
+	}
+	if err := n.cmd.Start(); err != nil {
+		pc.t.Fatal(err)
+	}
+	n.done = make(chan struct{})
+	go func() {
+		_ = n.cmd.Wait()
+		f.Close()
+		close(n.done)
+	}()
+}
+
+// role asks Patroni's REST API whether n is the primary (or a replica):
+// 200 when it is.
+func (n *patroniNode) is(role string) bool {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/%s", n.apiPort, role))
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func (pc *patroniCluster) waitRole(n *patroniNode, role string, limit time.Duration) {
+	pc.t.Helper()
+	err := devcluster.WaitFor(limit, 200*time.Millisecond, func() (bool, error) {
+		select {
+		case <-n.done:
+			return false, fmt.Errorf("patroni %s exited", n.name)
+		default:
+		}
+		return n.is(role), fmt.Errorf("patroni %s is not %s yet", n.name, role)
+	})
+	if err != nil {
+		pc.t.Fatalf("%v:\n%s", err, pc.logTail(n))
+	}
+}
+
+func (pc *patroniCluster) logTail(n *patroniNode) string {
+	b, _ := os.ReadFile(n.log)
+	return lastLines(string(b), 30)
+}
+
+// url is db on n's PostgreSQL, whatever its role.
+func (n *patroniNode) url(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", n.pgPort, db)
+}
+
+// url is the multi-host URL of db on both nodes: it reaches the leader.
+func (pc *patroniCluster) url(db string) string {
+	return devcluster.MultiHostURL(db, pc.nodes[0].pgPort, pc.nodes[1].pgPort)
+}
+
+// patchConfig changes Patroni's dynamic configuration (PATCH /config).
+func (pc *patroniCluster) patchConfig(body string) {
+	pc.t.Helper()
+	req, err := http.NewRequest(http.MethodPatch, fmt.Sprintf("http://127.0.0.1:%d/config", pc.nodes[0].apiPort), strings.NewReader(body))
+	if err != nil {
+		pc.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		pc.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		pc.t.Fatalf("PATCH /config: %s: %s", resp.Status, b)
+	}
+}
+
+// patronictl runs patronictl against the cluster.
+func (pc *patroniCluster) patronictl(args ...string) string {
+	pc.t.Helper()
+	out, err := exec.Command("patronictl", append([]string{"-c", pc.nodes[0].config}, args...)...).CombinedOutput()
+	if err != nil {
+		pc.t.Fatalf("patronictl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// close stops Patroni (which stops its PostgreSQL) and etcd, and removes
+// the cluster's directory.
+func (pc *patroniCluster) close() {
+	for _, n := range pc.nodes {
+		if n.cmd != nil && n.cmd.Process != nil {
+			_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, n := range pc.nodes {
+		if n.cmd == nil || n.cmd.Process == nil {
+			continue
+		}
+		select {
+		case <-n.done:
+		case <-time.After(30 * time.Second):
+			_ = n.cmd.Process.Kill()
+			<-n.done
+		}
+		// A PostgreSQL Patroni left running (it was killed) is stopped
+		// by its own pid file.
+		if b, err := os.ReadFile(filepath.Join(pc.dir, n.name, "data", "postmaster.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0]); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGQUIT)
+			}
+		}
+	}
+	if pc.etcd != nil && pc.etcd.Process != nil {
+		_ = pc.etcd.Process.Kill()
+		_ = pc.etcd.Wait()
+	}
+	if !pc.t.Failed() {
+		os.RemoveAll(pc.dir)
+	} else {
+		pc.t.Logf("Patroni's logs and data kept in %s", pc.dir)
+	}
+}
+
+// TestPatroniSwitchover runs the relay under Patroni itself. Without
+// slots: in Patroni's dynamic configuration, Patroni drops the slot
+// walrelay setup made at its next look at the slots (a restart of
+// PostgreSQL here), and walrelay run refuses, saying no relay ever
+// streamed from the slot and naming Patroni's settings. With the slot
+// named under slots:, Patroni creates it on the leader and copies it to
+// the replica; walrelay setup --accept-gap takes it, status says a
+// failover keeps it. Then patronictl switchover under writers: the relay
+// goes on from the new leader's copy, every committed id delivered, none
+// of a transaction that did not commit, per-key order kept; the
+// duplicates are the WAL the copy lagged.
+func TestPatroniSwitchover(t *testing.T) {
+	began := time.Now()
+	pc := startPatroni(t)
+	e := newEnvOn(t, pc.url("postgres"))
+	started := time.Since(began)
+	n1, n2 := pc.nodes[0], pc.nodes[1]
+	n1URL, n2URL := n1.url(e.name), n2.url(e.name)
+
+	if out, code := runOutput(t, e.setupArgs()...); code != 0 {
+		t.Fatalf("setup exit %d:\n%s", code, out)
+	}
+	pc.patronictl("restart", pc.scope, n1.name, "--force")
+	dropped := fmt.Sprintf("Dropped unknown replication slot '%s'", e.name)
+	e.waitFor("Patroni dropping the slot it does not know", 2*time.Minute, func() (bool, error) {
+		b, err := os.ReadFile(n1.log)
+		return strings.Contains(string(b), dropped), err
+	})
+	refusedWith(t, withFlag(e.args(), "--startup-timeout", "5s"), "no relay ever streamed from it", dropped, "slots: {"+e.name+":", "ignore_slots: [{name: "+e.name+"}]")
+
+	pc.patchConfig(fmt.Sprintf(`{"slots": {%q: {"type": "logical", "database": %q, "plugin": "pgoutput"}}}`, e.name, e.name))
+	// Patroni makes the slot on the leader, then copies it to the
+	// replica, restarting it.
+	e.waitFor("Patroni's copy of the slot on the replica", 2*time.Minute, func() (bool, error) {
+		c, err := pgx.Connect(e.ctx, n2URL)
+		if err != nil {
+			return false, err
+		}
+		defer c.Close(context.Background())
+		var n int
+		err = c.QueryRow(e.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.name).Scan(&n)
+		return n == 1, err
+	})
+	if out, code := runOutput(t, e.setupArgs("--accept-gap")...); code != 0 {
+		t.Fatalf("setup --accept-gap exit %d:\n%s", code, out)
+	}
+	c := e.consume()
+	nodes := []string{"--standby-url", n1URL, "--standby-url", n2URL}
+	args := append(withFlag(e.args(), "--slot-poll-interval", "1s"), nodes...)
+	p := startProc(t, nil, args...)
+	e.waitSlotActive(p)
+	const keeps = "keeps a copy of the slot that slot synchronization did not make"
+	status := func() string {
+		out, _ := runOutput(t, append([]string{"status", "--pg-url", e.url, "--slot", e.name}, nodes...)...)
+		return out
+	}
+	var out string
+	e.waitFor("status saying Patroni's copy keeps the slot", time.Minute, func() (bool, error) {
+		out = status()
+		return strings.Contains(out, keeps) && !strings.Contains(out, "loses the slot"), fmt.Errorf("status said:\n%s", out)
+	})
+	fw := e.startFailoverWriters(2, 5*time.Millisecond)
+	defer fw.halt()
+	n := len(distinctIDs(c.records()))
+	e.waitFor("records before the switchover", 2*time.Minute, func() (bool, error) {
+		got := len(distinctIDs(c.records()))
+		return got >= n+200, fmt.Errorf("%d ids read", got)
+	})
+	copyAt, leaderAt := confirmedOn(t, n2URL, e.name), confirmedOn(t, n1URL, e.name)
+	switched := time.Now()
+	pc.patronictl("switchover", pc.scope, "--leader", n1.name, "--candidate", n2.name, "--force")
+	pc.waitRole(n2, "primary", 2*time.Minute)
+	n = len(distinctIDs(c.records()))
+	e.waitFor("records after the switchover", 2*time.Minute, func() (bool, error) {
+		select {
+		case <-p.done:
+			return false, fmt.Errorf("the relay exited: %s", finalLines(p.out.String()))
+		default:
+		}
+		got := len(distinctIDs(c.records()))
+		return got > n, fmt.Errorf("%d ids read", got)
+	})
+	toRecords := time.Since(switched)
+	// The old leader rejoins as a replica with its own slot, which Patroni
+	// then moves forward as a copy: status says it keeps the slot again.
+	pc.waitRole(n1, "replica", 2*time.Minute)
+	e.waitFor("status saying the old leader's copy keeps the slot", 2*time.Minute, func() (bool, error) {
+		out = status()
+		return strings.Contains(out, "standby postgres@127.0.0.1:"+strconv.Itoa(n1.pgPort)+"/"+e.name+" "+keeps), fmt.Errorf("status said:\n%s", out)
+	})
+	fw.halt()
+	committed := e.committedIDs()
+	var all []string
+	for id := range committed {
+		all = append(all, id)
+	}
+	e.waitFor("every committed id delivered", 2*time.Minute, func() (bool, error) {
+		m := missingIDs(c, all)
+		return len(m) == 0, fmt.Errorf("%d committed ids not read", len(m))
+	})
+	dups, _, _ := checkSurvivingHistory(t, "at-least-once", committed, c.records())
+	t.Logf("Patroni (%s): cluster up in %s; the replica's copy at %s when the leader's slot was at %s (%d bytes behind) before the switchover; switchover to the first new record %s; %d committed, 0 lost, %d duplicates; the test took %s",
+		strings.TrimSpace(pc.patronictl("version")), started.Round(time.Second), copyAt, leaderAt, int64(leaderAt-copyAt), toRecords.Round(time.Second),
+		len(committed), dups, time.Since(began).Round(time.Second))
 }
