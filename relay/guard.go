@@ -491,7 +491,7 @@ func (g *guard) warnResend(info slot.Info, known decoder.LSN, what string, promo
 		if promoted {
 			own = "; this server was a standby until its promotion, and its slot (synced = false) was"
 		}
-		msg += own + " not the copy slot synchronization keeps but a slot of its own, left from when it was a primary itself: remove the old primary's slot before it rejoins as a standby (docs/operating.md, a switchover step by step)"
+		msg += own + " not the copy slot synchronization keeps but a slot of its own, left from when it was a primary itself: remove the old primary's slot before it rejoins as a standby (docs/operating.md, a switchover step by step); or a copy a tool keeps (Patroni's slots:), whose lag those bytes are"
 	}
 	g.log.Warn(msg, append([]zap.Field{zap.String("slot", g.cfg.Slot), zap.Stringer("slot_confirmed_lsn", info.ConfirmedLSN),
 		zap.Stringer("acknowledged_lsn", known), zap.Int64("resent_wal_bytes", int64(known-info.ConfirmedLSN))}, fields...)...)
