@@ -502,7 +502,11 @@ func (f Failover) describeKept() (string, bool) {
 		}
 		return text + f.archivers(), true
 	}
-	if len(notes) == 0 || len(notes) < f.Standbys {
+	if len(notes) == 0 {
+		return fmt.Sprintf("%s: a failover to one of its %d standbys loses the slot, and walrelay then refuses to go on until the gap is accepted, unless a tool keeps a copy there; every URL walrelay was given for the standbys (relay.Config.StandbyURLs) reached a server that takes writes: give it the standbys' URLs%s",
+			base, f.Standbys, f.archivers()), true
+	}
+	if len(notes) < f.Standbys {
 		return fmt.Sprintf("%s, and of the %d standbys streaming walrelay read a copy of the slot on %d (relay.Config.StandbyURLs): a failover to another loses the slot, and walrelay then refuses to go on until the gap is accepted, unless a tool keeps a copy there too; give walrelay every standby's URL%s",
 			base, f.Standbys, len(notes), f.archivers()), true
 	}
