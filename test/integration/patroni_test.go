@@ -321,6 +321,12 @@ func TestSlotNeverStreamedRefusal(t *testing.T) {
 		return marked, err
 	})
 	stopProc(t, p)
+	// Its walsender ends a moment after the relay: the slot is released
+	// then, and Patroni (or anyone) can drop it.
+	e.waitFor("the slot released", 30*time.Second, func() (bool, error) {
+		i, err := e.slotInfoErr()
+		return err == nil && !i.Active, err
+	})
 	e.exec(`SELECT pg_drop_replication_slot($1)`, e.name)
 	out, _, _, _ = runBounded(t, 30*time.Second, nil, run...)
 	if final := finalLines(out); !strings.Contains(final, streamed) || strings.Contains(final, never) || !strings.Contains(final, "Dropped unknown replication slot") {
