@@ -5,7 +5,7 @@ PKGS    := ./...
 BIN     := bin/walrelay
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl
+.PHONY: all build build-bench docs test test-kafka test-pg test-deploy image lint unit integration bench-micro fuzz demo clean deps deps-postgres deps-postgres-server deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-golangci-lint deps-systemd deps-pgbouncer deps-pg-versions deps-curl deps-patroni
 
 all: build
 
@@ -77,7 +77,7 @@ PG_KAFKA_VERSION := 18
 # primary, decoding on a standby, status --explain, startup refusals, the
 # documentation's steps),
 # which test-pg runs on every version and a real broker would only slow.
-KAFKA_SKIP := ^(TestPartitionedOutbox|TestPartitionedWithoutViaRootRefused|TestUnmappedInsertsLoggedAndCounted|TestTableAddedToPublicationWhileStreaming|TestColumnListWithoutMappedColumnRefused|TestRowFilter|TestForAllTablesWarns|TestForeignPublicationNotAltered|TestTableAddedLaterWarns|TestPublicationPermissionHint|TestSchemaChangeWhileRunning|TestSchemaChangeOnInvalidFail|TestAlterTableWhileRunning|TestInitialSnapshotNever|TestInitialSnapshotWhereAndOrder|TestInitialSnapshotValuesMatchStream|TestInitialSnapshotOutlivesItsExportingConnection|TestLatin1PublishedAsUTF8|TestBinaryUndecodableRowDeadLettered|TestSlotCreationWaits|TestSessionSettingsOfRoleAndDatabase|TestWatchConnectionTerminated|TestPostgresTLS|TestPostgresSecretsNeverPrinted|TestPostgresPasswordNeverLogged|TestPostgresDefaultSSLModeRefusesPlaintext|TestCLIPostgresCredentialsExitAtOnce|TestCLIEmptyPGURL|TestCLIBadSlotNameRefusedEverywhere|TestCLIStatusInactiveSlot|TestCLIDropPendingRows|TestStatusCommand|TestSetupAndDrop|TestStaleStandbySlot|TestReceivewalIsNoStandby|TestPostgresRestart|TestReplicationConnectionCut|TestReplicationConnectionSilentlyLost|TestInsertAndDeleteInSameTransaction|TestCommitOrderNotInsertOrder|TestOnlyOutboxInserts|TestTwoTablesAndPayloadTypes|TestChainDatabaseFailoverLosesTheLedgersNewest|TestPGPasswordCommand|TestTLSReloadPostgres|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestDropForgetsTheRecord|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestRecordTableGrantAdvice|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestReplicaSetFailovers|TestExplain.*|TestSlotTimeLeft|TestOddStartupRefusals|TestLostSlotAdvice|TestDropLostSlot|TestIdleTimeoutAdvice|TestIdleDatabaseBusyOtherDatabase|TestQuietOutboxBusyDatabase|TestDemoRelayRoleStreams|TestGettingStarted|TestStandbyDecode.*)$$
+KAFKA_SKIP := ^(TestPartitionedOutbox|TestPartitionedWithoutViaRootRefused|TestUnmappedInsertsLoggedAndCounted|TestTableAddedToPublicationWhileStreaming|TestColumnListWithoutMappedColumnRefused|TestRowFilter|TestForAllTablesWarns|TestForeignPublicationNotAltered|TestTableAddedLaterWarns|TestPublicationPermissionHint|TestSchemaChangeWhileRunning|TestSchemaChangeOnInvalidFail|TestAlterTableWhileRunning|TestInitialSnapshotNever|TestInitialSnapshotWhereAndOrder|TestInitialSnapshotValuesMatchStream|TestInitialSnapshotOutlivesItsExportingConnection|TestLatin1PublishedAsUTF8|TestBinaryUndecodableRowDeadLettered|TestSlotCreationWaits|TestSessionSettingsOfRoleAndDatabase|TestWatchConnectionTerminated|TestPostgresTLS|TestPostgresSecretsNeverPrinted|TestPostgresPasswordNeverLogged|TestPostgresDefaultSSLModeRefusesPlaintext|TestCLIPostgresCredentialsExitAtOnce|TestCLIEmptyPGURL|TestCLIBadSlotNameRefusedEverywhere|TestCLIStatusInactiveSlot|TestCLIDropPendingRows|TestStatusCommand|TestSetupAndDrop|TestStaleStandbySlot|TestReceivewalIsNoStandby|TestPostgresRestart|TestReplicationConnectionCut|TestReplicationConnectionSilentlyLost|TestInsertAndDeleteInSameTransaction|TestCommitOrderNotInsertOrder|TestOnlyOutboxInserts|TestTwoTablesAndPayloadTypes|TestChainDatabaseFailoverLosesTheLedgersNewest|TestPGPasswordCommand|TestTLSReloadPostgres|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestDropForgetsTheRecord|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestRecordTableGrantAdvice|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestReplicaSetFailovers|TestPatroniSlotCopyCarriesOn|TestSlotNeverStreamedRefusal|TestPatroniSwitchover|TestExplain.*|TestSlotTimeLeft|TestOddStartupRefusals|TestLostSlotAdvice|TestDropLostSlot|TestIdleTimeoutAdvice|TestIdleDatabaseBusyOtherDatabase|TestQuietOutboxBusyDatabase|TestDemoRelayRoleStreams|TestGettingStarted|TestStandbyDecode.*)$$
 
 # The chain soak on Apache Kafka runs on PostgreSQL 17, where failover
 # slots came (the switchover of the relay's database is its subject with
@@ -116,7 +116,7 @@ PG_STANDBY_TESTS := ^(TestOneEvent|TestKill9MidRun|TestInitialSnapshotBeforeDuri
 # the relay (publication, table, slot, failover), and the documentation's
 # getting-started and Debezium steps. Decoding on a standby is 16's and
 # 18's.
-PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestOddStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestChainFailover|TestQuietOutboxBusyDatabase|TestIdleDatabaseBusyOtherDatabase|TestKeepalivesWhileInFlightThenKill|TestSetupAndDrop|TestGettingStarted|TestDebeziumTakeover|TestSessionSettingsOfRoleAndDatabase|TestSlotCreationWaits|TestTableAddedToPublicationWhileStreaming|TestBackpressureKeepsReplicationConnection|TestStaleStandbySlot|TestReceivewalIsNoStandby)$$
+PG_CORE_TESTS := ^(TestOneEvent|TestCommitOrderNotInsertOrder|TestInsertAndDeleteInSameTransaction|TestTwoTablesAndPayloadTypes|TestBigTransaction|TestKill9MidRun|TestPostgresRestart|TestInitialSnapshotBeforeDuringAfter|TestInitialSnapshotExactlyOnce|TestSnapshotCommand|TestPartitionedOutbox|TestSchemaChangeWhileRunning|TestAlterTableWhileRunning|TestExactlyOnceKills|TestExactlyOnceConfirmAfterCommit|TestExactlyOnceBigTransaction|TestExactlyOnceStandby|TestStartupRefusals|TestOddStartupRefusals|TestReplicaSetFailovers|TestStandbyFailoverTwice|TestFailoverSlotSyncedAndPromoted|TestSourceChangesWhileRunning|TestSourceChangesWhileStopped|TestSlotDroppedWhileStoppedIsNotRecreated|TestPublicationChangeStillCommittingIsNotConfirmedPast|TestFailoverWithoutFailoverSlotIsRefused|TestFailoverSlotCarriesOn|TestPatroniSlotCopyCarriesOn|TestChainFailover|TestQuietOutboxBusyDatabase|TestIdleDatabaseBusyOtherDatabase|TestKeepalivesWhileInFlightThenKill|TestSetupAndDrop|TestGettingStarted|TestDebeziumTakeover|TestSessionSettingsOfRoleAndDatabase|TestSlotCreationWaits|TestTableAddedToPublicationWhileStreaming|TestBackpressureKeepsReplicationConnection|TestStaleStandbySlot|TestReceivewalIsNoStandby)$$
 PG_TEST_PKGS := ./internal/devcluster ./test/integration
 # A -skip regexp for 18's run: the failover soaks (three failovers in each
 # delivery mode, the chain across two) and a stale standby slot's wait,
@@ -168,7 +168,7 @@ demo: deps-postgres-server build
 # with passwordless sudo; otherwise one line says what to run). One target
 # per tool: add a new one (Maven dependencies of the real-broker tests, a
 # CLI a test calls) to DEPS, and to .ci/run nothing.
-DEPS := deps-postgres deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-systemd deps-pgbouncer deps-curl
+DEPS := deps-postgres deps-kafka deps-debezium deps-debezium-avro deps-schema-registry deps-helm deps-systemd deps-pgbouncer deps-curl deps-patroni
 
 deps: $(DEPS)
 
@@ -317,6 +317,20 @@ deps-curl:
 	  echo "== installing curl (the getting-started steps' checks)"; \
 	  if ! { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl >/dev/null; }; then \
 	    echo "deps-curl: could not install curl (run: sudo apt-get install curl); TestGettingStarted needs it"; \
+	  fi; \
+	fi
+
+# Patroni and etcd (Debian's patroni and etcd-server), which
+# TestPatroniSwitchover runs a two-node cluster of, on the local server's
+# binaries, with an etcd of its own on free ports (under systemd, Debian's
+# package also starts one on 2379, which the test does not use). Without
+# root or passwordless sudo it says so, and that test skips.
+deps-patroni:
+	@if ! command -v patroni >/dev/null || ! command -v etcd >/dev/null; then \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo -n"; \
+	  echo "== installing patroni and etcd-server (TestPatroniSwitchover)"; \
+	  if ! { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patroni etcd-server >/dev/null; }; then \
+	    echo "deps-patroni: could not install patroni and etcd-server (run: sudo apt-get install patroni etcd-server); TestPatroniSwitchover skips"; \
 	  fi; \
 	fi
 

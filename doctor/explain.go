@@ -471,6 +471,9 @@ type Recorded struct {
 	// refused to go on; empty when it did not.
 	Stopped   string
 	StoppedAt decoder.LSN
+	// NeverStreamed: no relay started a stream from the slot since
+	// walrelay set it up (false when that is not known).
+	NeverStreamed bool
 }
 
 // Thresholds of explain.

@@ -116,20 +116,65 @@ func ReadInvalidatedError(ctx context.Context, conn *pgx.Conn, info slot.Info, s
 }
 
 // SlotGoneError is the refusal for a slot that no longer exists though
-// walrelay streamed from it, as its record rec says: lost in a failover,
-// most often, or dropped by hand. onStandby says walrelay decoded it on a
+// walrelay's record rec describes it: lost in a failover, dropped by hand,
+// or dropped by Patroni, which drops a slot its configuration does not
+// name whenever it looks at the slots (a restart of PostgreSQL or of
+// Patroni, a switchover, a failover) and no client streams from it. A
+// slot no relay ever streamed from (rec.NeverStreamed: walrelay setup
+// created it, and it was gone before walrelay run) is said to be so, with
+// Patroni first among the causes. onStandby says walrelay decoded it on a
 // hot standby, whose slot lives and dies with that server (no failover
 // slot can be made there), so the fix is the standby's, not failover
-// slots'.
+// slots'. The gap is the same either way: nothing after rec's position
+// reached Kafka from that slot.
 func SlotGoneError(name string, rec Recorded, onStandby bool) *slot.GapError {
-	fix := "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: source.SetupConfig.Failover, sync_replication_slots on the standby, synchronized_standby_slots on the primary)"
+	where := fmt.Sprintf("its record in %s, written %s, has it confirmed at %s", rec.Table, rec.UpdatedAt.UTC().Format(time.RFC3339), rec.ConfirmedLSN)
+	if rec.NeverStreamed {
+		what := fmt.Sprintf("replication slot %q is gone, and no relay ever streamed from it: walrelay set it up (%s), and it was dropped before a relay started, or lost in a failover to a standby without a copy of it",
+			name, where)
+		fix := patroniDrops(name, onStandby) + "; else an operator or another tool dropped it (the PostgreSQL log says when)"
+		if onStandby {
+			fix += ", or the hot standby it was created on was rebuilt from a new base backup"
+		}
+		return &slot.GapError{What: what, Since: rec.ConfirmedLSN, Fix: fix}
+	}
+	fix := "a failover loses a slot unless it is a failover slot synchronized to the promoted standby (PostgreSQL 17+: source.SetupConfig.Failover, sync_replication_slots on the standby, synchronized_standby_slots on the primary) or a tool keeps a copy on the standby (Patroni's slots:); " + patroniDrops(name, onStandby)
 	if onStandby {
-		fix = "a slot decoded on a hot standby exists on that server alone: rebuilding the standby from a new base backup, or losing it, loses the slot; keep the standby's data directory (restart it, do not rebuild it) while walrelay decodes on it"
+		fix = "a slot decoded on a hot standby exists on that server alone: rebuilding the standby from a new base backup, or losing it, loses the slot; keep the standby's data directory (restart it, do not rebuild it) while walrelay decodes on it; " + patroniDrops(name, onStandby)
 	}
 	return &slot.GapError{
-		What: fmt.Sprintf("replication slot %q is gone, though walrelay streamed from it (its record in %s, written %s, has it confirmed at %s)",
-			name, rec.Table, rec.UpdatedAt.UTC().Format(time.RFC3339), rec.ConfirmedLSN),
+		What:  fmt.Sprintf("replication slot %q is gone, though walrelay streamed from it (%s)", name, where),
 		Since: rec.ConfirmedLSN,
 		Fix:   fix,
 	}
+}
+
+// SlotDroppedError is the refusal for a slot that vanished between two
+// streams of a running relay, which had confirmed up to since: dropped by
+// an operator, by Patroni (a slot it does not know, while the relay
+// reconnected), or lost in a failover; onStandby as for SlotGoneError.
+func SlotDroppedError(name string, onStandby bool, since decoder.LSN) *slot.GapError {
+	how := "by an operator, by Patroni while no client streamed from it, or lost in a failover: only a failover slot synchronized to the promoted standby (PostgreSQL 17+) or a copy a tool keeps there (Patroni's slots:) survives one"
+	if onStandby {
+		how = "by an operator, by Patroni while no client streamed from it, or with the hot standby it was decoded on: rebuilding or losing the standby loses its slot"
+	}
+	return &slot.GapError{
+		What:  fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (%s)", name, how),
+		Since: since,
+		Fix:   patroniDrops(name, onStandby),
+	}
+}
+
+// patroniDrops says that Patroni drops a slot its dynamic configuration
+// does not name (when it looks at the slots: a restart of PostgreSQL or of
+// Patroni, a switchover, a failover) if no client streams from it then,
+// and the two ways to keep it. On a standby walrelay decodes on, only
+// ignore_slots does: Patroni's permanent slots are the primary's, which it
+// copies to replicas, over the standby's own.
+func patroniDrops(name string, onStandby bool) string {
+	keep := fmt.Sprintf("name it in its dynamic configuration (patronictl edit-config: slots: {%s: {type: logical, database: <the database>, plugin: pgoutput}}), which also has Patroni keep a copy on each replica that carries the slot through a failover, or exempt it (ignore_slots: [{name: %s}])", name, name)
+	if onStandby {
+		keep = fmt.Sprintf("exempt it (ignore_slots: [{name: %s}] in its dynamic configuration)", name)
+	}
+	return fmt.Sprintf("under Patroni, a slot its dynamic configuration does not name is dropped when no client streams from it and Patroni looks at the slots (a restart of PostgreSQL or of Patroni, a switchover, a failover; Patroni's log: \"Dropped unknown replication slot '%s'\"): %s", name, keep)
 }

@@ -40,12 +40,17 @@ func TestStandbyReplayCause(t *testing.T) {
 }
 
 // A slot decoded on the standby is its own: neither described nor
-// explained as a stale copy of the primary's to drop.
+// explained as a stale copy of the primary's to drop, nor as a copy a
+// tool keeps.
 func TestFailoverDecodedHere(t *testing.T) {
-	f := Failover{Name: "walrelay", Supported: true, Local: &Copy{Exists: true, SyncSlots: false, Synced: false}}
+	f := Failover{Name: "walrelay", Supported: true, Local: &Copy{Exists: true, SyncSlots: true, Synced: false}}
 	text, _ := f.Describe()
 	if !strings.Contains(text, "of its own") {
-		t.Fatalf("without DecodedHere the local slot should read as a stale copy, got: %s", text)
+		t.Fatalf("without DecodedHere the local slot, beside slot synchronization, should read as a stale copy, got: %s", text)
+	}
+	f.Local.SyncSlots = false
+	if text, _ = f.Describe(); !strings.Contains(text, "keeps a copy of the slot that slot synchronization did not make") {
+		t.Fatalf("without DecodedHere the local slot, without slot synchronization, should read as a copy a tool keeps, got: %s", text)
 	}
 	f.DecodedHere = true
 	text, warn := f.Describe()

@@ -63,6 +63,10 @@ type guard struct {
 	// slotSeen is set once a stream has started: from then on a missing
 	// slot was dropped under us, and recreating it would skip data.
 	slotSeen bool
+	// firstStream is closed when the process's first stream starts
+	// (recordStreamed waits for it).
+	firstStream     chan struct{}
+	firstStreamOnce sync.Once
 	// timeline is the timeline of the last stream: a new one means a
 	// failover, after which positions this process kept belong to the old
 	// primary's history.
@@ -422,6 +426,11 @@ func (g *guard) afterFence(err error, walsender uint32) error {
 // a failover.
 func (g *guard) streamed(tl int32, start decoder.LSN) {
 	g.slotSeen = true
+	g.firstStreamOnce.Do(func() {
+		if g.firstStream != nil {
+			close(g.firstStream)
+		}
+	})
 	if g.timeline != 0 && tl != g.timeline {
 		// Positions this process acked belong to the old primary's
 		// history, which may have gone on past where the new primary's
@@ -443,12 +452,7 @@ func (g *guard) startPosition(ctx context.Context) (decoder.LSN, error) {
 	info, err := slot.ReadInfo(ctx, conn, g.cfg.Slot)
 	switch {
 	case errors.Is(err, slot.ErrNoSlot) && g.slotSeen:
-		how := "by an operator, or lost in a failover: only a failover slot synchronized to the promoted standby survives one, PostgreSQL 17+"
-		if g.cfg.PrimaryURL != "" {
-			how = "by an operator, or with the hot standby it was decoded on: rebuilding or losing the standby loses its slot"
-		}
-		gap := &slot.GapError{What: fmt.Sprintf("replication slot %q was dropped while walrelay streamed from it (%s)", g.cfg.Slot, how),
-			Since: g.progress.Confirmed()}
+		gap := doctor.SlotDroppedError(g.cfg.Slot, g.cfg.PrimaryURL != "", g.progress.Confirmed())
 		g.refuse(ctx, conn, gap)
 		return 0, gap
 	case errors.Is(err, slot.ErrNoSlot):
@@ -496,7 +500,7 @@ func (g *guard) warnResend(info slot.Info, known decoder.LSN, what string, promo
 		if promoted {
 			own = "; this server was a standby until its promotion, and its slot (synced = false) was"
 		}
-		msg += own + " not the copy slot synchronization keeps but a slot of its own, left from when it was a primary itself: remove the old primary's slot before it rejoins as a standby (docs/operating.md, a switchover step by step)"
+		msg += own + " not the copy slot synchronization keeps but a slot of its own, left from when it was a primary itself: remove the old primary's slot before it rejoins as a standby (docs/operating.md, a switchover step by step); or a copy a tool keeps (Patroni's slots:), whose lag those bytes are"
 	}
 	g.log.Warn(msg, append([]zap.Field{zap.String("slot", g.cfg.Slot), zap.Stringer("slot_confirmed_lsn", info.ConfirmedLSN),
 		zap.Stringer("acknowledged_lsn", known), zap.Int64("resent_wal_bytes", int64(known-info.ConfirmedLSN))}, fields...)...)

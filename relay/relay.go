@@ -153,7 +153,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Relay, error) {
 		return slot.IdentifySystem(ctx, cfg.PGURL)
 	}
 	r.guard = &guard{cfg: cfg, log: log, metrics: m, live: lv, progress: progress, clearance: confirm.NewClearance(),
-		watchHold: cfg.Holds.Condition(holds.PublicationWatch)}
+		watchHold: cfg.Holds.Condition(holds.PublicationWatch), firstStream: make(chan struct{})}
 	r.guard.slotHolder = r.guard.holdsSlot
 	r.guard.coverage = r.guard.readCoverage
 	m.SetReadiness(r.Ready)
@@ -227,6 +227,7 @@ func (r *Relay) Run(parent context.Context) error {
 	defer stop(nil)
 	bg.Go(func() { r.poller().watchSlot(ctx, stop) })
 	bg.Go(func() { r.guard.watchPublication(ctx, stop) })
+	bg.Go(func() { r.guard.recordStreamed(ctx) })
 	hb := &heartbeatProducer{opts: r.cfg.KafkaOptions}
 	defer hb.close() // after the heartbeat stopped (deferred calls run last first)
 	bg.Go(func() { r.beater(hb).Run(ctx) })

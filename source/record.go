@@ -30,6 +30,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/decoder"
 	"github.com/walrelay/walrelay/doctor"
@@ -76,6 +77,11 @@ type Record struct {
 	// with it set was created by a start that died during its snapshot,
 	// was never streamed from, and is created again with a new snapshot.
 	SnapshotPending decoder.LSN
+	// NeverStreamed: no relay has started a stream from the slot since
+	// walrelay set it up (RecordStreamed writes the first). False when
+	// not known: a record table of an older walrelay, without the
+	// column, or whose rows predate it.
+	NeverStreamed bool
 }
 
 // RecordedTable is one outbox table as the record knows it.
@@ -109,7 +115,8 @@ func (r Record) AcceptsOther(oid uint32) bool {
 // status, and the words of the refusal of a slot gone); schema is the
 // record table's.
 func (r Record) Recorded(schema string) doctor.Recorded {
-	return doctor.Recorded{Table: recordTable(schema), ConfirmedLSN: r.ConfirmedLSN, UpdatedAt: r.UpdatedAt, Stopped: r.Stopped, StoppedAt: r.StoppedAt}
+	return doctor.Recorded{Table: recordTable(schema), ConfirmedLSN: r.ConfirmedLSN, UpdatedAt: r.UpdatedAt, Stopped: r.Stopped, StoppedAt: r.StoppedAt,
+		NeverStreamed: r.NeverStreamed}
 }
 
 // RecordTableName is the record table's name in its schema.
@@ -139,6 +146,7 @@ func recordDDL(schema string) []string {
 			stopped_at_lsn pg_lsn,
 			accepted_gaps jsonb NOT NULL DEFAULT '[]',
 			initial_snapshot_lsn pg_lsn,
+			streamed_at timestamptz,
 			created_at timestamptz NOT NULL DEFAULT now(),
 			updated_at timestamptz NOT NULL DEFAULT now()
 		)`,
@@ -181,27 +189,55 @@ func recordTableReady(ctx context.Context, conn *pgx.Conn, schema string) (bool,
 // either way).
 const snapshotColumn = "initial_snapshot_lsn"
 
+// streamedColumn is when a relay first started a stream from the slot
+// (RecordStreamed), NULL while none has: a refusal of a slot that is gone
+// says whether one ever did. Rows of a record table that predates the
+// column get -infinity when it is added: whether a relay streamed from
+// those slots is not known, so they count as streamed from, as they did.
+const streamedColumn = "streamed_at"
+
 // ensureRecordColumns adds to an existing record table the columns later
 // versions use. A role that may not alter it gets the statement to have
-// its owner run.
-func ensureRecordColumns(ctx context.Context, conn *pgx.Conn, schema string) error {
-	var have bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)`,
-		recordTable(schema), snapshotColumn).Scan(&have); err != nil {
+// its owner run: refused for the column the initial snapshot needs, a
+// warning for streamed_at, which only words a refusal.
+func ensureRecordColumns(ctx context.Context, conn *pgx.Conn, schema string, log *zap.Logger) error {
+	var haveSnapshot, haveStreamed bool
+	if err := conn.QueryRow(ctx, `SELECT coalesce(bool_or(attname = $2), false), coalesce(bool_or(attname = $3), false)
+		FROM pg_attribute WHERE attrelid = to_regclass($1) AND NOT attisdropped`,
+		recordTable(schema), snapshotColumn, streamedColumn).Scan(&haveSnapshot, &haveStreamed); err != nil {
 		return fmt.Errorf("read the columns of walrelay's record table: %w", err)
 	}
-	if have {
-		return nil
-	}
-	sql := "ALTER TABLE " + recordTable(schema) + " ADD COLUMN IF NOT EXISTS " + snapshotColumn + " pg_lsn"
-	_, err := conn.Exec(ctx, sql)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return setupErrorf("walrelay's record table %s lacks column %s, which this version writes while the initial snapshot is published, and this role may not add it (%s): as the table's owner run %s",
-			recordTable(schema), snapshotColumn, pgErr.Message, sql)
+	if !haveSnapshot {
+		sql := "ALTER TABLE " + recordTable(schema) + " ADD COLUMN IF NOT EXISTS " + snapshotColumn + " pg_lsn"
+		_, err := conn.Exec(ctx, sql)
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return setupErrorf("walrelay's record table %s lacks column %s, which this version writes while the initial snapshot is published, and this role may not add it (%s): as the table's owner run %s",
+				recordTable(schema), snapshotColumn, pgErr.Message, sql)
+		}
+		if err != nil {
+			return fmt.Errorf("add column %s to walrelay's record table: %w", snapshotColumn, err)
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("add column %s to walrelay's record table: %w", snapshotColumn, err)
+	if !haveStreamed {
+		// Added with a default that only the rows already there keep.
+		add := "ALTER TABLE " + recordTable(schema) + " ADD COLUMN IF NOT EXISTS " + streamedColumn + " timestamptz DEFAULT '-infinity'"
+		drop := "ALTER TABLE " + recordTable(schema) + " ALTER COLUMN " + streamedColumn + " DROP DEFAULT"
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, add); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, drop)
+			return err
+		})
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			log.Warn("walrelay's record table lacks a column this version writes, and this role may not add it: a refusal of a slot that is gone cannot then say whether a relay ever streamed from it; as the table's owner run "+add+"; "+drop,
+				zap.String("record", recordTable(schema)), zap.String("column", streamedColumn), zap.String("server", pgErr.Message))
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("add column %s to walrelay's record table: %w", streamedColumn, err)
+		}
 	}
 	return nil
 }
@@ -254,10 +290,13 @@ func ReadRecord(ctx context.Context, conn *pgx.Conn, schema, slotName string) (r
 	var tables []byte
 	var confirmed string
 	var stopped, stoppedAt, pending *string
+	// Through to_jsonb, so that a table without the later columns reads.
 	err = conn.QueryRow(ctx, `SELECT slot_name, publication, publication_oid, publication_xmin, tables, system_identifier, confirmed_lsn::text,
-			stopped, stopped_at_lsn::text, updated_at, to_jsonb(r) ->> '`+snapshotColumn+`'
+			stopped, stopped_at_lsn::text, updated_at, to_jsonb(r) ->> '`+snapshotColumn+`',
+			to_jsonb(r) ? '`+streamedColumn+`' AND to_jsonb(r) ->> '`+streamedColumn+`' IS NULL
 		FROM `+recordTable(schema)+` r WHERE slot_name = $1`, slotName).Scan(
-		&rec.Slot, &rec.Publication, &rec.PublicationOID, &rec.PublicationXmin, &tables, &rec.SystemID, &confirmed, &stopped, &stoppedAt, &rec.UpdatedAt, &pending)
+		&rec.Slot, &rec.Publication, &rec.PublicationOID, &rec.PublicationXmin, &tables, &rec.SystemID, &confirmed, &stopped, &stoppedAt, &rec.UpdatedAt, &pending,
+		&rec.NeverStreamed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, false, nil
 	}
@@ -367,6 +406,39 @@ func RecordConfirmed(ctx context.Context, conn *pgx.Conn, schema, slotName strin
 		return 0, err
 	}
 	return max(lsn, end), nil
+}
+
+// RecordStreamed writes into the record of slotName that a relay started
+// a stream from the slot, the first time one does after walrelay set the
+// slot up: a refusal of the slot once it is gone then says whether a relay
+// ever streamed from it (doctor.SlotGoneError). A record table without
+// the column (a role that may not add it: ensureRecordColumns warned) is
+// left as it is.
+func RecordStreamed(ctx context.Context, conn *pgx.Conn, schema, slotName string) error {
+	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET `+streamedColumn+` = now() WHERE slot_name = $1 AND `+streamedColumn+` IS NULL`, slotName)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("write into walrelay's record of slot %q that a relay streamed from it: %w", slotName, err)
+	}
+	return nil
+}
+
+// slotCreated forgets, in an existing record, that a relay streamed from
+// the slot: Prepare just created the slot again (a gap accepted, an
+// initial snapshot redone), and no relay streamed from this one yet.
+func slotCreated(ctx context.Context, conn *pgx.Conn, schema, slotName string) error {
+	err := recordExec(ctx, conn, `UPDATE `+recordTable(schema)+` SET `+streamedColumn+` = NULL WHERE slot_name = $1 AND `+streamedColumn+` IS NOT NULL`, slotName)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("write the new slot into walrelay's record of slot %q: %w", slotName, err)
+	}
+	return nil
 }
 
 // snapshotDone clears the record's mark of an initial snapshot being

@@ -141,7 +141,7 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 		return Record{}, err
 	}
 	if haveRecords {
-		if err := ensureRecordColumns(ctx, pconn, cfg.RecordSchema); err != nil {
+		if err := ensureRecordColumns(ctx, pconn, cfg.RecordSchema, log); err != nil {
 			return Record{}, err
 		}
 	}
@@ -191,15 +191,22 @@ func Prepare(ctx context.Context, cfg SetupConfig, log *zap.Logger) (Record, err
 			return Record{}, err
 		}
 	}
-	replaced, err := ensureSlot(ctx, conn, pconn, cfg, version, recorded && rec.SnapshotPending != 0, log)
+	replaced, created, err := ensureSlot(ctx, conn, pconn, cfg, version, recorded && rec.SnapshotPending != 0, log)
 	if err != nil {
 		return Record{}, err
+	}
+	if created && recorded {
+		if err := slotCreated(ctx, pconn, cfg.RecordSchema, cfg.Slot); err != nil {
+			return Record{}, err
+		}
 	}
 	now, err := currentRecord(ctx, conn, pconn, cfg)
 	if err != nil {
 		return Record{}, err
 	}
 	now.Accepted = accepted
+	// A new record, or a slot created again, has no relay's stream yet.
+	now.NeverStreamed = !recorded || rec.NeverStreamed || created
 	if accepted != nil && now.PublicationOID != rec.PublicationOID {
 		// The publication walrelay streamed from was dropped: decoding the
 		// WAL written while it did not exist fails (PostgreSQL 15-17) or
@@ -423,27 +430,30 @@ func checkTable(ctx context.Context, conn *pgx.Conn, t decoder.Table, want []str
 	return nil
 }
 
-// ensureSlot checks the slot, creating it when allowed; replaced is the
-// gap accepted when it dropped an invalidated slot to create a new one.
+// ensureSlot checks the slot, creating it when allowed (created); replaced
+// is the gap accepted when it dropped an invalidated slot to create a new
+// one.
 // snapshotPending says the record marks the slot's initial snapshot as
 // unfinished (Record.SnapshotPending).
-func ensureSlot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, version int, snapshotPending bool, log *zap.Logger) (replaced *slot.GapError, err error) {
+func ensureSlot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, version int, snapshotPending bool, log *zap.Logger) (replaced *slot.GapError, created bool, err error) {
 	// A slot on a standby cannot be a failover slot (PostgreSQL refuses
 	// it): promoting the standby keeps the slot itself.
 	failover := cfg.Failover && version >= slot.FailoverSlots && cfg.PrimaryURL == ""
 	info, err := slot.ReadInfo(ctx, conn, cfg.Slot)
-	create := func() (*slot.GapError, error) {
+	create := func() (*slot.GapError, bool, error) {
 		if !cfg.CreateSlot {
-			return nil, setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or turn on source.SetupConfig.CreateSlot", cfg.Slot, cfg.Slot)
+			return nil, false, setupErrorf("replication slot %q does not exist: create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or turn on source.SetupConfig.CreateSlot", cfg.Slot, cfg.Slot)
 		}
 		if cfg.Snapshot != nil {
-			return replaced, createSlotWithSnapshot(ctx, conn, pconn, cfg, failover, log)
+			err := createSlotWithSnapshot(ctx, conn, pconn, cfg, failover, log)
+			return replaced, err == nil, err
 		}
-		return replaced, createSlot(ctx, cfg, failover, log)
+		err := createSlot(ctx, cfg, failover, log)
+		return replaced, err == nil, err
 	}
 	if err == nil && cfg.Snapshot != nil && cfg.CreateSlot {
 		if snapshotPending, err = snapshotPendingLocked(ctx, conn, pconn, cfg, log); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		// Read again: the start that held the lock may have dropped
 		// the slot, or made it a failover slot.
@@ -453,14 +463,14 @@ func ensureSlot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, ver
 		return create()
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var db string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
-		return nil, fmt.Errorf("read current database: %w", err)
+		return nil, false, fmt.Errorf("read current database: %w", err)
 	}
 	if err := checkSlotInfo(cfg, info, db); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if snapshotPending && cfg.CreateSlot {
 		if cfg.Snapshot != nil {
@@ -469,20 +479,20 @@ func ensureSlot(ctx context.Context, conn, pconn *pgx.Conn, cfg SetupConfig, ver
 		log.Warn("the initial snapshot of an earlier start did not finish, and this start takes none: the slot streams from its consistent point; rows present then that the snapshot did not publish are not published (relay.PublishSnapshot publishes the current rows)",
 			zap.String("slot", cfg.Slot))
 		if err := snapshotDone(ctx, pconn, cfg.RecordSchema, cfg.Slot); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	if info.Invalidated() {
 		// Only a slot walrelay could have streamed from is replaced.
 		if replaced, err = replaceInvalidated(ctx, conn, cfg, info, log); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		return create()
 	}
 	if failover && info.Failover != nil && !*info.Failover {
-		return nil, makeFailoverSlot(ctx, cfg, log)
+		return nil, false, makeFailoverSlot(ctx, cfg, log)
 	}
-	return nil, nil
+	return nil, false, nil
 }
 
 // checkSlotInfo refuses an existing slot walrelay cannot stream from: not
