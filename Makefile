@@ -155,7 +155,7 @@ integration:
 	$(GO) test -race -count=1 -timeout 20m ./test/integration
 
 bench-micro:
-	$(GO) test -run '^$$' -bench . -benchmem ./decoder ./router ./checkpoint
+	$(GO) test -run '^$$' -bench . -benchmem ./decoder ./router ./confirm
 
 # Fuzz the pgoutput decoder; new crashers land in decoder/testdata/fuzz.
 fuzz:
