@@ -408,9 +408,8 @@ type fetchCall struct {
 // failure is a streak of fetches that failed (or one that has not
 // answered for notAnsweringAfter), until one succeeds.
 type failure struct {
-	since  time.Time // when the streak's first fetch started
-	err    error     // the newest failure, naming the source
-	warned bool      // its WARN was logged
+	err    error // the newest failure, naming the source
+	warned bool  // its WARN was logged
 }
 
 // token is the token to authenticate with: the cached one while valid,
@@ -531,7 +530,7 @@ func (c *tokenCache) run(call *fetchCall) {
 		err = fmt.Errorf("kafka SASL OAUTHBEARER: %s: %w", c.where, err)
 		c.retries++
 		if c.failing == nil {
-			c.failing = &failure{since: call.started}
+			c.failing = &failure{}
 		}
 		c.failing.err = err
 		c.judgeLocked(now)
@@ -565,12 +564,13 @@ func (c *tokenCache) run(call *fetchCall) {
 }
 
 // judgeLocked says what the failing streak means at now: a fetch
-// unanswered for notAnsweringAfter starts one; its first moment is one
-// WARN, naming the source and when the current token expires; once no
-// valid token is left, it holds delivery. c.mu is held.
+// unanswered for notAnsweringAfter, or by the time the cached token is
+// spent, starts one; its first moment is one WARN, naming the source and
+// when the current token expires; once no valid token is left, it holds
+// delivery. c.mu is held.
 func (c *tokenCache) judgeLocked(now time.Time) {
-	if c.failing == nil && c.call != nil && now.Sub(c.call.started) >= notAnsweringAfter {
-		c.failing = &failure{since: c.call.started, err: reasoned(ReasonNotAnswering, fmt.Errorf("kafka SASL OAUTHBEARER: %s: it has not answered a token request sent at %s", c.where, c.call.started.UTC().Format(time.RFC3339)))}
+	if c.failing == nil && c.call != nil && (now.Sub(c.call.started) >= notAnsweringAfter || c.tok != "" && !c.exp.IsZero() && !c.validAt(now)) {
+		c.failing = &failure{err: reasoned(ReasonNotAnswering, fmt.Errorf("kafka SASL OAUTHBEARER: %s: it has not answered a token request sent at %s", c.where, c.call.started.UTC().Format(time.RFC3339)))}
 	}
 	f := c.failing
 	if f == nil {
@@ -595,15 +595,19 @@ func (c *tokenCache) judgeLocked(now time.Time) {
 	}
 	if !valid && c.hold != nil {
 		c.held = true
-		c.hold.Hold(reasonOf(f.err), c.holdMessage(f))
+		c.hold.Hold(reasonOf(f.err), c.holdMessage(f, now))
 	}
 }
 
 // holdMessage is the one line of a hold by the token source.
-func (c *tokenCache) holdMessage(f *failure) string {
+func (c *tokenCache) holdMessage(f *failure, now time.Time) string {
 	msg := "no valid OAUTHBEARER token to authenticate to Kafka with"
-	if c.tok != "" && !c.exp.IsZero() {
+	switch {
+	case c.tok == "" || c.exp.IsZero():
+	case now.Before(c.exp):
 		msg += fmt.Sprintf(" (the last expires at %s, too soon to use)", c.exp.UTC().Format(time.RFC3339))
+	default:
+		msg += fmt.Sprintf(" (the last expired at %s)", c.exp.UTC().Format(time.RFC3339))
 	}
 	msg += ": " + f.err.Error()
 	switch reasonOf(f.err) {
@@ -665,8 +669,11 @@ func (c *tokenCache) scheduleLocked(now time.Time) (next time.Time, due bool) {
 			next = t
 		}
 	}
-	if c.validAt(now) {
+	switch {
+	case c.validAt(now):
 		earliest(c.exp.Add(-c.expiryMargin(c.got, c.exp))) // its end: judgeLocked holds
+	case c.tok != "" && !c.exp.IsZero() && now.Before(c.exp):
+		earliest(c.exp) // its expiry: the hold's message says it expired
 	}
 	if c.call != nil {
 		if c.failing == nil {

@@ -512,3 +512,34 @@ func TestOAuthHoldReasons(t *testing.T) {
 func withURL(o OAuth, u string) OAuth { o.TokenURL = u; return o }
 
 func withHTTP(o OAuth, hc *http.Client) OAuth { o.HTTPClient = hc; return o }
+
+// TestOAuthHoldAtTokenEnd: with a token so short-lived that its end comes
+// before notAnsweringAfter of its hung refresh, the hold (and the WARN)
+// still come at its end, not after it expired.
+func TestOAuthHoldAtTokenEnd(t *testing.T) {
+	clk, src, hold := newFakeClock(), newFakeSource(), newHoldRecorder()
+	core, logs := observer.New(zapcore.WarnLevel)
+	c, fetched := testCache(t, clk, src, hold, zap.New(core))
+	start := clk.Now()
+	exp := start.Add(12 * time.Second) // refreshed at 8s, spent at 10s
+	first := tokenOf(t.Context(), c)
+	src.next(t).answer("t1", exp, nil)
+	got(t, first, "first token")
+	waitFetched(t, fetched)
+	clk.waitArmed(t, start.Add(8*time.Second))
+	clk.Advance(8 * time.Second)
+	src.next(t) // hung
+	clk.waitArmed(t, start.Add(10*time.Second))
+	clk.Advance(2 * time.Second)
+	hold.wait(t, true)
+	if _, reason, _ := hold.state(); reason != ReasonNotAnswering {
+		t.Errorf("hold reason %q, want NotAnswering", reason)
+	}
+	warns := logs.All()
+	if len(warns) != 1 {
+		t.Fatalf("%d WARN lines at the token's end, want 1", len(warns))
+	}
+	if e, ok := warns[0].ContextMap()["expires"].(time.Time); !ok || !e.Equal(exp) || !e.After(clk.Now()) {
+		t.Errorf("the WARN says the token expires %v, want %s (still ahead)", warns[0].ContextMap()["expires"], exp)
+	}
+}
