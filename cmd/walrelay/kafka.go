@@ -38,7 +38,7 @@ type KafkaFlags struct {
 	KafkaOAuthScope            []string `name:"kafka-oauth-scope" help:"oauthbearer: scope to ask the token endpoint for; repeat the flag (or separate with commas) for several."`
 	KafkaOAuthAudience         string   `name:"kafka-oauth-audience" help:"oauthbearer: audience to ask the token endpoint for (its audience parameter); the broker checks the token's (sasl.oauthbearer.expected.audience)."`
 	KafkaOAuthExtension        []string `name:"kafka-oauth-extension" placeholder:"KEY=VALUE" help:"oauthbearer: SASL extension sent with the token (Confluent Cloud: logicalCluster=lkc-…, identityPoolId=pool-…); repeatable."`
-	KafkaOAuthTokenFile        string   `name:"kafka-oauth-token-file" placeholder:"FILE" help:"oauthbearer: file holding the token, re-read at every authentication, instead of --kafka-oauth-token-url: a Kubernetes projected service-account token or what a workload-identity agent writes and rotates."`
+	KafkaOAuthTokenFile        string   `name:"kafka-oauth-token-file" placeholder:"FILE" help:"oauthbearer: file holding the token, read again once 80% of the current token's lifetime passed (at every authentication when it carries no expiry), instead of --kafka-oauth-token-url: a Kubernetes projected service-account token or what a workload-identity agent writes and rotates."`
 	KafkaAWSRegion             string   `name:"kafka-aws-region" help:"aws-msk-iam: the AWS region to sign for when the brokers' host names do not carry one (a private DNS name); MSK's own host names are signed for their region. Default: the AWS configuration's (AWS_REGION)."`
 }
 
