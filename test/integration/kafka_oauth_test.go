@@ -9,11 +9,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/walrelay/walrelay/test/kafkacluster"
+	"github.com/walrelay/walrelay/test/keycloak"
 )
 
 // oauthArgs are e.args() on the broker's OAUTHBEARER listener with the
@@ -208,8 +212,8 @@ func TestKafkaOAuthRefusals(t *testing.T) {
 // Apache Kafka's OAUTHBEARER listener with tokens of 12 seconds under a
 // steady trickle of rows, and the token endpoint, just after issuing one,
 // takes every request and answers none (as a SIGSTOPped identity
-// provider): see tokenEndpointHangs. keycloak_test.go runs the same with
-// Keycloak, stopped by SIGSTOP.
+// provider): see tokenEndpointHangs. TestKafkaOAuthKeycloakHangs runs the
+// same with Keycloak, stopped by SIGSTOP.
 func TestKafkaOAuthTokenEndpointHangs(t *testing.T) {
 	needApache(t)
 	const secret = "oauth-S3cret-hang"
@@ -387,4 +391,52 @@ func logLines(out, level, msg string) []map[string]any {
 		}
 	}
 	return lines
+}
+
+// TestKafkaOAuthKeycloakHangs is TestKafkaOAuthTokenEndpointHangs with
+// Keycloak as the identity provider (package keycloak), in front of an
+// Apache Kafka node of its own whose OAUTHBEARER validator trusts
+// Keycloak's realm and ends sessions after 30 s
+// (connections.max.reauth.ms), as a production broker might: tokens of
+// 20 s (the behaviour scales with the lifetime; shorter would meet the
+// 2-second margin's floor), Keycloak stopped by SIGSTOP just after it
+// issued one, continued once readiness names the token source.
+func TestKafkaOAuthKeycloakHangs(t *testing.T) {
+	needApache(t)
+	const secret = "keycloak-S3cret-hang"
+	life := 20 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	kc, err := keycloak.Start(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Stop)
+	realm, err := kc.AddRealm("walrelay", life, "relay", secret, oidcAudience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Keycloak answering, with its realm, after %s", time.Since(start).Round(time.Millisecond))
+	k := startApache(t, kafkacluster.Options{OAuth: &kafkacluster.OAuth{JWKSURL: realm.JWKSURL(), Issuer: realm.Issuer(), Audience: oidcAudience, MaxReauth: 30 * time.Second}})
+	e := newEnv(t)
+	e.brokers = k.Addrs() // the test's own clients: PLAINTEXT
+	args := append(withFlag(e.args(), "--brokers", strings.Join(k.OAuthAddrs(), ",")),
+		"--kafka-sasl-mechanism", "oauthbearer", "--kafka-oauth-token-url", realm.TokenURL(), "--kafka-oauth-client-id", "relay")
+	issued := func() int64 {
+		n, err := realm.Issued()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	hang := func() (release func()) {
+		if err := kc.Hang(); err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		return func() { once.Do(func() { _ = kc.Continue() }) }
+	}
+	e.tokenEndpointHangs(hungEndpoint{url: realm.TokenURL(), life: life, hang: hang, issued: issued},
+		[]string{"WALRELAY_KAFKA_OAUTH_CLIENT_SECRET=" + secret}, secret, args...)
 }
