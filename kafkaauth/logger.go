@@ -14,6 +14,11 @@ type SourceError struct{ Err error }
 func (e *SourceError) Error() string { return e.Err.Error() }
 func (e *SourceError) Unwrap() error { return e.Err }
 
+// KafkaAuthentication marks the error as a failure to authenticate to
+// Kafka, for a package that must tell it from a refusal of what the
+// principal asked (router) without importing this one.
+func (e *SourceError) KafkaAuthentication() {}
+
 // QuietLogger is l without the Kafka client's lines about a connection
 // whose authentication failed for want of a credential (a SourceError):
 // its source already said so once, and the client would repeat it, with a

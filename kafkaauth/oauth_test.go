@@ -53,7 +53,7 @@ func tokenServer(t *testing.T, id, secret string, life time.Duration) (*httptest
 // it sent.
 func authenticate(t *testing.T, o OAuth, log *zap.Logger) (string, error) {
 	t.Helper()
-	mech, err := o.Mechanism(log)
+	mech, err := o.Mechanism(t.Context(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,9 +88,7 @@ func TestOAuthClientCredentials(t *testing.T) {
 		t.Errorf("the error holds the secret: %v", err)
 	}
 
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := closedAddr(t)
 	down := o
 	down.TokenURL = "http://" + addr + "/token"
 	core, logs := observer.New(zapcore.WarnLevel)
@@ -103,53 +101,15 @@ func TestOAuthClientCredentials(t *testing.T) {
 	}
 }
 
-// TestOAuthRefresh: the cached token is sent until 80% of its lifetime
-// passed, then a new one; a refresh that fails while the old token is
-// valid keeps it, with one WARN.
-func TestOAuthRefresh(t *testing.T) {
-	now := time.Unix(1_000_000, 0)
-	n, fail := 0, false
-	core, logs := observer.New(zapcore.WarnLevel)
-	c := &tokenCache{refreshAfter: 0.8, log: zap.New(core), now: func() time.Time { return now }, where: "test",
-		fetch: func(context.Context) (string, time.Time, error) {
-			if fail {
-				return "", time.Time{}, errors.New("down")
-			}
-			n++
-			return fmt.Sprint("t", n), now.Add(10 * time.Second), nil
-		}}
-	get := func() string {
-		tok, err := c.token(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := get(); got != "t1" {
-		t.Fatalf("first token %s", got)
-	}
-	now = now.Add(7 * time.Second)
-	if got := get(); got != "t1" {
-		t.Errorf("at 70%% of its life: %s, want t1 still", got)
-	}
-	now = now.Add(2 * time.Second)
-	if got := get(); got != "t2" {
-		t.Errorf("at 90%% of its life: %s, want t2", got)
-	}
-	fail = true
-	now = now.Add(9 * time.Second)
-	for range 3 {
-		if got := get(); got != "t2" {
-			t.Errorf("refresh failing, t2 still valid: %s", got)
-		}
-	}
-	if logs.Len() != 1 {
-		t.Errorf("%d WARN lines for a failing refresh, want 1", logs.Len())
-	}
-	now = now.Add(2 * time.Second)
-	if _, err := c.token(context.Background()); err == nil {
-		t.Error("t2 expired and the refresh fails: no error")
-	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }
 
 // TestOAuthTokenFile: the file is read again at each authentication, and
@@ -163,7 +123,7 @@ func TestOAuthTokenFile(t *testing.T) {
 	}
 	write(fakeJWT(1, time.Now().Add(time.Hour)) + "\n")
 	o := OAuth{TokenFile: file}
-	mech, err := o.Mechanism(zap.NewNop())
+	mech, err := o.Mechanism(t.Context(), zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +140,7 @@ func TestOAuthTokenFile(t *testing.T) {
 	// due, so the test moves past 80% by writing a token expiring soon.
 	write(fakeJWT(2, time.Now().Add(-time.Minute)))
 	o2 := OAuth{TokenFile: file}
-	mech, _ = o2.Mechanism(zap.NewNop())
+	mech, _ = o2.Mechanism(t.Context(), zap.NewNop())
 	if _, err := send(); err == nil || !strings.Contains(err.Error(), "expired") || !strings.Contains(err.Error(), "kafkaauth.OAuth.TokenFile") {
 		t.Errorf("expired token in the file: %v, want an error naming the file and the expiry", err)
 	}

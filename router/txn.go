@@ -66,6 +66,7 @@ type Txn struct {
 	// collects its outcome; nil when none is.
 	flying     *flight
 	noDescribe atomic.Bool   // the coordinator cannot be asked: do not wait
+	authFailed atomic.Bool   // asking it failed Kafka authentication, said once until it answers
 	settleMax  time.Duration // how long settle waits at most (0: settleMax)
 	broken     atomic.Bool   // a transactional call failed: replace the producer
 	took       atomic.Bool   // Init succeeded (TookID)
@@ -279,7 +280,8 @@ const (
 // cannot be asked (the ACL denied, a broker before Kafka 3.0) is not asked
 // again, with a warning: the relay then pays the broker's retries. A
 // passing failure (the coordinator moving) ends one wait only, at
-// settleMax.
+// settleMax; so does a failure to authenticate to Kafka or to reach it,
+// which says nothing of DESCRIBE (describeRefused).
 func (t *Txn) settle(l *lane) {
 	if t.noDescribe.Load() {
 		return
@@ -300,6 +302,7 @@ func (t *Txn) settle(l *lane) {
 		for {
 			described, err := r.admin.DescribeTransactions(ctx, l.id)
 			if err == nil {
+				t.authFailed.Store(false)
 				d := described[l.id]
 				err = d.Err
 				if err == nil && d.State != "PrepareCommit" && d.State != "PrepareAbort" {
@@ -307,6 +310,13 @@ func (t *Txn) settle(l *lane) {
 				}
 			}
 			if ctx.Err() != nil {
+				return
+			}
+			if err != nil && !describeRefused(err) {
+				if kafkaAuthFailure(err) && t.authFailed.CompareAndSwap(false, true) {
+					r.log.Info("cannot ask the Kafka transaction coordinator whether a commit is complete: Kafka authentication (SASL) failed, so the next commit asks again; the credential source or the broker's log says why",
+						zap.String("transactional_id", l.id), zap.Error(err))
+				}
 				return
 			}
 			if err != nil {
@@ -324,6 +334,26 @@ func (t *Txn) settle(l *lane) {
 			}
 		}
 	}()
+}
+
+// describeRefused reports an error of DescribeTransactions that says it
+// cannot be asked (an authorizer that denies DESCRIBE, a broker that does
+// not know the request), rather than that this attempt failed: a failure
+// to authenticate to Kafka (an OAUTHBEARER token that expired while its
+// endpoint was down, a refused SASL re-authentication) or to reach the
+// broker says nothing of what the principal may do.
+func describeRefused(err error) bool {
+	return !kafkaAuthFailure(err) && !kgo.IsRetryableBrokerErr(err)
+}
+
+// kafkaAuthFailure reports a failure to authenticate to Kafka: the
+// broker's SASL errors, and a credential source that had no credential
+// to give (kafkaauth.SourceError says so by its KafkaAuthentication
+// method).
+func kafkaAuthFailure(err error) bool {
+	var source interface{ KafkaAuthentication() }
+	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) ||
+		errors.Is(err, kerr.UnsupportedSaslMechanism) || errors.As(err, &source)
 }
 
 // pending returns what a new Kafka transaction on the current lane must

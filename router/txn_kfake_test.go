@@ -177,7 +177,10 @@ func TestTxnNextWaitsForCommitMarkers(t *testing.T) {
 
 // A coordinator that refuses the question (no DESCRIBE on the
 // transactional id) is not asked again and nothing waits for it; one that
-// fails in passing (loading its log) is asked again after the next commit.
+// fails in passing (loading its log), or a failure to authenticate to
+// Kafka (a token that expired while its endpoint was down, a refused
+// re-authentication), which says nothing of DESCRIBE, is asked again
+// after the next commit.
 func TestTxnSettleRefusedOrPassing(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -186,6 +189,8 @@ func TestTxnSettleRefusedOrPassing(t *testing.T) {
 	}{
 		{"refused", kerr.TransactionalIDAuthorizationFailed.Code, false},
 		{"passing", kerr.CoordinatorLoadInProgress.Code, true},
+		{"authentication failed", kerr.SaslAuthenticationFailed.Code, true},
+		{"illegal SASL state", kerr.IllegalSaslState.Code, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEOSEnv(t)

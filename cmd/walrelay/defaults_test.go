@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"reflect"
 	"testing"
@@ -36,7 +37,7 @@ func TestDaemonDevAndEmbedderShareTheDefaults(t *testing.T) {
 	const url, broker = "postgres://walrelay@db.example:5432/app", "kafka.example:9092"
 	log := zap.NewNop()
 
-	daemon, err := parse(t, "run", "--pg-url", url, "--brokers", broker).Run.config(log)
+	daemon, err := parse(t, "run", "--pg-url", url, "--brokers", broker).Run.config(context.Background(), log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

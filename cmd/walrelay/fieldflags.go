@@ -94,6 +94,7 @@ var fieldFlags = map[string]string{
 	"kafkaauth.OAuth.TokenURL":               "--kafka-oauth-token-url",
 	"kafkaauth.OAuth.ClientID":               "--kafka-oauth-client-id",
 	"kafkaauth.OAuth.ClientSecret":           "--kafka-oauth-client-secret (or --kafka-oauth-client-secret-file)",
+	"kafkaauth.OAuth.ClientSecretFile":       "--kafka-oauth-client-secret-file",
 	"kafkaauth.OAuth.Scopes":                 "--kafka-oauth-scope",
 	"kafkaauth.OAuth.Audience":               "--kafka-oauth-audience",
 	"kafkaauth.OAuth.Extensions":             "--kafka-oauth-extension",

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -14,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/kafkaauth"
 )
 
@@ -31,14 +31,14 @@ type KafkaFlags struct {
 	KafkaSASLPassword          string `name:"kafka-sasl-password" help:"SASL password; prefer the WALRELAY_KAFKA_SASL_PASSWORD environment variable to keep it out of process listings. Never logged."`
 	KafkaSASLAllowPlaintext    bool   `name:"kafka-sasl-allow-plaintext" help:"Allow --kafka-sasl-mechanism plain without TLS, which sends the password readable to anyone on the network path; only for a trusted network."`
 
-	KafkaOAuthTokenURL         string   `name:"kafka-oauth-token-url" placeholder:"URL" help:"oauthbearer: the OIDC token endpoint walrelay gets tokens from by the client-credentials grant, with --kafka-oauth-client-id and its secret; a new token once 80% of the current one's lifetime passed."`
+	KafkaOAuthTokenURL         string   `name:"kafka-oauth-token-url" placeholder:"URL" help:"oauthbearer: the OIDC token endpoint walrelay gets tokens from by the client-credentials grant, with --kafka-oauth-client-id and its secret; a new token once 80% of the current one's lifetime passed, whether or not Kafka asks for one."`
 	KafkaOAuthClientID         string   `name:"kafka-oauth-client-id" help:"oauthbearer: the client id at --kafka-oauth-token-url."`
 	KafkaOAuthClientSecret     string   `name:"kafka-oauth-client-secret" help:"oauthbearer: the client secret; give it as the WALRELAY_KAFKA_OAUTH_CLIENT_SECRET environment variable or in --kafka-oauth-client-secret-file, not as an argument. Never logged."`
-	KafkaOAuthClientSecretFile string   `name:"kafka-oauth-client-secret-file" type:"existingfile" placeholder:"FILE" help:"oauthbearer: file holding the client secret (a mounted Kubernetes secret), read at startup."`
+	KafkaOAuthClientSecretFile string   `name:"kafka-oauth-client-secret-file" type:"existingfile" placeholder:"FILE" help:"oauthbearer: file holding the client secret (a mounted Kubernetes secret), read again at every request to the token endpoint, so a rotated secret needs no restart."`
 	KafkaOAuthScope            []string `name:"kafka-oauth-scope" help:"oauthbearer: scope to ask the token endpoint for; repeat the flag (or separate with commas) for several."`
 	KafkaOAuthAudience         string   `name:"kafka-oauth-audience" help:"oauthbearer: audience to ask the token endpoint for (its audience parameter); the broker checks the token's (sasl.oauthbearer.expected.audience)."`
 	KafkaOAuthExtension        []string `name:"kafka-oauth-extension" placeholder:"KEY=VALUE" help:"oauthbearer: SASL extension sent with the token (Confluent Cloud: logicalCluster=lkc-…, identityPoolId=pool-…); repeatable."`
-	KafkaOAuthTokenFile        string   `name:"kafka-oauth-token-file" placeholder:"FILE" help:"oauthbearer: file holding the token, re-read at every authentication, instead of --kafka-oauth-token-url: a Kubernetes projected service-account token or what a workload-identity agent writes and rotates."`
+	KafkaOAuthTokenFile        string   `name:"kafka-oauth-token-file" placeholder:"FILE" help:"oauthbearer: file holding the token, read again once 80% of the current token's lifetime passed (at every authentication when it carries no expiry), instead of --kafka-oauth-token-url: a Kubernetes projected service-account token or what a workload-identity agent writes and rotates."`
 	KafkaAWSRegion             string   `name:"kafka-aws-region" help:"aws-msk-iam: the AWS region to sign for when the brokers' host names do not carry one (a private DNS name); MSK's own host names are signed for their region. Default: the AWS configuration's (AWS_REGION)."`
 }
 
@@ -74,8 +74,10 @@ func (f KafkaFlags) principal() string {
 
 // options turns the flags into franz-go client options. log receives what
 // the credential sources say while the client runs (a token not refreshed,
-// a rotated certificate that does not load).
-func (f KafkaFlags) options(log *zap.Logger) ([]kgo.Opt, error) {
+// a rotated certificate that does not load), and board when the token
+// source holds delivery (nil: nowhere); ctx bounds the credential
+// sources' background work (the OAUTHBEARER token refresher).
+func (f KafkaFlags) options(ctx context.Context, log *zap.Logger, board *holds.Board) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
 	if f.tlsEnabled() {
 		cfg, err := kafkaauth.TLSFiles{
@@ -105,7 +107,7 @@ func (f KafkaFlags) options(log *zap.Logger) ([]kgo.Opt, error) {
 	case "scram-sha-512":
 		opts = append(opts, kgo.SASL(scram.Auth{User: f.KafkaSASLUser, Pass: f.KafkaSASLPassword}.AsSha512Mechanism()))
 	case "oauthbearer":
-		mech, err := f.oauth(log)
+		mech, err := f.oauth(ctx, log, board)
 		if err != nil {
 			return nil, err
 		}
@@ -141,21 +143,19 @@ func (f KafkaFlags) oauthSet() bool {
 		len(f.KafkaOAuthScope) > 0 || f.KafkaOAuthAudience != "" || len(f.KafkaOAuthExtension) > 0 || f.KafkaOAuthTokenFile != ""
 }
 
-// oauth is the OAUTHBEARER mechanism of the --kafka-oauth-* flags.
-func (f KafkaFlags) oauth(log *zap.Logger) (sasl.Mechanism, error) {
+// oauth is the OAUTHBEARER mechanism of the --kafka-oauth-* flags; its
+// token source reports into board's token_source condition.
+func (f KafkaFlags) oauth(ctx context.Context, log *zap.Logger, board *holds.Board) (sasl.Mechanism, error) {
 	o := kafkaauth.OAuth{
 		TokenURL: f.KafkaOAuthTokenURL, ClientID: f.KafkaOAuthClientID, ClientSecret: f.KafkaOAuthClientSecret,
-		Scopes: f.KafkaOAuthScope, Audience: f.KafkaOAuthAudience, TokenFile: f.KafkaOAuthTokenFile,
+		ClientSecretFile: f.KafkaOAuthClientSecretFile,
+		Scopes:           f.KafkaOAuthScope, Audience: f.KafkaOAuthAudience, TokenFile: f.KafkaOAuthTokenFile,
 	}
-	if f.KafkaOAuthClientSecretFile != "" {
-		if f.KafkaOAuthClientSecret != "" {
-			return nil, fmt.Errorf("--kafka-oauth-client-secret and --kafka-oauth-client-secret-file: give one")
-		}
-		b, err := os.ReadFile(f.KafkaOAuthClientSecretFile)
-		if err != nil {
-			return nil, fmt.Errorf("--kafka-oauth-client-secret-file: %w", err)
-		}
-		o.ClientSecret = strings.TrimSpace(string(b))
+	if board != nil {
+		o.Holds = board.Condition(holds.TokenSource)
+	}
+	if f.KafkaOAuthClientSecretFile != "" && f.KafkaOAuthClientSecret != "" {
+		return nil, fmt.Errorf("--kafka-oauth-client-secret and --kafka-oauth-client-secret-file: give one")
 	}
 	for _, kv := range f.KafkaOAuthExtension {
 		k, v, ok := strings.Cut(kv, "=")
@@ -167,7 +167,7 @@ func (f KafkaFlags) oauth(log *zap.Logger) (sasl.Mechanism, error) {
 		}
 		o.Extensions[k] = v
 	}
-	return o.Mechanism(log.Named("kafka"))
+	return o.Mechanism(ctx, log.Named("kafka"))
 }
 
 // explain adds to a Kafka error that stopped the relay what to check for
@@ -178,6 +178,8 @@ func (f KafkaFlags) explain(err error) error {
 	switch {
 	case f.KafkaSASLMechanism == "oauthbearer" && errors.Is(err, kerr.SaslAuthenticationFailed):
 		return fmt.Errorf("%w (the broker refused the OAUTHBEARER token: check that --kafka-oauth-audience, --kafka-oauth-scope and the token's issuer are what the broker expects: its sasl.oauthbearer.expected.audience and sasl.oauthbearer.expected.issuer; its log names the claim)", err)
+	case f.KafkaSASLMechanism != "" && errors.Is(err, kerr.IllegalSaslState):
+		return fmt.Errorf("%w (Kafka authentication: the broker refused a SASL exchange in the connection's state, usually a re-authentication begun just after another; its log names the connection)", err)
 	case f.KafkaSASLMechanism == "aws-msk-iam" && errors.Is(err, kerr.SaslAuthenticationFailed):
 		return fmt.Errorf("%w (the cluster refused the IAM signature: check that the AWS identity's policy allows kafka-cluster:Connect on the cluster, and --kafka-aws-region)", err)
 	case f.KafkaSASLMechanism != "" && closedByBroker(err):

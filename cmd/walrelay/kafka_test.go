@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -12,12 +13,12 @@ import (
 // the network is trusted.
 func TestKafkaSASLPlainNeedsTLSOrOptIn(t *testing.T) {
 	plain := KafkaFlags{KafkaSASLMechanism: "plain", KafkaSASLUser: "u", KafkaSASLPassword: "p"}
-	if _, err := plain.options(zap.NewNop()); err == nil || !strings.Contains(err.Error(), "--kafka-sasl-allow-plaintext") {
+	if _, err := plain.options(context.Background(), zap.NewNop(), nil); err == nil || !strings.Contains(err.Error(), "--kafka-sasl-allow-plaintext") {
 		t.Errorf("SASL PLAIN without TLS: %v, want a refusal naming --kafka-sasl-allow-plaintext and --kafka-tls", err)
 	}
 	optIn := plain
 	optIn.KafkaSASLAllowPlaintext = true
-	if _, err := optIn.options(zap.NewNop()); err != nil {
+	if _, err := optIn.options(context.Background(), zap.NewNop(), nil); err != nil {
 		t.Errorf("SASL PLAIN without TLS, opted in: %v", err)
 	}
 	if w := optIn.warnings(); len(w) != 1 || !strings.Contains(w[0], "plaintext") {
@@ -25,7 +26,7 @@ func TestKafkaSASLPlainNeedsTLSOrOptIn(t *testing.T) {
 	}
 	withTLS := plain
 	withTLS.KafkaTLS = true
-	if _, err := withTLS.options(zap.NewNop()); err != nil {
+	if _, err := withTLS.options(context.Background(), zap.NewNop(), nil); err != nil {
 		t.Errorf("SASL PLAIN over TLS: %v", err)
 	}
 	if w := withTLS.warnings(); len(w) != 0 {
@@ -33,7 +34,7 @@ func TestKafkaSASLPlainNeedsTLSOrOptIn(t *testing.T) {
 	}
 	// SCRAM never sends the password itself.
 	scram := KafkaFlags{KafkaSASLMechanism: "scram-sha-512", KafkaSASLUser: "u", KafkaSASLPassword: "p"}
-	if _, err := scram.options(zap.NewNop()); err != nil {
+	if _, err := scram.options(context.Background(), zap.NewNop(), nil); err != nil {
 		t.Errorf("SCRAM without TLS: %v", err)
 	}
 }
@@ -51,7 +52,7 @@ func TestKafkaTLSIsOneCondition(t *testing.T) {
 		{"--kafka-tls-server-name", KafkaFlags{KafkaTLSServerName: "kafka"}, true},
 		{"--kafka-tls-insecure-skip-verify", KafkaFlags{KafkaTLSInsecureSkipVerify: true}, true},
 	} {
-		opts, err := tc.flags.options(zap.NewNop())
+		opts, err := tc.flags.options(context.Background(), zap.NewNop(), nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -60,7 +61,7 @@ func TestKafkaTLSIsOneCondition(t *testing.T) {
 		}
 	}
 	skip := KafkaFlags{KafkaTLSInsecureSkipVerify: true, KafkaSASLMechanism: "plain", KafkaSASLUser: "u"}
-	if _, err := skip.options(zap.NewNop()); err != nil {
+	if _, err := skip.options(context.Background(), zap.NewNop(), nil); err != nil {
 		t.Errorf("SASL PLAIN over TLS without verification: %v", err)
 	}
 	if w := skip.warnings(); len(w) != 1 || !strings.Contains(w[0], "--kafka-tls-insecure-skip-verify") {
@@ -86,7 +87,7 @@ func TestKafkaPrincipal(t *testing.T) {
 		}
 	}
 	cfg, err := parse(t, "run", "--pg-url", "postgres://u@h/db", "--brokers", "k:9092",
-		"--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-user", "relay", "--kafka-sasl-password", "p").Run.config(zap.NewNop())
+		"--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-user", "relay", "--kafka-sasl-password", "p").Run.config(context.Background(), zap.NewNop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/walrelay/walrelay/holds"
 	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/relay"
 	"github.com/walrelay/walrelay/router"
@@ -70,8 +71,9 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 	m := metrics.New(reg)
 
 	// Everything up to relay.New checks the configuration alone: its
-	// errors are malformed flags.
-	cfg, err := c.config(log)
+	// errors are malformed flags. The board of what holds delivery is
+	// made first, so that the Kafka token source reports into it too.
+	cfg, err := c.config(ctx, log, holds.New(log, m))
 	if err != nil {
 		return usageError(err)
 	}
@@ -123,13 +125,14 @@ func (c *runCmd) Run(ctx context.Context, lf *LogFlags) error {
 }
 
 // config is the daemon's relay configuration: relay.DefaultConfig with
-// what the flags change.
-func (c *runCmd) config(log *zap.Logger) (relay.Config, error) {
+// what the flags change, reporting what holds delivery into board.
+func (c *runCmd) config(ctx context.Context, log *zap.Logger, board *holds.Board) (relay.Config, error) {
 	cfg, err := relayConfig(c.PGURL, c.Brokers, log, c.SourceFlags, c.RecordFlags, c.TuningFlags, c.HealthFlags, c.DeliveryFlags)
 	if err != nil {
 		return relay.Config{}, err
 	}
-	kopts, err := c.KafkaFlags.options(log)
+	cfg.Holds = board
+	kopts, err := c.KafkaFlags.options(ctx, log, board)
 	if err != nil {
 		return relay.Config{}, err
 	}

@@ -55,7 +55,7 @@ func (c *snapshotCmd) Run(ctx context.Context, lf *LogFlags) error {
 	if cfg.Tables, err = parseTables(c.Table); err != nil {
 		return usageError(err)
 	}
-	kopts, err := c.KafkaFlags.options(log)
+	kopts, err := c.KafkaFlags.options(ctx, log, nil)
 	if err != nil {
 		return usageError(err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -13,7 +14,7 @@ func TestValueFormatFlags(t *testing.T) {
 	c := parse(t, "run", "--pg-url", "postgres://walrelay@db.example/app", "--brokers", "kafka.example:9092",
 		"--value-format", "avro", "--value-format", "orders=json@2,type:shop.OrderPaid=protobuf",
 		"--schema-registry-url", "http://registry.example/apis/ccompat/v7", "--subject-strategy", "topic-record")
-	cfg, err := c.Run.config(zap.NewNop())
+	cfg, err := c.Run.config(context.Background(), zap.NewNop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +32,7 @@ func TestValueFormatFlags(t *testing.T) {
 		"--value-format orders=avro@0": "positive number",
 	} {
 		c := parse(t, append([]string{"run", "--pg-url", "postgres://walrelay@db.example/app", "--brokers", "kafka.example:9092"}, strings.Fields(args)...)...)
-		_, err := c.Run.config(zap.NewNop())
+		_, err := c.Run.config(context.Background(), zap.NewNop(), nil)
 		if err == nil || !strings.Contains(speakFlags(err.Error()), want) {
 			t.Errorf("%s: error %v; want it to say %q", args, err, want)
 		}

@@ -41,6 +41,29 @@ type oidcClient struct {
 	secret string
 	life   time.Duration
 	issued atomic.Int64
+
+	mu   sync.Mutex
+	hung chan struct{} // while not nil, its token requests are taken and not answered
+}
+
+// hang makes the issuer take this client's token requests and answer none
+// of them (as a SIGSTOPped identity provider, whose kernel still accepts
+// connections), until release is called: the requests still open are
+// answered then.
+func (c *oidcClient) hang() (release func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan struct{})
+	c.hung = ch
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			c.hung = nil
+			c.mu.Unlock()
+			close(ch)
+		})
+	}
 }
 
 var (
@@ -106,6 +129,16 @@ func (o *oidcIssuer) token(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusUnauthorized)
 		fmt.Fprint(w, `{"error":"invalid_client","error_description":"client authentication failed"}`)
 		return
+	}
+	c.mu.Lock()
+	hung := c.hung
+	c.mu.Unlock()
+	if hung != nil {
+		select {
+		case <-hung:
+		case <-r.Context().Done(): // the client gave up
+			return
+		}
 	}
 	aud := r.PostForm.Get("audience")
 	if aud == "" {
