@@ -52,8 +52,14 @@ type Config struct {
 	Duration     time.Duration
 	BigRows      []int
 	IdleFor      time.Duration
-	Repeat       int
-	RelayArgs    []string // extra flags for walrelay run
+	// TracingModes: tracing, the modes each round drains in, in order:
+	// "off", or a sampling ratio ("1.0", "0.01"); empty: off, 1.0, 0.01.
+	TracingModes []string
+	// TracingEnv: tracing, more OpenTelemetry variables (NAME=value) for
+	// the traced relays, e.g. the export queue's OTEL_BSP_MAX_QUEUE_SIZE.
+	TracingEnv []string
+	Repeat     int
+	RelayArgs  []string // extra flags for walrelay run
 	// ColdCheckpoints leaves the checkpoint topic to the relay (a first
 	// start on a new cluster); by default the broker's setup creates and
 	// uses it first, as on a cluster in service (see warmTransactions).

@@ -18,14 +18,17 @@ type tracingMode struct {
 	env  []string
 }
 
-// tracingAll measures what tracing costs the relay (issue 34): the drain
-// of the same backlog with tracing off, on with every trace sampled and
-// on with 1% (OTEL_TRACES_SAMPLER=parentbased_traceidratio; the backlog's
-// rows carry no trace context, so each event's span is a root sampled at
-// that ratio), exporting over OTLP/gRPC to a receiver in the bench
-// process that counts spans (spans_per_event: 1 when none was dropped). Repeats interleave the modes; each mode's
-// medians follow its runs, then the cost of each mode against off. The
-// load average is noted with every run: the machine is shared.
+// tracingAll measures what tracing costs the relay: the drain of the
+// same backlog in each of Config.TracingModes, by default off, on with
+// every trace sampled and on with 1%
+// (OTEL_TRACES_SAMPLER=parentbased_traceidratio; the backlog's rows carry
+// no trace context, so each event's span is a root sampled at that
+// ratio), exporting over OTLP/gRPC to a receiver in the bench process
+// that counts spans (spans_per_event: 1 when none was dropped), with the
+// export queue at walrelay's defaults (Config.TracingEnv sets others).
+// Repeats interleave the modes; each mode's medians follow its runs, then
+// the cost of each mode against off. The load average is noted with
+// every run: the machine is shared.
 func (b *bencher) tracingAll(ctx context.Context) ([]Result, error) {
 	rcv, err := otlptest.StartCounting()
 	if err != nil {
@@ -33,15 +36,27 @@ func (b *bencher) tracingAll(ctx context.Context) ([]Result, error) {
 	}
 	defer rcv.Stop()
 	on := func(ratio string) []string {
-		// A queue and batches large enough to export every span of a
-		// drain at 20,000 events/s, so that the cost measured is all of
-		// it; the default queue (2048) drops spans at such rates, by
-		// design (spans_per_event shows it).
-		return []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rcv.GRPCEndpoint(), "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
-			"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=" + ratio,
-			"OTEL_BSP_MAX_QUEUE_SIZE=16384", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=2048"}
+		// The export queue and batches at walrelay's defaults unless
+		// TracingEnv says otherwise: spans the receiver does not take in
+		// time are dropped, and spans_per_event shows it.
+		return append([]string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rcv.GRPCEndpoint(), "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+			"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=" + ratio}, b.cfg.TracingEnv...)
 	}
-	modes := []tracingMode{{"off", nil}, {"sampled-1.0", on("1.0")}, {"sampled-0.01", on("0.01")}}
+	names := b.cfg.TracingModes
+	if len(names) == 0 {
+		names = []string{"off", "1.0", "0.01"}
+	}
+	var modes []tracingMode
+	for _, n := range names {
+		if n == "off" {
+			modes = append(modes, tracingMode{"off", nil})
+			continue
+		}
+		if r, err := strconv.ParseFloat(n, 64); err != nil || r <= 0 || r > 1 {
+			return nil, fmt.Errorf("tracing mode %q: want off or a sampling ratio above 0, at most 1 (e.g. 1.0, 0.01)", n)
+		}
+		modes = append(modes, tracingMode{"sampled-" + n, on(n)})
+	}
 	mode := "discard"
 	if len(b.cfg.Brokers) > 0 {
 		mode = b.cfg.Brokers[0]
@@ -65,7 +80,10 @@ func (b *bencher) tracingAll(ctx context.Context) ([]Result, error) {
 			}
 		}
 		off := byMode["off"]
-		for _, m := range modes[1:] {
+		for _, m := range modes {
+			if m.name == "off" || len(off) == 0 {
+				continue
+			}
 			rs := byMode[m.name]
 			out = append(out, Result{
 				Scenario: "tracing",
