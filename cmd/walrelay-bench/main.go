@@ -65,8 +65,8 @@ type benchCmd struct {
 	Repeat        int           `default:"1" help:"Runs of each measurement."`
 	RelayBinary   string        `help:"The walrelay binary under test (default: walrelay next to this executable, else the first on PATH)."`
 	RelayArg      []string      `help:"Extra flag for the relay under test (repeatable), e.g. --relay-arg=--binary."`
-	CompareBinary string        `help:"drain and latency: a second walrelay binary, run in each round after the one under test on the same broker (rows marked relay=compare), to compare two builds in the same minutes."`
-	CompareArg    []string      `help:"drain and latency: an extra flag for a second relay run in each round (repeatable; rows marked relay=compare), of --compare-binary when given, else of the binary under test: two settings in the same minutes, e.g. --compare-arg=--txn-producers=2."`
+	CompareBinary string        `help:"drain, latency and tracing: a second walrelay binary, run in each round after the one under test on the same broker (rows marked relay=compare), to compare two builds in the same minutes."`
+	CompareArg    []string      `help:"drain, latency and tracing: an extra flag for a second relay run in each round (repeatable; rows marked relay=compare), of --compare-binary when given, else of the binary under test: two settings in the same minutes, e.g. --compare-arg=--txn-producers=2."`
 	ColdCkpt      bool          `name:"cold-checkpoints" help:"Leave the checkpoint topic to the relay, as on its first start on a new cluster (default: the broker's setup creates and uses it first, as on a cluster in service)."`
 	PGURL         string        `name:"pg-url" help:"Use this PostgreSQL (a superuser URL) instead of a throwaway cluster."`
 	Brokers       []string      `help:"Use these Kafka brokers instead of an in-process kfake."`

@@ -65,12 +65,12 @@ type Config struct {
 	// uses it first, as on a cluster in service (see warmTransactions).
 	ColdCheckpoints bool
 	Binary          string // the walrelay binary under test (required: cmd/walrelay-bench finds it)
-	// CompareBinary: drain and latency, a second walrelay binary run in
+	// CompareBinary: drain, latency and tracing, a second walrelay binary run in
 	// each round after Binary's runs, on the same broker (rows marked
 	// relay=compare), so that two builds are compared in the same
 	// minutes; empty: none.
 	CompareBinary string
-	// CompareArgs: drain and latency, extra walrelay flags for a second
+	// CompareArgs: drain, latency and tracing, extra walrelay flags for a second
 	// run in each round (rows marked relay=compare), of CompareBinary when
 	// set, else of Binary: two settings compared in the same minutes;
 	// empty: none.

@@ -61,47 +61,61 @@ func (b *bencher) tracingAll(ctx context.Context) ([]Result, error) {
 	if len(b.cfg.Brokers) > 0 {
 		mode = b.cfg.Brokers[0]
 	}
+	// Each mode of the build under test is followed by the compared
+	// one's (--compare-binary, --compare-arg), in the same minutes.
+	relays := b.relayRuns()
+	defer func() { b.cfg.Binary = relays[0].bin }()
 	var out []Result
 	for _, size := range b.cfg.TxnSizes {
 		byMode := map[string][]Result{}
 		for range b.cfg.Repeat {
 			for _, m := range modes {
-				r, err := b.tracingDrain(ctx, size, b.oneBroker(mode), m, rcv)
-				if err != nil {
-					return out, err
+				for _, rb := range relays {
+					b.cfg.Binary = rb.bin
+					r, err := b.tracingDrain(ctx, size, b.oneBroker(mode), m, rcv, rb.args...)
+					if err != nil {
+						return out, err
+					}
+					r.Params += rb.label
+					byMode[m.name+rb.label] = append(byMode[m.name+rb.label], r)
 				}
-				byMode[m.name] = append(byMode[m.name], r)
 			}
 		}
-		for _, m := range modes {
-			out = append(out, byMode[m.name]...)
-			if rs := byMode[m.name]; len(rs) > 1 {
-				out = append(out, medians(rs))
+		for _, rb := range relays {
+			for _, m := range modes {
+				rs := byMode[m.name+rb.label]
+				out = append(out, rs...)
+				if len(rs) > 1 {
+					out = append(out, medians(rs))
+				}
 			}
 		}
-		off := byMode["off"]
-		for _, m := range modes {
-			if m.name == "off" || len(off) == 0 {
-				continue
+		for _, rb := range relays {
+			off := byMode["off"+rb.label]
+			for _, m := range modes {
+				if m.name == "off" || len(off) == 0 {
+					continue
+				}
+				rs := byMode[m.name+rb.label]
+				out = append(out, Result{
+					Scenario: "tracing",
+					Params:   fmt.Sprintf("events=%d txn=%d broker=%s tracing=%s against off%s", b.cfg.Events, size, mode, m.name, rb.label),
+					Metrics: map[string]float64{
+						"tracing_cpu_us_per_event": medianOf(rs, "relay_cpu_us_per_event") - medianOf(off, "relay_cpu_us_per_event"),
+						"rate_ratio":               medianOf(rs, "relay_events_per_s") / medianOf(off, "relay_events_per_s"),
+					},
+					Notes: fmt.Sprintf("medians of %d runs each", len(rs)),
+				})
 			}
-			rs := byMode[m.name]
-			out = append(out, Result{
-				Scenario: "tracing",
-				Params:   fmt.Sprintf("events=%d txn=%d broker=%s tracing=%s against off", b.cfg.Events, size, mode, m.name),
-				Metrics: map[string]float64{
-					"tracing_cpu_us_per_event": medianOf(rs, "relay_cpu_us_per_event") - medianOf(off, "relay_cpu_us_per_event"),
-					"rate_ratio":               medianOf(rs, "relay_events_per_s") / medianOf(off, "relay_events_per_s"),
-				},
-				Notes: fmt.Sprintf("medians of %d runs each", len(rs)),
-			})
 		}
 	}
 	return out, nil
 }
 
 // tracingDrain drains a backlog of txnSize-row transactions with the relay
-// run in mode m, and counts the spans rcv received from it.
-func (b *bencher) tracingDrain(ctx context.Context, txnSize int, k *broker, m tracingMode, rcv *otlptest.Receiver) (Result, error) {
+// (b.cfg.Binary, with relayArgs) run in mode m, and counts the spans rcv
+// received from it.
+func (b *bencher) tracingDrain(ctx context.Context, txnSize int, k *broker, m tracingMode, rcv *otlptest.Receiver, relayArgs ...string) (Result, error) {
 	su, err := b.newSetup(ctx, "relay")
 	if err != nil {
 		return Result{}, err
@@ -121,7 +135,7 @@ func (b *bencher) tracingDrain(ctx context.Context, txnSize int, k *broker, m tr
 	spans := rcv.Count()
 	b.relayEnv = m.env
 	start := time.Now()
-	_, err = su.startRelay(ctx, "at-least-once")
+	_, err = su.startRelay(ctx, "at-least-once", relayArgs...)
 	b.relayEnv = nil
 	if err != nil {
 		return Result{}, err
@@ -148,7 +162,7 @@ func (b *bencher) tracingDrain(ctx context.Context, txnSize int, k *broker, m tr
 			"load1":                  (load + loadAverage()) / 2,
 		},
 	}
-	b.logf("tracing %s txn=%d: %s, %.0f events/s, %.1f µs CPU per event, %.3f spans per event, load %.1f", m.name, txnSize,
+	b.logf("tracing %s txn=%d (%s): %s, %.0f events/s, %.1f µs CPU per event, %.3f spans per event, load %.1f", m.name, txnSize, b.cfg.Binary,
 		took.Round(time.Millisecond), res.Metrics["relay_events_per_s"], res.Metrics["relay_cpu_us_per_event"], res.Metrics["spans_per_event"], res.Metrics["load1"])
 	return res, nil
 }
