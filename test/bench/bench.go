@@ -397,7 +397,7 @@ func formatMetrics(r Result) string {
 
 var metricOrder = []string{
 	"decode_events_per_s", "recv_events_per_s", "relay_events_per_s", "relay_decode_ratio", "ratio", "recv_mb_per_s", "relay_mb_per_s",
-	"decode_backend_us_per_event", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "broker_cpu_us_per_event",
+	"decode_backend_us_per_event", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "relay_cpu_total_us_per_event", "broker_cpu_us_per_event",
 	"alo_events_per_s", "eos_events_per_s", "eos_ratio",
 	"value_events_per_s", "asis_events_per_s", "value_rate_ratio", "value_cpu_us_per_event", "asis_cpu_us_per_event", "value_cpu_us_added",
 	"primary_cpu_us_per_event", "primary_walsender_us_per_event", "primary_rest_us_per_event", "standby_cpu_us_per_event", "standby_walsender_us_per_event",
