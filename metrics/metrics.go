@@ -314,7 +314,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		TraceSpansDropped: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "walrelay_trace_spans_dropped_total",
-			Help: "Spans of the OpenTelemetry tracing (on through the OTEL_* variables) not exported, by reason: queue_full (the export queue, OTEL_BSP_MAX_QUEUE_SIZE, was full: the collector is slow or down), export_failed (the collector refused them or could not be reached before OTEL_BSP_EXPORT_TIMEOUT), shutdown (still queued when walrelay stopped). Events are never held back or lost for them: rising means gaps in the traces, check the collector.",
+			Help: "Spans of the OpenTelemetry tracing (on through the OTEL_* variables) not exported, by reason: queue_full (the export queue, OTEL_BSP_MAX_QUEUE_SIZE, default 16384, was full: the collector is slow or down; the log says so once per streak of drops, with the count), export_failed (the collector refused them or could not be reached before OTEL_BSP_EXPORT_TIMEOUT), shutdown (still queued when walrelay stopped). Events are never held back or lost for them: rising means gaps in the traces, check the collector.",
 		}, []string{"reason"}),
 		DeliveryHeld: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "walrelay_delivery_held",

@@ -39,7 +39,8 @@ type Tracer interface {
 	Acked(rec *kgo.Record)
 	// End ends rec's span: err is nil once Kafka acknowledged rec (with
 	// exactly-once delivery, committed its Kafka transaction), else what
-	// lost it.
+	// lost it. A record Kafka refused in a Kafka transaction that is then
+	// aborted is ended twice: the Tracer keeps the first.
 	End(rec *kgo.Record, err error)
 }
 

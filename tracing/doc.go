@@ -22,10 +22,17 @@
 // transaction would leave each trace without the relay and show the wait
 // of none of its events. BENCHMARKS.md measures what it costs.
 //
+// The producer span is not an SDK span but a small record of the same
+// content (producer.go), sampled by the configured OpenTelemetry Sampler
+// and written straight into OTLP's wire format (encode.go): the SDK's
+// general span and its export cost the relay more per event than the
+// relay's own work, these 1-2 µs (BenchmarkSpan).
+//
 // Tracing is configured by the standard OpenTelemetry environment
 // variables (FromEnv) and off by default: with it off the router has no
 // Tracer and does no tracing work. Spans are exported over OTLP (gRPC or
-// HTTP, OpenTelemetry's exporters) through a bounded queue that never
+// HTTP, OpenTelemetry's clients) through a bounded queue that never
 // blocks: a slow or dead collector costs spans, counted in
-// walrelay_trace_spans_dropped_total, never an event or its pace.
+// walrelay_trace_spans_dropped_total and logged once per streak of
+// drops, never an event or its pace.
 package tracing

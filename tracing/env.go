@@ -29,13 +29,25 @@ type Config struct {
 	// decision, and every trace the relay starts).
 	Sampler sdktrace.Sampler
 	// QueueSize bounds the spans waiting for export: more are dropped,
-	// counted, never waited for (default 2048). BatchSize is the most one
-	// export sends (default 512); Delay the longest a span waits for a
-	// batch to fill (default 5s); ExportTimeout bounds one export,
-	// retries included (default 30s).
+	// counted, never waited for (default DefaultQueueSize). BatchSize is
+	// the most one export sends (default DefaultBatchSize); Delay the
+	// longest a span waits for a batch to fill (default 5s);
+	// ExportTimeout bounds one export, retries included (default 30s).
 	QueueSize, BatchSize int
 	Delay, ExportTimeout time.Duration
 }
+
+// The export queue's defaults (OTEL_BSP_MAX_QUEUE_SIZE,
+// OTEL_BSP_MAX_EXPORT_BATCH_SIZE), larger than OpenTelemetry's 2048 and
+// 512: the relay makes a span per event, and in a catch-up at 20,000 to
+// 100,000 events a second OpenTelemetry's queue holds 20 to 100 ms of
+// them, less than a collector's pause; this one holds a fraction of a
+// second to a second, about 5 MB of spans when full, and a batch of
+// 1024 spans is about half a megabyte on the wire.
+const (
+	DefaultQueueSize = 16384
+	DefaultBatchSize = 1024
+)
 
 // FromEnv reads the configuration from the OpenTelemetry environment
 // variables (getenv is os.Getenv). Tracing is on when OTEL_TRACES_EXPORTER
@@ -46,7 +58,7 @@ type Config struct {
 // and _ARG, and the batch span processor's OTEL_BSP_* variables. A value
 // walrelay cannot use is an error naming the variable and what it takes.
 func FromEnv(getenv func(string) string) (Config, error) {
-	cfg := Config{Protocol: ProtocolHTTP, QueueSize: 2048, BatchSize: 512, Delay: 5 * time.Second, ExportTimeout: 30 * time.Second}
+	cfg := Config{Protocol: ProtocolHTTP, QueueSize: DefaultQueueSize, BatchSize: DefaultBatchSize, Delay: 5 * time.Second, ExportTimeout: 30 * time.Second}
 	if strings.EqualFold(strings.TrimSpace(getenv("OTEL_SDK_DISABLED")), "true") {
 		return cfg, nil
 	}
@@ -74,7 +86,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	case ProtocolGRPC, ProtocolHTTP:
 		cfg.Protocol = p
 	default:
-		return cfg, fmt.Errorf("%s=%q: use grpc or http/protobuf (OpenTelemetry's Go exporters have no http/json)", name, p)
+		return cfg, fmt.Errorf("%s=%q: use grpc or http/protobuf (walrelay sends its spans as protobuf, not http/json)", name, p)
 	}
 	var err error
 	if cfg.Sampler, err = samplerFromEnv(getenv); err != nil {

@@ -29,7 +29,7 @@ func TestFromEnv(t *testing.T) {
 		{name: "nothing set: off", env: nil},
 		{name: "endpoint: on, http by default", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"}, enabled: true,
 			check: func(c Config) string {
-				if c.Protocol != ProtocolHTTP || c.QueueSize != 2048 || c.BatchSize != 512 || c.Delay != 5*time.Second || c.ExportTimeout != 30*time.Second {
+				if c.Protocol != ProtocolHTTP || c.QueueSize != 16384 || c.BatchSize != 1024 || c.Delay != 5*time.Second || c.ExportTimeout != 30*time.Second {
 					return "defaults"
 				}
 				return ""

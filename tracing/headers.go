@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"encoding/hex"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
@@ -46,18 +47,20 @@ func Extract(ctx context.Context, headers []kgo.RecordHeader) context.Context {
 	return propagation.TraceContext{}.Extract(ctx, Headers{&headers})
 }
 
-// traceValues is what the W3C propagator writes of a span context.
-type traceValues struct{ parent, state string }
+// traceparentLen is the length of a version 00 W3C traceparent.
+const traceparentLen = len("00-") + 32 + len("-") + 16 + len("-") + 2
 
-func (v *traceValues) Get(string) string { return "" }
-func (v *traceValues) Keys() []string    { return nil }
-func (v *traceValues) Set(key, value string) {
-	switch key {
-	case decoder.HeaderTraceParent:
-		v.parent = value
-	case decoder.HeaderTraceState:
-		v.state = value
-	}
+// appendTraceparent appends sc's W3C traceparent to b, as OpenTelemetry's
+// propagator writes it (version 00; the sampled and random flags).
+func appendTraceparent(b []byte, sc trace.SpanContext) []byte {
+	tid, sid := sc.TraceID(), sc.SpanID()
+	flags := sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom)
+	b = append(b, "00-"...)
+	b = hex.AppendEncode(b, tid[:])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, sid[:])
+	b = append(b, '-')
+	return hex.AppendEncode(b, []byte{byte(flags)})
 }
 
 // SetTraceHeaders makes rec carry sc as its W3C trace headers: each
@@ -66,35 +69,47 @@ func (v *traceValues) Set(key, value string) {
 // header is never added nor lengthened: the record's size, fitted to its
 // topic, does not grow.
 func SetTraceHeaders(rec *kgo.Record, sc trace.SpanContext, grow bool) {
+	setTraceHeaders(rec, sc, grow, nil)
+}
+
+// setTraceHeaders is SetTraceHeaders writing the traceparent into buf's
+// memory when it has room (a span's, which outlives the record).
+func setTraceHeaders(rec *kgo.Record, sc trace.SpanContext, grow bool, buf []byte) {
 	if !sc.IsValid() {
 		return
 	}
-	var v traceValues
-	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), &v)
+	if cap(buf) < traceparentLen {
+		buf = make([]byte, 0, traceparentLen)
+	}
+	parent := appendTraceparent(buf[:0], sc)
+	var state []byte
+	if ts := sc.TraceState(); ts.Len() > 0 {
+		state = []byte(ts.String())
+	}
 	hs := rec.Headers
 	hasParent, hasState := false, false
 	for i := 0; i < len(hs); i++ {
 		switch hs[i].Key {
 		case decoder.HeaderTraceParent:
-			if hasParent || !grow && len(v.parent) > len(hs[i].Value) {
+			if hasParent || !grow && len(parent) > len(hs[i].Value) {
 				continue
 			}
-			hs[i].Value, hasParent = []byte(v.parent), true
+			hs[i].Value, hasParent = parent, true
 		case decoder.HeaderTraceState:
 			switch {
-			case v.state == "" || hasState:
+			case state == nil || hasState:
 				hs = append(hs[:i], hs[i+1:]...)
 				i--
-			case grow || len(v.state) <= len(hs[i].Value):
-				hs[i].Value, hasState = []byte(v.state), true
+			case grow || len(state) <= len(hs[i].Value):
+				hs[i].Value, hasState = state, true
 			}
 		}
 	}
 	if grow && !hasParent {
-		hs = append(hs, kgo.RecordHeader{Key: decoder.HeaderTraceParent, Value: []byte(v.parent)})
+		hs = append(hs, kgo.RecordHeader{Key: decoder.HeaderTraceParent, Value: parent})
 	}
-	if grow && !hasState && v.state != "" {
-		hs = append(hs, kgo.RecordHeader{Key: decoder.HeaderTraceState, Value: []byte(v.state)})
+	if grow && !hasState && state != nil {
+		hs = append(hs, kgo.RecordHeader{Key: decoder.HeaderTraceState, Value: state})
 	}
 	rec.Headers = hs
 }

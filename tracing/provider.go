@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -28,20 +30,27 @@ type Options struct {
 	// Log receives export failures (once until exports work again) and
 	// the OpenTelemetry SDK's errors. Default none.
 	Log *zap.Logger
-	// Exporter replaces the OTLP exporter (tests); nil: OTLP over
-	// Config.Protocol.
-	Exporter sdktrace.SpanExporter
+	// Client replaces the OTLP client (tests); nil: OTLP over
+	// Config.Protocol, configured by the OTEL_EXPORTER_OTLP_* variables.
+	Client otlptrace.Client
+
+	// dropFirst, dropQuiet, dropEvery: tests shorten the report of a
+	// dropping streak (queue.go); zero: the defaults.
+	dropFirst, dropQuiet, dropEvery time.Duration
 }
 
-// Provider is the OpenTelemetry SDK walrelay traces with: its
-// TracerProvider, the export queue and the OTLP exporter.
+// Provider is walrelay's tracing: the relay's Producer, the OpenTelemetry
+// SDK's TracerProvider (for other spans of the process), the export
+// queue they share and the OTLP client.
 type Provider struct {
-	tp *sdktrace.TracerProvider
+	tp       *sdktrace.TracerProvider
+	producer *Producer
+	res      *resource.Resource
 }
 
-// Start builds the SDK of cfg (which must be Enabled; fields left zero
-// take FromEnv's defaults): the resource, the
-// sampler, the OTLP exporter behind the bounded queue. Nothing is
+// Start builds the tracing of cfg (which must be Enabled; fields left
+// zero take FromEnv's defaults): the resource, the sampler, the OTLP
+// client behind the bounded queue. Nothing is
 // connected yet: a collector that is down costs spans later, not a
 // failed start. It sets the OpenTelemetry error handler to log to
 // o.Log. Call Shutdown at exit.
@@ -82,36 +91,39 @@ func Start(ctx context.Context, cfg Config, o Options) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tracing: the resource (OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME): %w", err)
 	}
-	exp := o.Exporter
-	if exp == nil {
+	client := o.Client
+	if client == nil {
 		switch cfg.Protocol {
 		case ProtocolGRPC:
-			exp, err = otlptracegrpc.New(ctx)
+			client = otlptracegrpc.NewClient()
 		default:
-			exp, err = otlptracehttp.New(ctx)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("tracing: OTLP exporter (%s; OTEL_EXPORTER_OTLP_*): %w", cfg.Protocol, err)
+			// Protobuf whatever OTEL_EXPORTER_OTLP_PROTOCOL says: the
+			// relay's spans are encoded for it (encode.go).
+			client = otlptracehttp.NewClient(otlptracehttp.WithEncoding(otlptracehttp.EncodingProtobuf))
 		}
 	}
-	dropped := func(string, int) {}
-	if o.Metrics != nil {
-		dropped = func(reason string, n int) { o.Metrics.TraceSpansDropped.WithLabelValues(reason).Add(float64(n)) }
+	// Nothing is connected yet (a gRPC client connects on its first
+	// export).
+	if err := client.Start(ctx); err != nil {
+		return nil, fmt.Errorf("tracing: OTLP client (%s; OTEL_EXPORTER_OTLP_*): %w", cfg.Protocol, err)
 	}
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("OpenTelemetry", zap.Error(err)) }))
+	limit := sdktrace.NewSpanLimits().AttributeValueLengthLimit
+	q := newQueue(client, newRequest(res, limit), cfg, o.Metrics, log, o)
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(cfg.Sampler),
-		sdktrace.WithSpanProcessor(newQueue(exp, cfg, dropped, log)),
+		sdktrace.WithSpanProcessor(q),
 	)
-	return &Provider{tp: tp}, nil
+	return &Provider{tp: tp, producer: &Producer{sampler: cfg.Sampler, q: q, limit: limit}, res: res}, nil
 }
 
 // TracerProvider is the SDK's provider.
 func (p *Provider) TracerProvider() trace.TracerProvider { return p.tp }
 
-// Producer is the router's Tracer of this provider's spans.
-func (p *Provider) Producer() *Producer { return NewProducer(p.tp) }
+// Producer is the router's Tracer: the relay's producer spans, sampled
+// and exported as this provider's.
+func (p *Provider) Producer() *Producer { return p.producer }
 
 // ForceFlush exports the spans ended so far, within ctx.
 func (p *Provider) ForceFlush(ctx context.Context) error { return p.tp.ForceFlush(ctx) }

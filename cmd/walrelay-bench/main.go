@@ -60,11 +60,13 @@ type benchCmd struct {
 	Duration      time.Duration `default:"20s" help:"latency and standby: how long each rate runs (after a 2s warm-up)."`
 	BigRows       []int         `default:"100000,1000000" help:"big: rows of the one transaction; one run per value."`
 	Idle          time.Duration `default:"30s" help:"idle: how long to measure the idle relay's CPU."`
+	Tracing       []string      `default:"off,1.0,0.01" help:"tracing: the modes each round drains in, in this order: off, or the ratio of traces sampled (e.g. 1.0, 0.01); each ratio's row against off when off is among them."`
+	TracingEnv    []string      `placeholder:"NAME=VALUE" help:"tracing: an OpenTelemetry variable for the traced relays (repeatable), e.g. --tracing-env OTEL_BSP_MAX_QUEUE_SIZE=65536; by default the export queue is at walrelay's defaults."`
 	Repeat        int           `default:"1" help:"Runs of each measurement."`
 	RelayBinary   string        `help:"The walrelay binary under test (default: walrelay next to this executable, else the first on PATH)."`
 	RelayArg      []string      `help:"Extra flag for the relay under test (repeatable), e.g. --relay-arg=--binary."`
-	CompareBinary string        `help:"drain and latency: a second walrelay binary, run in each round after the one under test on the same broker (rows marked relay=compare), to compare two builds in the same minutes."`
-	CompareArg    []string      `help:"drain and latency: an extra flag for a second relay run in each round (repeatable; rows marked relay=compare), of --compare-binary when given, else of the binary under test: two settings in the same minutes, e.g. --compare-arg=--txn-producers=2."`
+	CompareBinary string        `help:"drain, latency and tracing: a second walrelay binary, run in each round after the one under test on the same broker (rows marked relay=compare), to compare two builds in the same minutes."`
+	CompareArg    []string      `help:"drain, latency and tracing: an extra flag for a second relay run in each round (repeatable; rows marked relay=compare), of --compare-binary when given, else of the binary under test: two settings in the same minutes, e.g. --compare-arg=--txn-producers=2."`
 	ColdCkpt      bool          `name:"cold-checkpoints" help:"Leave the checkpoint topic to the relay, as on its first start on a new cluster (default: the broker's setup creates and uses it first, as on a cluster in service)."`
 	PGURL         string        `name:"pg-url" help:"Use this PostgreSQL (a superuser URL) instead of a throwaway cluster."`
 	Brokers       []string      `help:"Use these Kafka brokers instead of an in-process kfake."`
@@ -111,7 +113,7 @@ func (c *benchCmd) run(ctx context.Context) int {
 	}
 	results, err := bench.Run(ctx, bench.Config{
 		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
-		Brokers: c.Broker, Deliveries: c.Delivery, ValueFormats: c.ValueFormat, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, FloorVariants: c.Floor, LatencyFloor: c.LatencyFloor, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle,
+		Brokers: c.Broker, Deliveries: c.Delivery, ValueFormats: c.ValueFormat, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, FloorVariants: c.Floor, LatencyFloor: c.LatencyFloor, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle, TracingModes: c.Tracing, TracingEnv: c.TracingEnv,
 		Repeat: c.Repeat, RelayArgs: c.RelayArg, CompareBinary: c.CompareBinary, CompareArgs: c.CompareArg, ColdCheckpoints: c.ColdCkpt, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
 	})
 	if c.JSON {

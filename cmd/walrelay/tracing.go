@@ -30,7 +30,7 @@ func startTracing(ctx context.Context, m *metrics.Metrics, log *zap.Logger) (rou
 		return nil, func() {}, err
 	}
 	log.Info("tracing on: a span per event, exported over OTLP", zap.String("protocol", cfg.Protocol),
-		zap.String("sampler", cfg.Sampler.Description()), zap.Int("queue", cfg.QueueSize))
+		zap.String("sampler", cfg.Sampler.Description()), zap.Int("queue", cfg.QueueSize), zap.Int("batch", cfg.BatchSize))
 	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), tracingShutdown)
 		defer cancel()

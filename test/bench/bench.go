@@ -52,19 +52,25 @@ type Config struct {
 	Duration     time.Duration
 	BigRows      []int
 	IdleFor      time.Duration
-	Repeat       int
-	RelayArgs    []string // extra flags for walrelay run
+	// TracingModes: tracing, the modes each round drains in, in order:
+	// "off", or a sampling ratio ("1.0", "0.01"); empty: off, 1.0, 0.01.
+	TracingModes []string
+	// TracingEnv: tracing, more OpenTelemetry variables (NAME=value) for
+	// the traced relays, e.g. the export queue's OTEL_BSP_MAX_QUEUE_SIZE.
+	TracingEnv []string
+	Repeat     int
+	RelayArgs  []string // extra flags for walrelay run
 	// ColdCheckpoints leaves the checkpoint topic to the relay (a first
 	// start on a new cluster); by default the broker's setup creates and
 	// uses it first, as on a cluster in service (see warmTransactions).
 	ColdCheckpoints bool
 	Binary          string // the walrelay binary under test (required: cmd/walrelay-bench finds it)
-	// CompareBinary: drain and latency, a second walrelay binary run in
+	// CompareBinary: drain, latency and tracing, a second walrelay binary run in
 	// each round after Binary's runs, on the same broker (rows marked
 	// relay=compare), so that two builds are compared in the same
 	// minutes; empty: none.
 	CompareBinary string
-	// CompareArgs: drain and latency, extra walrelay flags for a second
+	// CompareArgs: drain, latency and tracing, extra walrelay flags for a second
 	// run in each round (rows marked relay=compare), of CompareBinary when
 	// set, else of Binary: two settings compared in the same minutes;
 	// empty: none.
@@ -391,7 +397,7 @@ func formatMetrics(r Result) string {
 
 var metricOrder = []string{
 	"decode_events_per_s", "recv_events_per_s", "relay_events_per_s", "relay_decode_ratio", "ratio", "recv_mb_per_s", "relay_mb_per_s",
-	"decode_backend_us_per_event", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "broker_cpu_us_per_event",
+	"decode_backend_us_per_event", "recv_walsender_us_per_event", "relay_walsender_us_per_event", "relay_cpu_us_per_event", "relay_cpu_total_us_per_event", "broker_cpu_us_per_event",
 	"alo_events_per_s", "eos_events_per_s", "eos_ratio",
 	"value_events_per_s", "asis_events_per_s", "value_rate_ratio", "value_cpu_us_per_event", "asis_cpu_us_per_event", "value_cpu_us_added",
 	"primary_cpu_us_per_event", "primary_walsender_us_per_event", "primary_rest_us_per_event", "standby_cpu_us_per_event", "standby_walsender_us_per_event",

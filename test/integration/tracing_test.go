@@ -3,8 +3,9 @@ package integration
 // OpenTelemetry across the chain (issue 34): the order service's span,
 // walrelay's producer span and the ledger consumer's span of each event in
 // one trace, in that parent order, exported to an OTLP receiver the test
-// runs in-process; and a collector killed mid-run costing spans, counted,
-// never an event.
+// runs in-process; a collector killed mid-run costing spans, counted,
+// never an event; and a catch-up's spans exported, or their loss said
+// (issue 47).
 
 import (
 	"context"
@@ -19,10 +20,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/walrelay/walrelay/metrics"
 	"github.com/walrelay/walrelay/outbox"
 	"github.com/walrelay/walrelay/test/otlptest"
 	"github.com/walrelay/walrelay/tracing"
@@ -371,6 +377,66 @@ func TestChainTracingCollectorKilled(t *testing.T) {
 		return dropped > 0, err
 	})
 	t.Logf("collector down: %d events in the ledger, %.0f spans dropped", ch.ledgerRows(), dropped)
+}
+
+// TestTracingCatchUp: a catch-up of 20,000 events (one transaction, sent
+// as fast as the relay goes) with every trace sampled and the export queue
+// at its defaults, the spans going over OTLP/gRPC to a receiver that
+// keeps up as well as this machine lets it: every span arrives, or the
+// spans that did not are counted and said in one WARN with their number
+// and the variable that sizes the queue; every event is delivered either
+// way.
+func TestTracingCatchUp(t *testing.T) {
+	rcv, err := otlptest.StartCounting()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rcv.Stop)
+	otelEnv(t, rcv.GRPCEndpoint(), tracing.ProtocolGRPC)
+	cfg, err := tracing.FromEnv(lookupEnv)
+	if err != nil || !cfg.Enabled {
+		t.Fatalf("tracing from the environment: %+v, %v", cfg, err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	m := metrics.NewUnregistered()
+	p, err := tracing.Start(context.Background(), cfg, tracing.Options{Metrics: m, Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+
+	e := newEnv(t)
+	rc := e.config()
+	rc.Router.Tracer = p.Producer()
+	e.startRelay(rc)
+	c := e.consume()
+	const events = 20000
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, seq)
+		SELECT 'o', 'k' || (g % 100), 'T', jsonb_build_object('n', g), g FROM generate_series(1, $1) g`, events)
+	c.waitIDs(events, 3*time.Minute)
+	if err := p.ForceFlush(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	full := testutil.ToFloat64(m.TraceSpansDropped.WithLabelValues(metrics.DropQueueFull))
+	failed := testutil.ToFloat64(m.TraceSpansDropped.WithLabelValues(metrics.DropExportFailed))
+	if got := rcv.Count() + int(full) + int(failed); got != events {
+		t.Errorf("%d spans received, %v dropped for a full queue, %v for failed exports: %d accounted for, want %d", rcv.Count(), full, failed, got, events)
+	}
+	dropWarnings := func() []observer.LoggedEntry { return warnings(logs, "spans are being dropped") }
+	if full > 0 {
+		e.waitFor("the WARN about the dropped spans", time.Minute, func() (bool, error) { return len(dropWarnings()) > 0, nil })
+	}
+	switch w := dropWarnings(); {
+	case full == 0 && len(w) != 0:
+		t.Errorf("no span dropped, yet %d WARNs: %v", len(w), w)
+	case full > 0 && len(w) != 1:
+		t.Errorf("%v spans dropped: %d WARNs, want 1", full, len(w))
+	case full > 0:
+		if n, ok := w[0].ContextMap()["dropped"].(int64); !ok || n < 1 || float64(n) > full || !strings.Contains(w[0].Message, "OTEL_BSP_MAX_QUEUE_SIZE") {
+			t.Errorf("WARN %q %v: want the spans dropped so far (of %v) and the variable that sizes the queue", w[0].Message, w[0].ContextMap(), full)
+		}
+	}
+	t.Logf("%d events: %d spans received, %v dropped (queue full), %v (export failed)", events, rcv.Count(), full, failed)
 }
 
 // lookupEnv is os.Getenv.
