@@ -26,7 +26,7 @@ type gate struct {
 	// one that does not by it.
 	answered atomic.Uint64
 	wake     chan struct{}
-	metrics             *metrics.Metrics
+	metrics  *metrics.Metrics
 }
 
 func (g *gate) init(maxEvents, maxBytes int64, m *metrics.Metrics) {
