@@ -306,7 +306,9 @@ func TestOAuthHungTokenEndpoint(t *testing.T) {
 	exp := start.Add(60 * time.Second)
 	first := tokenOf(t.Context(), c)
 	src.next(t).answer("t1", exp, nil)
-	got(t, first, "first token")
+	if tok, err := got(t, first, "first token"); tok != "t1" || err != nil {
+		t.Fatalf("first token: %q, %v; want t1", tok, err)
+	}
 	waitFetched(t, fetched)
 	clk.waitArmed(t, start.Add(48*time.Second))
 	clk.Advance(48 * time.Second)
@@ -374,7 +376,9 @@ func TestOAuthNeverHandsExpiredToken(t *testing.T) {
 	start := clk.Now()
 	first := tokenOf(t.Context(), c)
 	src.next(t).answer("t1", start.Add(100*time.Second), nil)
-	got(t, first, "first token")
+	if tok, err := got(t, first, "first token"); tok != "t1" || err != nil {
+		t.Fatalf("first token: %q, %v; want t1", tok, err)
+	}
 	waitFetched(t, fetched)
 
 	clk.Advance(85 * time.Second) // due: the authentication starts a fetch, and does not wait for it
@@ -414,7 +418,9 @@ func TestOAuthRetriesWithBackoff(t *testing.T) {
 	start := clk.Now()
 	first := tokenOf(t.Context(), c)
 	src.next(t).answer("t1", start.Add(600*time.Second), nil)
-	got(t, first, "first token")
+	if tok, err := got(t, first, "first token"); tok != "t1" || err != nil {
+		t.Fatalf("first token: %q, %v; want t1", tok, err)
+	}
 	waitFetched(t, fetched)
 	clk.waitArmed(t, start.Add(480*time.Second))
 	clk.Advance(480 * time.Second)
@@ -524,7 +530,9 @@ func TestOAuthHoldAtTokenEnd(t *testing.T) {
 	exp := start.Add(12 * time.Second) // refreshed at 8s, spent at 10s
 	first := tokenOf(t.Context(), c)
 	src.next(t).answer("t1", exp, nil)
-	got(t, first, "first token")
+	if tok, err := got(t, first, "first token"); tok != "t1" || err != nil {
+		t.Fatalf("first token: %q, %v; want t1", tok, err)
+	}
 	waitFetched(t, fetched)
 	clk.waitArmed(t, start.Add(8*time.Second))
 	clk.Advance(8 * time.Second)

@@ -285,8 +285,7 @@ func appendAnyValue(b []byte, v attribute.Value, limit int) []byte {
 
 // sliceValues is a slice attribute's elements as values.
 func sliceValues(v attribute.Value) []attribute.Value {
-	switch v.Type() {
-	case attribute.SLICE:
+	if v.Type() == attribute.SLICE {
 		return v.AsSlice()
 	}
 	rv := reflect.ValueOf(v.AsInterface())
