@@ -207,7 +207,7 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	case cfg.DB == nil:
 		return nil, errors.New("inbox: Config.DB is required (a pgxpool.Pool)")
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -220,10 +220,11 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	return c, nil
 }
 
-// withDefaults is cfg with each zero field (each unset one, for the
-// fields where zero means something) set to its default: the one place
-// the defaults named in Config's docs are set.
-func (cfg Config) withDefaults() Config {
+// WithDefaults returns cfg with each field left zero (unset, for the
+// fields where a negative value disables) at its default: the one place
+// the defaults named in Config's docs are set. New applies it; a program
+// may call it to show or log the configuration a Consumer runs with.
+func (cfg Config) WithDefaults() Config {
 	if cfg.Name == "" {
 		cfg.Name = cfg.Group
 	}

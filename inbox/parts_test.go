@@ -21,7 +21,7 @@ func testConsumer(t *testing.T, cfg Config, n int) *Consumer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	c := &Consumer{cfg: cfg.withDefaults(), log: zap.NewNop(), m: newMetrics(nil), parts: map[topicPartition]*part{}, runCtx: ctx}
+	c := &Consumer{cfg: cfg.WithDefaults(), log: zap.NewNop(), m: newMetrics(nil), parts: map[topicPartition]*part{}, runCtx: ctx}
 	c.cond = sync.NewCond(&c.mu)
 	c.mu.Lock()
 	for i := range n {

@@ -262,18 +262,21 @@ func (c *Consumer) checkLoop(ctx context.Context) {
 		if err != nil {
 			continue // the handler's transactions meet the same database and retry
 		}
+		c.mu.Lock()
 		var moved []topicPartition
 		for tp, n := range known {
-			if m, ok := kept[tp.topic][tp.partition]; !ok || m != n {
+			// A partition this member moved meanwhile was read before or
+			// after its commit: its next transaction checks it anyway.
+			// The check is for those no record comes to.
+			if m, ok := kept[tp.topic][tp.partition]; (!ok || m != n) && c.parts[tp] != nil && c.parts[tp].pos == n {
 				moved = append(moved, tp)
 			}
 		}
 		if len(moved) > 0 {
-			c.mu.Lock()
 			c.suspects = append(c.suspects, moved...)
 			c.kickLocked()
-			c.mu.Unlock()
 		}
+		c.mu.Unlock()
 	}
 }
 
