@@ -254,7 +254,9 @@ func (c *Consumer) tryBatch(ctx context.Context, p *part, items []*item, cut boo
 		case ctx.Err() != nil:
 			// Stopped as the handler returned: what was handled commits.
 			return c.finish(ctx, tx, p, items, k+1, batchStopped, fresh, retired)
-		case cut && k+1 < len(items) && c.cfg.MaxBatchTime > 0 && time.Since(start) >= c.cfg.MaxBatchTime:
+		case cut && k+1 < len(items) && items[k+1].span == nil && c.cfg.MaxBatchTime > 0 && time.Since(start) >= c.cfg.MaxBatchTime:
+			// (Not before a record already under way, which failed in an
+			// earlier batch: its span goes on with it.)
 			return c.finish(ctx, tx, p, items, k+1, batchCut, fresh, retired)
 		}
 	}
