@@ -56,8 +56,12 @@ func IdempotencyKey(consumer, messageID, step string) string {
 
 // Handler applies one message inside tx, the transaction that also
 // records it in the inbox. Its database effects must go through tx (and
-// may include outbox events). An error rolls everything back and the
-// message is tried again; it must not commit or roll back tx itself.
+// may include outbox events); it must not commit or roll back tx itself.
+// The transaction is shared by a batch of messages of one partition
+// (Config.MaxBatchRecords), handled one after the other in offset order.
+// An error rolls the batch back: the messages before this one are applied
+// again, in a new transaction, without it (their handlers run again), and
+// this one is tried again on its own after a pause.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // Config configures a Consumer.
@@ -96,10 +100,47 @@ type Config struct {
 	Retention time.Duration
 	// PruneInterval is the time between prunes in Run (default 1h).
 	PruneInterval time.Duration
-	// MaxPollRecords bounds the records handled between two offset
-	// commits (default 500). A rebalance waits for them, so their handling
-	// time must stay under the group's rebalance timeout.
+	// MaxBatchRecords bounds the records of one partition handled in one
+	// transaction (default 500; 1 gives each record a transaction of its
+	// own). A batch takes what was read for its partition when it starts,
+	// never waiting for more, so batches are as large as the consumer is
+	// behind: one record each when it keeps up, and up to this bound when
+	// it catches up. Larger batches spread the transaction's cost (its
+	// commit, the inbox rows in one statement, the position moved once)
+	// over more records; a handler error rolls its batch back and the
+	// records before it are handled again, and a batch's row locks are
+	// held until it commits.
+	MaxBatchRecords int
+	// MaxBatchBytes bounds the keys and values of a batch's records
+	// (default 1 MiB; a record larger than it is a batch of its own).
+	MaxBatchBytes int
+	// MaxBatchTime bounds the time a batch's handlers run: once it is
+	// spent, the batch commits what it handled and the rest of its
+	// records go to the next batch (default 100ms; negative: no bound).
+	// It bounds how long a record's effect waits for the records handled
+	// after it in the same transaction, and how long a rebalance or a
+	// stop waits for the batch in flight, when handlers are slow.
+	MaxBatchTime time.Duration
+	// Workers is how many partitions are handled at once, each in a
+	// transaction of its own on a connection of DB (default 4). A
+	// partition is handled by one worker at a time, in offset order.
+	// More workers than DB's connections (pgxpool's MaxConns) only wait
+	// for them.
+	Workers int
+	// MaxPollRecords bounds the records read ahead of the handlers, all
+	// partitions together (default 5000): the consumer fetches again once
+	// fewer are waiting. One fetch may bring more than that (the client's
+	// kgo.FetchMaxBytes bounds it); a partition whose handler is retrying
+	// a record holds the others back once that many of its records wait.
+	// A revoked partition's waiting records are dropped, not handled: the
+	// next owner reads them from the database's position.
 	MaxPollRecords int
+	// CommitInterval is the shortest time between two Kafka offset
+	// commits (default 1s). The consumer starts each partition from the
+	// position in its database, so Kafka's committed offsets only inform
+	// the tools that read them (group lag); a rebalance and a stop commit
+	// at once.
+	CommitInterval time.Duration
 	// PositionCheckInterval is how often the consumer compares the
 	// positions in the database with its own (default 10s; negative
 	// disables), so that a database failover that lost the newest
@@ -133,27 +174,25 @@ type Consumer struct {
 	inbox   string // quoted table names
 	attempt string
 	offsets string
+	runCtx  context.Context // Run's
 
 	mu   sync.Mutex
-	done map[string]map[int32]*kgo.Record // last handled record per partition, not yet committed
-	// pos is, per partition this member consumes, the next offset the
-	// offsets table holds as far as this member knows: read at assignment,
-	// moved by each of its transactions. Absent: no row yet.
-	pos map[string]map[int32]int64
-	// follow is, per partition, a database position Kafka's committed
-	// offset must be moved to though no record was handled since (a
-	// partition started or rewound there), for the tools that read it.
-	follow map[string]map[int32]int64
+	cond *sync.Cond // on mu: a partition's queue, batch or state changed
+	// parts are the partitions this member consumes (parts.go); ready,
+	// those waiting for a worker, in line; held, the records read ahead of
+	// the handlers, all queues together.
+	parts    map[topicPartition]*part
+	ready    []*part
+	held     int
+	stopping bool // the workers return
 	// suspects are partitions whose database position the check found
-	// elsewhere than pos; wake ends the poll in progress so that the
-	// polling goroutine rewinds them.
-	suspects []topicPartition
-	wake     context.CancelFunc
-}
-
-type topicPartition struct {
-	topic     string
-	partition int32
+	// elsewhere than this member's; wake ends the poll in progress so that
+	// the polling goroutine rewinds them, or commits (commitDue).
+	suspects    []topicPartition
+	wake        context.CancelFunc
+	commitDue   bool
+	commitTimer *time.Timer
+	lastCommit  time.Time
 }
 
 // New checks cfg and returns a Consumer; errors name the missing field.
@@ -168,6 +207,24 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	case cfg.DB == nil:
 		return nil, errors.New("inbox: Config.DB is required (a pgxpool.Pool)")
 	}
+	cfg = cfg.WithDefaults()
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	c := &Consumer{cfg: cfg, handle: h, log: log.With(zap.String("consumer", cfg.Name)), m: newMetrics(cfg.Registerer),
+		parts: map[topicPartition]*part{}}
+	c.cond = sync.NewCond(&c.mu)
+	c.inbox, c.attempt, c.offsets = tableNames(cfg.Table)
+	c.tracer = c.newTracer()
+	return c, nil
+}
+
+// WithDefaults returns cfg with each field left zero (unset, for the
+// fields where a negative value disables) at its default: the one place
+// the defaults named in Config's docs are set. New applies it; a program
+// may call it to show or log the configuration a Consumer runs with.
+func (cfg Config) WithDefaults() Config {
 	if cfg.Name == "" {
 		cfg.Name = cfg.Group
 	}
@@ -192,33 +249,43 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	if cfg.PruneInterval <= 0 {
 		cfg.PruneInterval = time.Hour
 	}
+	if cfg.MaxBatchRecords <= 0 {
+		cfg.MaxBatchRecords = 500
+	}
+	if cfg.MaxBatchBytes <= 0 {
+		cfg.MaxBatchBytes = 1 << 20
+	}
+	if cfg.MaxBatchTime == 0 {
+		cfg.MaxBatchTime = 100 * time.Millisecond
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
 	if cfg.MaxPollRecords <= 0 {
-		cfg.MaxPollRecords = 500
+		cfg.MaxPollRecords = 5000
+	}
+	if cfg.CommitInterval <= 0 {
+		cfg.CommitInterval = time.Second
 	}
 	if cfg.PositionCheckInterval == 0 {
 		cfg.PositionCheckInterval = 10 * time.Second
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	c := &Consumer{cfg: cfg, handle: h, log: log.With(zap.String("consumer", cfg.Name)), m: newMetrics(cfg.Registerer),
-		done: map[string]map[int32]*kgo.Record{}, pos: map[string]map[int32]int64{}, follow: map[string]map[int32]int64{}}
-	c.inbox, c.attempt, c.offsets = tableNames(cfg.Table)
-	c.tracer = c.newTracer()
-	return c, nil
+	return cfg
 }
 
 // Run consumes until ctx ends, then commits the offsets of what was
-// handled, leaves the group and returns nil. A handler that returned nil
-// before ctx ended has its transaction committed and its offset with the
-// others; one still running when ctx ends is rolled back and its record
-// comes again to the next consumer. It returns an error when the offsets
-// table is missing (run DDL again) or the Kafka client cannot be created.
+// handled, leaves the group and returns nil. When ctx ends, each batch in
+// flight commits the records whose handlers returned before the stop,
+// unless a handler was still running: its statements, interrupted, leave
+// the transaction unusable, and the batch is rolled back whole. What was
+// rolled back comes again to the next consumer. It returns an error when
+// the offsets table is missing (run DDL again) or the Kafka client cannot
+// be created.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkTables(ctx); err != nil {
 		return err
 	}
+	c.runCtx = ctx
 	opts := append(append([]kgo.Opt(nil), c.cfg.KafkaOptions...),
 		kgo.ConsumerGroup(c.cfg.Group),
 		kgo.ConsumeTopics(c.cfg.Topics...),
@@ -243,19 +310,66 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.PositionCheckInterval > 0 {
 		wg.Go(func() { c.checkLoop(pctx) })
 	}
-	defer func() {
+	// Waits on c.cond end with ctx.
+	defer context.AfterFunc(ctx, func() {
 		c.mu.Lock()
-		c.wake() // the last poll's
+		c.cond.Broadcast()
 		c.mu.Unlock()
-	}()
+	})()
+	var workers sync.WaitGroup
+	for range c.cfg.Workers {
+		workers.Go(func() {
+			c.work(func(p *part, recs []*kgo.Record) []*kgo.Record { return c.handlePart(cl, p, recs) })
+		})
+	}
+
+	c.poll(ctx, cl)
+
+	// Rebalances blocked (a poll with an ended context blocks them
+	// without taking records), the workers done (the batches in flight
+	// end with ctx): the offsets of what committed in the database.
+	cl.PollRecords(ended, 0)
+	c.stopWorkers()
+	workers.Wait()
+	c.mu.Lock()
+	if c.commitTimer != nil {
+		c.commitTimer.Stop()
+	}
+	c.mu.Unlock()
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.commit(cctx, cl, nil)
+	cl.AllowRebalance()
+	return nil
+}
+
+// ended is a context that has ended: a poll with it returns at once,
+// blocking rebalances until AllowRebalance.
+var ended = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// poll is the polling goroutine's loop, until ctx ends: it reads records
+// ahead of the workers (up to Config.MaxPollRecords waiting), and, while
+// rebalances are blocked (between a poll and AllowRebalance), does what
+// must not run beside a rebalance: rewinds and Kafka offset commits.
+func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 	for {
-		poll := c.pollContext(ctx)
-		fs := cl.PollRecords(poll, c.cfg.MaxPollRecords)
-		if ctx.Err() != nil || fs.IsClientClosed() {
-			break
+		pollCtx := ended // no room: block rebalances only, for pending work
+		if c.waitRoom(ctx) {
+			pollCtx = c.pollContext(ctx)
 		}
-		woken := poll.Err() != nil // by the position check
-		rewound := c.rewindSuspects(ctx, cl)
+		if ctx.Err() != nil {
+			return
+		}
+		fs := cl.PollRecords(pollCtx, 0)
+		if ctx.Err() != nil || fs.IsClientClosed() {
+			return
+		}
+		woken := pollCtx.Err() != nil // to commit or rewind
+		rewound := c.rewinds(ctx, cl)
 		fs.EachError(func(t string, p int32, err error) {
 			if !woken || !errors.Is(err, context.Canceled) {
 				c.log.Warn("fetch error (the client retries)", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
@@ -271,82 +385,54 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			if rewound[topicPartition{p.Topic, p.Partition}] {
-				return // fetched from the position left behind
-			}
-			for _, r := range p.Records {
-				if ctx.Err() != nil {
-					return
-				}
-				switch c.process(ctx, cl, r) {
-				case stopped:
-					return
-				case moved:
-					// The rest of this poll's records of the partition
-					// come after a position that is not the database's.
-					c.rewind(ctx, cl, r.Topic, r.Partition, true)
-					return
-				}
-				c.mark(r)
-				c.m.lag.WithLabelValues(c.cfg.Name, r.Topic, strconv.Itoa(int(r.Partition))).Set(float64(max(0, p.HighWatermark-r.Offset-1)))
-			}
-		})
-		if ctx.Err() != nil {
-			break // commit below, with a context that still works
+		c.dispatch(fs, rewound)
+		c.mu.Lock()
+		due := c.commitDue
+		c.mu.Unlock()
+		if due {
+			c.commit(ctx, cl, nil)
 		}
-		c.commit(ctx, cl, nil)
 		cl.AllowRebalance()
 	}
-	// Offsets of what committed in the database; the transaction in
-	// flight, if any, was rolled back by the cancelled context.
-	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c.commit(cctx, cl, nil)
-	cl.AllowRebalance()
-	return nil
-}
-
-func (c *Consumer) mark(r *kgo.Record) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ps := c.done[r.Topic]
-	if ps == nil {
-		ps = map[int32]*kgo.Record{}
-		c.done[r.Topic] = ps
-	}
-	ps[r.Partition] = r
-	delete(c.follow[r.Topic], r.Partition) // the record's offset is later
 }
 
 // commit commits the offsets after the handled records of the partitions
-// (all when nil), and the database's positions Kafka must follow. A
-// failure is logged: Kafka's offsets only inform the tools that read them
-// (lag), the consumer starts from the database's.
-func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, only map[string][]int32) {
+// (all when nil, which also starts the next Config.CommitInterval), and
+// the database's positions Kafka must follow. It runs while no rebalance
+// can: on the polling goroutine before AllowRebalance, or in a rebalance
+// callback. A failure is logged: Kafka's offsets only inform the tools
+// that read them (lag), the consumer starts from the database's.
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, parts []*part) {
 	offsets := map[string]map[int32]kgo.EpochOffset{}
-	set := func(t string, p int32, o kgo.EpochOffset) {
-		if offsets[t] == nil {
-			offsets[t] = map[int32]kgo.EpochOffset{}
-		}
-		offsets[t][p] = o
+	type taken struct {
+		p         *part
+		done      *kgo.Record
+		follow    int64
+		following bool
 	}
+	var took []taken
 	c.mu.Lock()
-	for t, ps := range c.follow {
-		for p, n := range ps {
-			if only == nil || contains(only[t], p) {
-				set(t, p, kgo.EpochOffset{Epoch: -1, Offset: n})
-				delete(ps, p)
-			}
+	if parts == nil {
+		for _, p := range c.parts {
+			parts = append(parts, p)
 		}
+		c.commitDue = false
+		c.lastCommit = time.Now()
 	}
-	for t, ps := range c.done {
-		for p, r := range ps {
-			if only == nil || contains(only[t], p) {
-				set(t, p, kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1})
-				delete(ps, p)
-			}
+	for _, p := range parts {
+		o := kgo.EpochOffset{Epoch: -1, Offset: p.follow}
+		switch {
+		case p.lost || p.done == nil && !p.following:
+			continue
+		case p.done != nil:
+			o = kgo.EpochOffset{Epoch: p.done.LeaderEpoch, Offset: p.done.Offset + 1}
 		}
+		if offsets[p.topic] == nil {
+			offsets[p.topic] = map[int32]kgo.EpochOffset{}
+		}
+		offsets[p.topic][p.partition] = o
+		took = append(took, taken{p, p.done, p.follow, p.following})
+		p.done, p.following = nil, false
 	}
 	c.mu.Unlock()
 	if len(offsets) == 0 {
@@ -366,40 +452,35 @@ func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, only map[string][
 		}
 	})
 	if err != nil {
+		// The next commit (the last one at a stop) tries them again,
+		// unless a later record or position replaced them meanwhile.
+		c.mu.Lock()
+		for _, t := range took {
+			if t.p.done == nil && !t.p.following {
+				t.p.done, t.p.follow, t.p.following = t.done, t.follow, t.following
+			}
+		}
+		c.mu.Unlock()
 		c.log.Warn("Kafka offset commit failed: consumer-group lag tools show this group behind until the next one (the consumer itself starts from the positions in its database)", zap.Error(err))
 	}
 }
 
-func contains(ps []int32, p int32) bool {
-	for _, q := range ps {
-		if q == p {
-			return true
-		}
-	}
-	return false
-}
-
-// revoked commits what was handled in the partitions being taken away.
-// Rebalances wait for the poll's records (BlockRebalanceOnPoll), so
-// nothing is in flight here.
+// revoked commits what was handled in the partitions being taken away,
+// after their batches in flight; what was read ahead for them is dropped.
+// Polls and this callback exclude each other (BlockRebalanceOnPoll), so
+// no commit or rewind of the polling goroutine runs meanwhile.
 func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, ps map[string][]int32) {
-	c.commit(ctx, cl, ps)
-	c.forgetPositions(ps)
+	if parts := c.giveUp(ps, false); len(parts) > 0 {
+		c.commit(ctx, cl, parts)
+	}
 	c.dropLag(ps)
 }
 
 // lost forgets the partitions: another member owns them now, and
-// committing for them could move its offsets back.
+// committing for them could move its offsets back. Their batches in
+// flight are cancelled (rolled back unless committing already).
 func (c *Consumer) lost(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
-	c.mu.Lock()
-	for t, parts := range ps {
-		for _, p := range parts {
-			delete(c.done[t], p)
-			delete(c.follow[t], p)
-		}
-	}
-	c.mu.Unlock()
-	c.forgetPositions(ps)
+	c.giveUp(ps, true)
 	c.dropLag(ps)
 }
 
@@ -429,19 +510,22 @@ const (
 	moved                    // the database's position of the partition is not this member's: rewind
 )
 
-// process handles r until it is done (committed, duplicate or
-// dead-lettered), ctx ends, or its transaction finds the partition's
-// position in the database elsewhere than this member left it.
-func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) (p processed) {
-	id := header(r, "id")
-	ctx, span := c.startSpan(ctx, r, id)
-	defer func() { endSpan(span, p) }()
+// process handles r on its own, one transaction per try, until it is
+// done (committed, duplicate or dead-lettered), ctx ends, or its
+// transaction finds the partition's position in the database elsewhere
+// than this member left it: the way of a record without an id, of one
+// whose handler failed in a batch (pause: after a pause, as between two
+// tries), and of one whose attempts are used up. ctx carries r's span.
+func (c *Consumer) process(ctx context.Context, cl *kgo.Client, p *part, r *kgo.Record, id string, pause bool) processed {
 	if id == "" {
-		return c.deadLetter(ctx, cl, r, "", "no-id", "the record has no id header, so its copies cannot be recognised", 0)
+		return c.deadLetter(ctx, cl, p, r, "", "no-id", "the record has no id header, so its copies cannot be recognised", 0)
 	}
-	pause := c.backoff()
+	wait := c.backoff()
+	if pause && !wait.wait(ctx) {
+		return stopped
+	}
 	for {
-		out, err := c.try(ctx, r, id)
+		out, err := c.try(ctx, p, r, id)
 		// A record whose transaction committed is done even when the
 		// stop came meanwhile: its offset must be committed with the
 		// others, or the next consumer meets it again.
@@ -463,31 +547,41 @@ func (c *Consumer) process(ctx context.Context, cl *kgo.Client, r *kgo.Record) (
 		}
 		switch out.kind {
 		case exhausted:
-			return c.deadLetter(ctx, cl, r, id, "handler-failed", out.lastError, out.attempts)
+			return c.deadLetter(ctx, cl, p, r, id, "handler-failed", out.lastError, out.attempts)
 		case dbError:
-			c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
-			c.log.Warn("inbox transaction failed; retrying without counting an attempt", zap.String("id", id), zap.Error(err))
-			if !pause.wait(ctx) {
-				return stopped
-			}
+			c.dbFailed(id, err)
 		case failed:
-			c.m.failures.WithLabelValues(c.cfg.Name).Inc()
-			n, ferr := c.countFailure(ctx, id, err)
-			if ferr != nil {
-				c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
-				c.log.Warn("handler failed and its attempt could not be recorded; retrying", zap.String("id", id), zap.NamedError("handler_error", err), zap.Error(ferr))
-			} else {
-				c.log.Warn("handler failed", zap.String("id", id), zap.Int("attempt", n), zap.Int("max_attempts", c.cfg.MaxAttempts), zap.Error(err))
-				markFailure(ctx, err, n)
-				if n >= c.cfg.MaxAttempts {
-					return c.deadLetter(ctx, cl, r, id, "handler-failed", err.Error(), n)
-				}
-			}
-			if !pause.wait(ctx) {
-				return stopped
+			if n, ok := c.failed(ctx, id, err); ok && n >= c.cfg.MaxAttempts {
+				return c.deadLetter(ctx, cl, p, r, id, "handler-failed", err.Error(), n)
 			}
 		}
+		if !wait.wait(ctx) {
+			return stopped
+		}
 	}
+}
+
+// dbFailed counts and logs a transaction that failed for the database's
+// reason, retried without counting an attempt.
+func (c *Consumer) dbFailed(id string, err error) {
+	c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
+	c.log.Warn("inbox transaction failed; retrying without counting an attempt", zap.String("id", id), zap.Error(err))
+}
+
+// failed counts a handler's failure of message id as an attempt (ctx
+// carries the message's span) and returns the attempts so far; ok is
+// false when the count could not be recorded.
+func (c *Consumer) failed(ctx context.Context, id string, err error) (n int, ok bool) {
+	c.m.failures.WithLabelValues(c.cfg.Name).Inc()
+	n, ferr := c.countFailure(ctx, id, err)
+	if ferr != nil {
+		c.m.dbErrors.WithLabelValues(c.cfg.Name).Inc()
+		c.log.Warn("handler failed and its attempt could not be recorded; retrying", zap.String("id", id), zap.NamedError("handler_error", err), zap.Error(ferr))
+		return 0, false
+	}
+	c.log.Warn("handler failed", zap.String("id", id), zap.Int("attempt", n), zap.Int("max_attempts", c.cfg.MaxAttempts), zap.Error(err))
+	markFailure(ctx, err, n)
+	return n, true
 }
 
 type outcomeKind int
@@ -510,7 +604,7 @@ type outcome struct {
 
 // try runs one attempt: the inbox INSERT, the move of the partition's
 // position and the handler in one transaction.
-func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, error) {
+func (c *Consumer) try(ctx context.Context, p *part, r *kgo.Record, id string) (outcome, error) {
 	tx, err := c.cfg.DB.Begin(ctx)
 	if err != nil {
 		return outcome{kind: dbError}, err
@@ -521,7 +615,7 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 	// the first one's row and then finds it.
 	b.Queue("INSERT INTO "+c.inbox+" (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING", c.cfg.Name, id)
 	b.Queue("SELECT attempts, last_error FROM "+c.attempt+" WHERE consumer = $1 AND message_id = $2", c.cfg.Name, id)
-	c.queueAdvance(b, r)
+	c.queueAdvance(b, p, r)
 	br := tx.SendBatch(ctx, b)
 	tag, err := br.Exec()
 	if err != nil {
@@ -549,7 +643,7 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 	if dup {
 		// Only the position moves; it must commit, or the next record's
 		// transaction would find the database's position behind.
-		if err := c.commitTx(ctx, tx, r); err != nil {
+		if err := c.commitTx(ctx, tx, p, r); err != nil {
 			return outcome{kind: dbError}, err
 		}
 		return outcome{kind: duplicate, duplicate: true}, nil
@@ -569,7 +663,7 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 			return outcome{kind: dbError}, err
 		}
 	}
-	if err := c.commitTx(ctx, tx, r); err != nil {
+	if err := c.commitTx(ctx, tx, p, r); err != nil {
 		return outcome{kind: dbError}, err
 	}
 	return outcome{kind: handled}, nil
@@ -581,13 +675,13 @@ func (c *Consumer) try(ctx context.Context, r *kgo.Record, id string) (outcome, 
 // cancelled half-way would leave whether it committed unknown to this
 // consumer). Committed or not after an error, the next try finds out: the
 // position moved in the database (a rewind past r) or it did not.
-func (c *Consumer) commitTx(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
+func (c *Consumer) commitTx(ctx context.Context, tx pgx.Tx, p *part, r *kgo.Record) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
 	if err := tx.Commit(cctx); err != nil {
 		return err
 	}
-	c.setPosition(r.Topic, r.Partition, r.Offset+1, true)
+	c.setPosition(p, r.Offset+1, true)
 	return nil
 }
 
@@ -638,7 +732,7 @@ func (c *Consumer) countFailure(ctx context.Context, id string, herr error) (int
 // they succeed, ctx ends, or the position is found moved. A crash between
 // the two sends the record to the dead-letter topic again on redelivery,
 // with the same id header.
-func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record, id, reason, why string, attempts int) processed {
+func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, p *part, r *kgo.Record, id, reason, why string, attempts int) processed {
 	dl := &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
 	dl.Headers = append(append(dl.Headers, r.Headers...),
 		kgo.RecordHeader{Key: "inbox.reason", Value: []byte(reason)},
@@ -654,7 +748,7 @@ func (c *Consumer) deadLetter(ctx context.Context, cl *kgo.Client, r *kgo.Record
 		err := cl.ProduceSync(ctx, dl).FirstErr()
 		if err == nil {
 			var ok bool
-			ok, err = c.recordDeadLetter(ctx, r, id)
+			ok, err = c.recordDeadLetter(ctx, p, r, id)
 			if err == nil && !ok {
 				return moved
 			}
@@ -696,14 +790,14 @@ func (b *backoff) wait(ctx context.Context) bool {
 // recordDeadLetter records id (when r has one) as dead-lettered and moves
 // the partition's position past r, in one transaction; ok is false when
 // the position was found moved.
-func (c *Consumer) recordDeadLetter(ctx context.Context, r *kgo.Record, id string) (ok bool, err error) {
+func (c *Consumer) recordDeadLetter(ctx context.Context, p *part, r *kgo.Record, id string) (ok bool, err error) {
 	tx, err := c.cfg.DB.Begin(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer tx.Rollback(context.Background())
 	b := &pgx.Batch{}
-	c.queueAdvance(b, r)
+	c.queueAdvance(b, p, r)
 	if id != "" {
 		b.Queue("WITH d AS (DELETE FROM "+c.attempt+" WHERE consumer = $1 AND message_id = $2) INSERT INTO "+c.inbox+
 			" (consumer, message_id, outcome) VALUES ($1, $2, 'dead-lettered') ON CONFLICT DO NOTHING", c.cfg.Name, id)
@@ -719,7 +813,7 @@ func (c *Consumer) recordDeadLetter(ctx context.Context, r *kgo.Record, id strin
 	if err != nil || adv.RowsAffected() == 0 {
 		return false, err
 	}
-	return true, c.commitTx(ctx, tx, r)
+	return true, c.commitTx(ctx, tx, p, r)
 }
 
 // Prune deletes this consumer's inbox rows (and stale attempt counts)

@@ -2,9 +2,9 @@ package inbox
 
 import (
 	"context"
-
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -51,3 +51,17 @@ func TestIdempotencyKeyPartsDoNotRunTogether(t *testing.T) {
 }
 
 var noop Handler = func(ctx context.Context, tx pgx.Tx, m *Message) error { return nil }
+
+// TestWithDefaults: the batch knobs' defaults, as Config's docs name
+// them, and a value given is kept (negative MaxBatchTime: no bound).
+func TestWithDefaults(t *testing.T) {
+	d := Config{Group: "g"}.WithDefaults()
+	if d.MaxBatchRecords != 500 || d.MaxBatchBytes != 1<<20 || d.MaxBatchTime != 100*time.Millisecond || d.Workers != 4 ||
+		d.MaxPollRecords != 5000 || d.CommitInterval != time.Second {
+		t.Errorf("defaults %+v", d)
+	}
+	set := Config{Group: "g", MaxBatchRecords: 1, MaxBatchTime: -1, Workers: 16}.WithDefaults()
+	if set.MaxBatchRecords != 1 || set.MaxBatchTime != -1 || set.Workers != 16 {
+		t.Errorf("values given were not kept: %+v", set)
+	}
+}

@@ -10,6 +10,7 @@ type metrics struct {
 	processed, duplicates, failures, dbErrors, pruned, rewinds *prometheus.CounterVec
 	deadLettered                                               *prometheus.CounterVec
 	lag                                                        *prometheus.GaugeVec
+	batchRecords                                               *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -30,6 +31,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Inbox rows deleted by retention."}, []string{"consumer"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inbox_lag_records",
 			Help: "Records in the partition after the last one handled, as of the last fetch; a growing value means the handler cannot keep up."}, []string{"consumer", "topic", "partition"}),
+		batchRecords: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "inbox_batch_records",
+			Help:    "Records per committed transaction (a batch of one partition's records): near 1 when the consumer keeps up, near Config.MaxBatchRecords when it catches up.",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}}, []string{"consumer"}),
 	}
 	if reg == nil {
 		return m
@@ -42,6 +46,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.pruned = register(reg, m.pruned)
 	m.rewinds = register(reg, m.rewinds)
 	m.lag = register(reg, m.lag)
+	m.batchRecords = register(reg, m.batchRecords)
 	return m
 }
 

@@ -13,7 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,60 +48,35 @@ func (c *Consumer) checkTables(ctx context.Context) error {
 // queueAdvance queues the move of r's partition's position past r: from
 // the position this member knows, or, with none known, the row's
 // creation. It affects no row when the database's position is elsewhere.
-func (c *Consumer) queueAdvance(b *pgx.Batch, r *kgo.Record) {
-	next := r.Offset + 1
-	if at, ok := c.position(r.Topic, r.Partition); ok {
+func (c *Consumer) queueAdvance(b *pgx.Batch, p *part, r *kgo.Record) {
+	from, known := c.position(p)
+	c.queueMove(b, p, from, known, r.Offset+1)
+}
+
+// queueMove queues the move of p's position from from (known: with none
+// known, the row's creation) to next.
+func (c *Consumer) queueMove(b *pgx.Batch, p *part, from int64, known bool, next int64) {
+	if known {
 		b.Queue("UPDATE "+c.offsets+" SET next_offset = $4, updated_at = now() WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND next_offset = $5",
-			c.cfg.Group, r.Topic, r.Partition, next, at)
+			c.cfg.Group, p.topic, p.partition, next, from)
 		return
 	}
 	b.Queue("INSERT INTO "+c.offsets+" (consumer_group, topic, partition, next_offset) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-		c.cfg.Group, r.Topic, r.Partition, next)
+		c.cfg.Group, p.topic, p.partition, next)
 }
 
-// setPosition records the partition's position as this member knows it
-// (known false: no row in the database).
-func (c *Consumer) setPosition(topic string, partition int32, next int64, known bool) {
+// setPosition records p's position as this member knows it (known false:
+// no row in the database).
+func (c *Consumer) setPosition(p *part, next int64, known bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !known {
-		delete(c.pos[topic], partition)
-		return
-	}
-	ps := c.pos[topic]
-	if ps == nil {
-		ps = map[int32]int64{}
-		c.pos[topic] = ps
-	}
-	ps[partition] = next
+	p.pos, p.known = next, known
 }
 
-// followPosition has the next offset commit move Kafka's committed offset
-// of the partition to next.
-func (c *Consumer) followPosition(topic string, partition int32, next int64) {
+func (c *Consumer) position(p *part) (int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.follow[topic] == nil {
-		c.follow[topic] = map[int32]int64{}
-	}
-	c.follow[topic][partition] = next
-}
-
-func (c *Consumer) position(topic string, partition int32) (int64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n, ok := c.pos[topic][partition]
-	return n, ok
-}
-
-func (c *Consumer) forgetPositions(ps map[string][]int32) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for t, parts := range ps {
-		for _, p := range parts {
-			delete(c.pos[t], p)
-		}
-	}
+	return p.pos, p.known
 }
 
 // readPositions reads the database's positions of the topics' partitions,
@@ -159,77 +134,89 @@ func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.
 	if err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for t, ps := range offsets {
 		for p, committed := range ps {
 			n, ok := kept[t][p]
+			pt := c.newPart(t, p, n, ok)
 			if ok {
 				ps[p] = kgo.NewOffset().At(n).WithEpoch(-1)
 				if committed.EpochOffset().Offset != n {
-					c.followPosition(t, p, n)
+					pt.follow, pt.following = n, true
+					c.commitSoonLocked()
 				}
 			}
-			c.setPosition(t, p, n, ok)
 		}
 	}
 	return offsets, nil
 }
 
-// rewind moves the consumer to the database's position of the partition
-// after a transaction or the check found it elsewhere than this member
-// left it: behind (the database lost committed transactions, as a failover
-// to a standby short of them does), or ahead (another member handled the
+// rewind moves the consumer to the database's position of p after a
+// transaction or the check found it elsewhere than this member left it:
+// behind (the database lost committed transactions, as a failover to a
+// standby short of them does), or ahead (another member handled the
 // partition meanwhile). With no row at all, the partition is read again
 // from its start: the inbox skips what survived. It runs on the polling
-// goroutine, before AllowRebalance, as SetOffsets needs. always seeks
-// even when the position is found where this member left it (a
-// transaction's caller has dropped the poll's later records); otherwise
-// it reports whether it moved the consumer.
-func (c *Consumer) rewind(ctx context.Context, cl *kgo.Client, topic string, partition int32, always bool) bool {
-	was, wasKnown := c.position(topic, partition)
-	kept, err := c.readPositions(ctx, []string{topic})
+// goroutine, before AllowRebalance, as SetOffsets needs, with no batch of
+// p in flight. always seeks even when the position is found where this
+// member left it (a transaction's worker has dropped the records read
+// ahead); otherwise it reports whether it moved the consumer. Seeking
+// drops what was read ahead for p: it was read from the position left
+// behind.
+func (c *Consumer) rewind(ctx context.Context, cl *kgo.Client, p *part, always bool) bool {
+	was, wasKnown := c.position(p)
+	kept, err := c.readPositions(ctx, []string{p.topic})
 	if err != nil {
 		return false // stopping: the next owner starts from the database's position
 	}
-	next, ok := kept[topic][partition]
+	next, ok := kept[p.topic][p.partition]
 	if !always && ok && wasKnown && next == was {
 		return false // the check read the database before a commit, this member after it
 	}
+	seek := func(next int64, known bool) {
+		c.mu.Lock()
+		p.done = nil // its offset is not the database's
+		p.pos, p.known = next, known
+		c.dropLocked(p)
+		c.mu.Unlock()
+		cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.topic: {p.partition: {Epoch: -1, Offset: next}}})
+	}
 	if !ok {
-		starts, err := kadm.NewClient(cl).ListStartOffsets(ctx, topic)
+		starts, err := kadm.NewClient(cl).ListStartOffsets(ctx, p.topic)
 		if err == nil {
 			err = starts.Error()
 		}
-		o, found := starts.Lookup(topic, partition)
+		o, found := starts.Lookup(p.topic, p.partition)
 		if err == nil && !found {
 			err = errors.New("the broker did not list the partition")
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				c.log.Warn("rewind: could not list the partition's start offset; the partition is read again when it is next assigned", zap.String("topic", topic), zap.Int32("partition", partition), zap.Error(err))
-				cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{topic: {partition: {Epoch: -1, Offset: 0}}})
+				c.log.Warn("rewind: could not list the partition's start offset; the partition is read again when it is next assigned", zap.String("topic", p.topic), zap.Int32("partition", p.partition), zap.Error(err))
+				seek(0, false)
 			}
-			c.setPosition(topic, partition, 0, false)
 			return true
 		}
 		next = o.Offset
 	}
 	c.m.rewinds.WithLabelValues(c.cfg.Name).Inc()
-	fields := []zap.Field{zap.String("topic", topic), zap.Int32("partition", partition), zap.Int64("database_next_offset", next), zap.Bool("database_has_position", ok)}
+	fields := []zap.Field{zap.String("topic", p.topic), zap.Int32("partition", p.partition), zap.Int64("database_next_offset", next), zap.Bool("database_has_position", ok)}
 	if wasKnown {
 		fields = append(fields, zap.Int64("this_member_next_offset", was))
 	}
 	c.log.Warn("the partition's position in the database is not where this consumer left it (a database failover that lost committed transactions, or another member handled it): reading the partition again from the database's position", fields...)
 	c.mu.Lock()
-	delete(c.done[topic], partition) // its offset is not the database's
+	p.follow, p.following = next, true
+	c.commitSoonLocked()
 	c.mu.Unlock()
-	c.followPosition(topic, partition, next)
-	c.setPosition(topic, partition, next, ok)
-	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{topic: {partition: {Epoch: -1, Offset: next}}})
+	seek(next, ok)
 	return true
 }
 
-// pollContext is the context of the next poll, which the position check
-// ends to wake the polling goroutine.
+// pollContext is the context of the next poll, which a worker or the
+// position check ends to wake the polling goroutine; it has ended already
+// when such work is pending.
 func (c *Consumer) pollContext(ctx context.Context) context.Context {
 	poll, cancel := context.WithCancel(ctx)
 	c.mu.Lock()
@@ -237,8 +224,8 @@ func (c *Consumer) pollContext(ctx context.Context) context.Context {
 		c.wake() // the previous poll's, done with
 	}
 	c.wake = cancel
-	if len(c.suspects) > 0 {
-		cancel() // found while the last poll's records were handled
+	if c.pendingLocked() {
+		cancel()
 	}
 	c.mu.Unlock()
 	return poll
@@ -257,12 +244,14 @@ func (c *Consumer) checkLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		c.mu.Lock()
-		known := make(map[string]map[int32]int64, len(c.pos))
-		topics := make([]string, 0, len(c.pos))
-		for tp, ps := range c.pos {
-			if len(ps) > 0 {
-				known[tp] = maps.Clone(ps)
-				topics = append(topics, tp)
+		known := map[topicPartition]int64{}
+		var topics []string
+		for tp, p := range c.parts {
+			if p.known && !p.gone {
+				known[tp] = p.pos
+				if !slices.Contains(topics, tp.topic) {
+					topics = append(topics, tp.topic)
+				}
 			}
 		}
 		c.mu.Unlock()
@@ -273,43 +262,71 @@ func (c *Consumer) checkLoop(ctx context.Context) {
 		if err != nil {
 			continue // the handler's transactions meet the same database and retry
 		}
+		c.mu.Lock()
 		var moved []topicPartition
-		for tp, ps := range known {
-			for p, n := range ps {
-				if m, ok := kept[tp][p]; !ok || m != n {
-					moved = append(moved, topicPartition{tp, p})
-				}
+		for tp, n := range known {
+			// A partition this member moved meanwhile was read before or
+			// after its commit: its next transaction checks it anyway.
+			// The check is for those no record comes to.
+			if m, ok := kept[tp.topic][tp.partition]; (!ok || m != n) && c.parts[tp] != nil && c.parts[tp].pos == n {
+				moved = append(moved, tp)
 			}
 		}
 		if len(moved) > 0 {
-			c.mu.Lock()
 			c.suspects = append(c.suspects, moved...)
-			if c.wake != nil {
-				c.wake()
-			}
-			c.mu.Unlock()
+			c.kickLocked()
 		}
+		c.mu.Unlock()
 	}
 }
 
-// rewindSuspects rewinds the partitions the check found moved that this
-// member still knows a position of, and returns those it moved.
-func (c *Consumer) rewindSuspects(ctx context.Context, cl *kgo.Client) map[topicPartition]bool {
+// rewinds, on the polling goroutine before AllowRebalance, rewinds the
+// partitions whose transaction found their position moved, and checks
+// those the position check suspects (holding their batches meanwhile);
+// it returns the partitions it moved, whose records in the poll at hand
+// were read from the position left behind.
+func (c *Consumer) rewinds(ctx context.Context, cl *kgo.Client) map[topicPartition]bool {
 	c.mu.Lock()
-	suspects := c.suspects
+	var moved, checks []*part
+	for _, p := range c.parts {
+		if p.moved && !p.running {
+			moved = append(moved, p)
+		}
+	}
+	for _, tp := range c.suspects {
+		if p := c.parts[tp]; p != nil && p.known && !p.moved && !p.hold {
+			p.hold = true // revoked meanwhile, or found twice, otherwise
+			checks = append(checks, p)
+		}
+	}
 	c.suspects = nil
+	for _, p := range checks {
+		c.idleLocked(p) // its batch in flight moves its position
+	}
 	c.mu.Unlock()
 	var rewound map[topicPartition]bool
-	for _, tp := range suspects {
-		if _, known := c.position(tp.topic, tp.partition); !known || rewound[tp] {
-			continue // revoked meanwhile, or found twice
+	note := func(p *part) {
+		if rewound == nil {
+			rewound = map[topicPartition]bool{}
 		}
-		if c.rewind(ctx, cl, tp.topic, tp.partition, false) {
-			if rewound == nil {
-				rewound = map[topicPartition]bool{}
-			}
-			rewound[tp] = true
+		rewound[topicPartition{p.topic, p.partition}] = true
+	}
+	for _, p := range moved {
+		c.rewind(ctx, cl, p, true)
+		note(p)
+		c.mu.Lock()
+		p.moved = false
+		c.schedule(p)
+		c.mu.Unlock()
+	}
+	for _, p := range checks {
+		if c.rewind(ctx, cl, p, false) {
+			note(p)
 		}
+		c.mu.Lock()
+		p.hold = false
+		c.schedule(p)
+		c.mu.Unlock()
 	}
 	return rewound
 }

@@ -1,7 +1,9 @@
 // Command walrelay-bench measures walrelay: drain throughput against
 // pg_recvlogical, commit-to-consumer latency, memory on a huge transaction,
 // idle CPU, what decoding on a hot standby saves the primary (--scenario
-// standby), and (--peer debezium) Debezium side by side. See BENCHMARKS.md.
+// standby), the inbox consumer against an earlier build and its floor
+// (--scenario inbox), and (--peer debezium) Debezium side by side. See
+// BENCHMARKS.md.
 //
 //	make build-bench && bin/walrelay-bench
 //
@@ -43,34 +45,39 @@ const (
 // benchCmd is the command line: which scenarios, at which sizes, against
 // which relay, PostgreSQL and broker.
 type benchCmd struct {
-	Scenario      []string      `default:"drain,latency,big,idle" help:"Scenarios to run: drain, latency, big, idle, tracing (the drain with OpenTelemetry tracing off, on with every trace sampled and with 1%, per --txn-size on the first --broker; txnfloor: the broker alone, a minimal transactional producer at each --rate to a read_committed consumer, the floor of exactly-once latency, per --floor; standby: decoding on a hot standby, PostgreSQL 16+ (WALRELAY_TEST_PG picks the server): a standby of the throwaway cluster, the relay reading the primary then the standby (--primary-url), alternately, under one-row commits per --rate for --duration: the primary's and the standby's CPU per event (their process trees, walsenders apart) and commit-to-consumer latency; peer: see --peer)."`
-	Peer          string        `default:"none" enum:"none,debezium" help:"debezium: run only the peer scenario: walrelay --preset debezium, Debezium with its defaults and Debezium tuned, one after the other on one Apache Kafka node (needs Java and Maven; see make deps-debezium): drain rate per --txn-size, latency per --peer-rate, peak RSS, CPU per event, and a kill -9 under load."`
-	PeerRate      []int         `default:"1000,5000" help:"peer: commits per second of the latency runs; one run per value."`
-	PeerRun       []string      `default:"walrelay,debezium,debezium-tuned" help:"peer: which to run: walrelay, debezium (its defaults), debezium-tuned."`
-	PeerMeasure   []string      `default:"drain,latency,kill" enum:"drain,latency,kill" help:"peer: what to measure: drain (per --txn-size), latency (per --peer-rate), kill."`
-	Events        int           `default:"200000" help:"drain: backlog size in events."`
-	TxnSize       []int         `default:"1,100" help:"drain: rows per transaction; one run per value."`
-	PayloadBytes  int           `default:"200" help:"Approximate payload size of each event."`
-	Broker        []string      `default:"discard,store" help:"drain: brokers, discard and store (in-process kfake that drops or keeps records) and apache (one Apache Kafka node: needs Java and Maven, see make deps-kafka; latency and standby then run on it too)."`
-	Delivery      []string      `default:"at-least-once" help:"drain, latency and standby: delivery modes to measure, at-least-once and/or exactly-once."`
-	ValueFormat   []string      `default:"asis" enum:"asis,json,avro,protobuf" help:"drain: value formats to measure (walrelay --value-format, against an in-process schema registry holding the events' schema), one run each, and each against asis: relay CPU per event and drain rate."`
-	Floor         []string      `default:"1,1s,2,2s,1sc,2sc" help:"txnfloor: how the minimal producer commits, one run each: 1 or 2 transactional producers (two take turns: one fills its transaction while the other commits), s: each waits for its commit's markers before its next record (the relay's settle), c: each transaction also writes one record to a second topic (the relay's checkpoint), p: PostgreSQL works beside it as in the latency scenario (writers at the same --rate, pg_recvlogical streaming their slot)."`
-	LatencyFloor  []string      `help:"latency: txnfloor variants (as --floor) to run in each round beside the relay's runs, on the same warmed broker, so that the relay's exactly-once latency can be read as a ratio to the broker's own floor measured in the same minutes; none by default."`
-	Rate          []int         `default:"2000,10000" help:"latency and standby: commits per second; one run per value."`
-	Duration      time.Duration `default:"20s" help:"latency and standby: how long each rate runs (after a 2s warm-up)."`
-	BigRows       []int         `default:"100000,1000000" help:"big: rows of the one transaction; one run per value."`
-	Idle          time.Duration `default:"30s" help:"idle: how long to measure the idle relay's CPU."`
-	Tracing       []string      `default:"off,1.0,0.01" help:"tracing: the modes each round drains in, in this order: off, or the ratio of traces sampled (e.g. 1.0, 0.01); each ratio's row against off when off is among them."`
-	TracingEnv    []string      `placeholder:"NAME=VALUE" help:"tracing: an OpenTelemetry variable for the traced relays (repeatable), e.g. --tracing-env OTEL_BSP_MAX_QUEUE_SIZE=65536; by default the export queue is at walrelay's defaults."`
-	Repeat        int           `default:"1" help:"Runs of each measurement."`
-	RelayBinary   string        `help:"The walrelay binary under test (default: walrelay next to this executable, else the first on PATH)."`
-	RelayArg      []string      `help:"Extra flag for the relay under test (repeatable), e.g. --relay-arg=--binary."`
-	CompareBinary string        `help:"drain, latency and tracing: a second walrelay binary, run in each round after the one under test on the same broker (rows marked relay=compare), to compare two builds in the same minutes."`
-	CompareArg    []string      `help:"drain, latency and tracing: an extra flag for a second relay run in each round (repeatable; rows marked relay=compare), of --compare-binary when given, else of the binary under test: two settings in the same minutes, e.g. --compare-arg=--txn-producers=2."`
-	ColdCkpt      bool          `name:"cold-checkpoints" help:"Leave the checkpoint topic to the relay, as on its first start on a new cluster (default: the broker's setup creates and uses it first, as on a cluster in service)."`
-	PGURL         string        `name:"pg-url" help:"Use this PostgreSQL (a superuser URL) instead of a throwaway cluster."`
-	Brokers       []string      `help:"Use these Kafka brokers instead of an in-process kfake."`
-	JSON          bool          `name:"json" help:"Print JSON instead of a table."`
+	Scenario        []string      `default:"drain,latency,big,idle" help:"Scenarios to run: drain, latency, big, idle, tracing (the drain with OpenTelemetry tracing off, on with every trace sampled and with 1%, per --txn-size on the first --broker; txnfloor: the broker alone, a minimal transactional producer at each --rate to a read_committed consumer, the floor of exactly-once latency, per --floor; standby: decoding on a hot standby, PostgreSQL 16+ (WALRELAY_TEST_PG picks the server): a standby of the throwaway cluster, the relay reading the primary then the standby (--primary-url), alternately, under one-row commits per --rate for --duration: the primary's and the standby's CPU per event (their process trees, walsenders apart) and commit-to-consumer latency; inbox: the inbox package's consumer, a process with a handler doing one UPDATE, draining --inbox-events on each of --inbox-partitions, in effects/s, beside the same consumer built from --inbox-compare-ref and beside the floor (its batches' database work with no Kafka, and with a savepoint per record), and the time from a record's produce call to its effect's commit at each --inbox-rate; it builds the consumer with the Go toolchain, so run it from the repository; peer: see --peer)."`
+	Peer            string        `default:"none" enum:"none,debezium" help:"debezium: run only the peer scenario: walrelay --preset debezium, Debezium with its defaults and Debezium tuned, one after the other on one Apache Kafka node (needs Java and Maven; see make deps-debezium): drain rate per --txn-size, latency per --peer-rate, peak RSS, CPU per event, and a kill -9 under load."`
+	PeerRate        []int         `default:"1000,5000" help:"peer: commits per second of the latency runs; one run per value."`
+	PeerRun         []string      `default:"walrelay,debezium,debezium-tuned" help:"peer: which to run: walrelay, debezium (its defaults), debezium-tuned."`
+	PeerMeasure     []string      `default:"drain,latency,kill" enum:"drain,latency,kill" help:"peer: what to measure: drain (per --txn-size), latency (per --peer-rate), kill."`
+	Events          int           `default:"200000" help:"drain: backlog size in events."`
+	TxnSize         []int         `default:"1,100" help:"drain: rows per transaction; one run per value."`
+	PayloadBytes    int           `default:"200" help:"Approximate payload size of each event."`
+	Broker          []string      `default:"discard,store" help:"drain: brokers, discard and store (in-process kfake that drops or keeps records) and apache (one Apache Kafka node: needs Java and Maven, see make deps-kafka; latency and standby then run on it too)."`
+	Delivery        []string      `default:"at-least-once" help:"drain, latency and standby: delivery modes to measure, at-least-once and/or exactly-once."`
+	ValueFormat     []string      `default:"asis" enum:"asis,json,avro,protobuf" help:"drain: value formats to measure (walrelay --value-format, against an in-process schema registry holding the events' schema), one run each, and each against asis: relay CPU per event and drain rate."`
+	Floor           []string      `default:"1,1s,2,2s,1sc,2sc" help:"txnfloor: how the minimal producer commits, one run each: 1 or 2 transactional producers (two take turns: one fills its transaction while the other commits), s: each waits for its commit's markers before its next record (the relay's settle), c: each transaction also writes one record to a second topic (the relay's checkpoint), p: PostgreSQL works beside it as in the latency scenario (writers at the same --rate, pg_recvlogical streaming their slot)."`
+	LatencyFloor    []string      `help:"latency: txnfloor variants (as --floor) to run in each round beside the relay's runs, on the same warmed broker, so that the relay's exactly-once latency can be read as a ratio to the broker's own floor measured in the same minutes; none by default."`
+	Rate            []int         `default:"2000,10000" help:"latency and standby: commits per second; one run per value."`
+	Duration        time.Duration `default:"20s" help:"latency and standby: how long each rate runs (after a 2s warm-up)."`
+	BigRows         []int         `default:"100000,1000000" help:"big: rows of the one transaction; one run per value."`
+	Idle            time.Duration `default:"30s" help:"idle: how long to measure the idle relay's CPU."`
+	Tracing         []string      `default:"off,1.0,0.01" help:"tracing: the modes each round drains in, in this order: off, or the ratio of traces sampled (e.g. 1.0, 0.01); each ratio's row against off when off is among them."`
+	TracingEnv      []string      `placeholder:"NAME=VALUE" help:"tracing: an OpenTelemetry variable for the traced relays (repeatable), e.g. --tracing-env OTEL_BSP_MAX_QUEUE_SIZE=65536; by default the export queue is at walrelay's defaults."`
+	Repeat          int           `default:"1" help:"Runs of each measurement."`
+	RelayBinary     string        `help:"The walrelay binary under test (default: walrelay next to this executable, else the first on PATH)."`
+	RelayArg        []string      `help:"Extra flag for the relay under test (repeatable), e.g. --relay-arg=--binary."`
+	CompareBinary   string        `help:"drain, latency and tracing: a second walrelay binary, run in each round after the one under test on the same broker (rows marked relay=compare), to compare two builds in the same minutes."`
+	CompareArg      []string      `help:"drain, latency and tracing: an extra flag for a second relay run in each round (repeatable; rows marked relay=compare), of --compare-binary when given, else of the binary under test: two settings in the same minutes, e.g. --compare-arg=--txn-producers=2."`
+	ColdCkpt        bool          `name:"cold-checkpoints" help:"Leave the checkpoint topic to the relay, as on its first start on a new cluster (default: the broker's setup creates and uses it first, as on a cluster in service)."`
+	InboxPartitions []int         `default:"1,8,32" help:"inbox: partitions of the drained topic; one measurement per value."`
+	InboxEvents     int           `default:"50000" help:"inbox: records of each drain's backlog."`
+	InboxRate       []int         `default:"2000" help:"inbox: records per second of the latency runs (each for --duration); one run per value."`
+	InboxCompareRef string        `help:"inbox: a git ref (e.g. main) whose inbox package is measured beside the working tree's, in the same rounds (rows and metrics marked compare)."`
+	InboxSet        []string      `help:"inbox: an inbox.Config field of the consumer under test, Name=value (repeatable), e.g. --inbox-set Workers=8."`
+	PGURL           string        `name:"pg-url" help:"Use this PostgreSQL (a superuser URL) instead of a throwaway cluster."`
+	Brokers         []string      `help:"Use these Kafka brokers instead of an in-process kfake."`
+	JSON            bool          `name:"json" help:"Print JSON instead of a table."`
 }
 
 func main() {
@@ -114,6 +121,7 @@ func (c *benchCmd) run(ctx context.Context) int {
 	results, err := bench.Run(ctx, bench.Config{
 		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
 		Brokers: c.Broker, Deliveries: c.Delivery, ValueFormats: c.ValueFormat, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, FloorVariants: c.Floor, LatencyFloor: c.LatencyFloor, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle, TracingModes: c.Tracing, TracingEnv: c.TracingEnv,
+		InboxPartitions: c.InboxPartitions, InboxEvents: c.InboxEvents, InboxRates: c.InboxRate, InboxCompareRef: c.InboxCompareRef, InboxSet: c.InboxSet,
 		Repeat: c.Repeat, RelayArgs: c.RelayArg, CompareBinary: c.CompareBinary, CompareArgs: c.CompareArg, ColdCheckpoints: c.ColdCkpt, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
 	})
 	if c.JSON {

@@ -183,11 +183,17 @@ type consumerFlags struct {
 	url, brokers, topic, group, dlq *string
 	maxAttempts                     *int
 	sessionTimeout, handlerDelay    *time.Duration
-	tp                              trace.TracerProvider // nil: the global provider's
+	// The batch knobs (nil: the inbox defaults).
+	maxBatchRecords, workers *int
+	maxBatchTime             *time.Duration
+	tp                       trace.TracerProvider // nil: the global provider's
 }
 
 func consume(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("consume", flag.ExitOnError)
+	// The batch knobs' defaults are the inbox package's, from the one
+	// place it sets them.
+	d := inbox.Config{}.WithDefaults()
 	f := consumerFlags{
 		url:         fs.String("pg-url", "", "PostgreSQL URL (required)"),
 		brokers:     fs.String("brokers", "", "Kafka seed brokers, comma-separated (required)"),
@@ -198,6 +204,12 @@ func consume(ctx context.Context, args []string) error {
 		sessionTimeout: fs.Duration("session-timeout", 45*time.Second,
 			"how long the group waits for a member that stopped heartbeating (a killed process), or for a member to rejoin a rebalance, before moving its partitions"),
 		handlerDelay: fs.Duration("handler-delay", 0, "pause in every handler call, to watch a crash in the middle of a batch"),
+		maxBatchRecords: fs.Int("max-batch-records", d.MaxBatchRecords,
+			"records of one partition per transaction (1: one each): more spread a commit over more records when the consumer is behind; a handler error rolls its batch back and the records before it are applied again"),
+		maxBatchTime: fs.Duration("max-batch-time", d.MaxBatchTime,
+			"how long a batch's handlers may run before it commits what they handled: bounds how long an effect waits for the records after it, and a rebalance or a stop for the batch"),
+		workers: fs.Int("workers", d.Workers,
+			"partitions handled at once, each in a transaction on a connection of its own (keep within the pool's connections); a partition's records stay in order"),
 	}
 	_ = fs.Parse(args) // flag.ExitOnError: a bad flag exits
 	if *f.url == "" || *f.brokers == "" {
@@ -250,7 +262,7 @@ func newConsumer(f consumerFlags, db *pgxpool.Pool, log *zap.Logger, reg prometh
 	if f.sessionTimeout != nil {
 		opts = append(opts, kgo.SessionTimeout(*f.sessionTimeout), kgo.RebalanceTimeout(*f.sessionTimeout))
 	}
-	return inbox.New(inbox.Config{
+	cfg := inbox.Config{
 		Group:           *f.group,
 		Topics:          []string{*f.topic},
 		KafkaOptions:    opts,
@@ -261,7 +273,18 @@ func newConsumer(f consumerFlags, db *pgxpool.Pool, log *zap.Logger, reg prometh
 		Logger:          log,
 		Registerer:      reg,
 		TracerProvider:  f.tp,
-	}, handle)
+	}
+	// Not given (the demo's): zero, the inbox defaults.
+	if f.maxBatchRecords != nil {
+		cfg.MaxBatchRecords = *f.maxBatchRecords
+	}
+	if f.workers != nil {
+		cfg.Workers = *f.workers
+	}
+	if f.maxBatchTime != nil {
+		cfg.MaxBatchTime = *f.maxBatchTime
+	}
+	return inbox.New(cfg, handle)
 }
 
 // createTopics creates topics that do not exist yet.

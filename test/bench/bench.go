@@ -32,7 +32,7 @@ import (
 
 // Config says what to run.
 type Config struct {
-	Scenarios    []string // drain, latency, big, idle, tracing, txnfloor, peer, standby
+	Scenarios    []string // drain, latency, big, idle, tracing, txnfloor, peer, standby, inbox
 	Events       int      // drain backlog size
 	TxnSizes     []int    // rows per transaction, one drain run each
 	PayloadBytes int
@@ -74,10 +74,21 @@ type Config struct {
 	// run in each round (rows marked relay=compare), of CompareBinary when
 	// set, else of Binary: two settings compared in the same minutes;
 	// empty: none.
-	CompareArgs  []string
-	PGURL        string   // external PostgreSQL (superuser); empty: throwaway cluster
-	KafkaBrokers []string // external Kafka; empty: in-process kfake
-	Log          io.Writer
+	CompareArgs []string
+	// InboxPartitions: inbox, the partitions of each drain's topic, one
+	// measurement each; InboxEvents, its backlog; InboxRates, the
+	// latency runs' records per second; InboxCompareRef, a git ref whose
+	// inbox package is measured beside the working tree's (empty: none);
+	// InboxSet, inbox.Config fields (Name=value) of the consumer under
+	// test.
+	InboxPartitions []int
+	InboxEvents     int
+	InboxRates      []int
+	InboxCompareRef string
+	InboxSet        []string
+	PGURL           string   // external PostgreSQL (superuser); empty: throwaway cluster
+	KafkaBrokers    []string // external Kafka; empty: in-process kfake
+	Log             io.Writer
 }
 
 // relayRun is one relay a round measures: the build under test, or the
@@ -158,8 +169,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			rs, err = b.txnFloorAll(ctx)
 		case "standby":
 			rs, err = b.standbyAll(ctx)
+		case "inbox":
+			rs, err = b.inboxAll(ctx)
 		default:
-			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing, txnfloor, peer or standby", sc)
+			err = fmt.Errorf("unknown scenario %q: want drain, latency, big, idle, tracing, txnfloor, peer, standby or inbox", sc)
 		}
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", sc, err)
@@ -205,14 +218,18 @@ func (b *bencher) startPostgres(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{BinDir: bin, Settings: map[string]string{
+	settings := map[string]string{
 		"shared_buffers":     "'512MB'",
 		"max_wal_size":       "'8GB'",
 		"checkpoint_timeout": "'30min'",
 		"synchronous_commit": "off", // only speeds up writing the backlog
 		"wal_writer_delay":   "'10ms'",
 		"autovacuum":         "off",
-	}})
+	}
+	if has(b.cfg.Scenarios, "inbox") {
+		settings["track_commit_timestamp"] = "on" // when each effect committed (inbox.go)
+	}
+	pg, err := devcluster.StartPostgres(ctx, devcluster.PostgresOptions{BinDir: bin, Settings: settings})
 	if err != nil {
 		return err
 	}
@@ -406,12 +423,15 @@ var metricOrder = []string{
 	"commit_ms_per_txn", "marker_wait_ms_per_txn", "commits_over_16ms", "marker_waits_over_16ms", "relay_cpu_percent", "flush_ms_per_txn", "endtxn_ms_per_txn", "settle_ms_per_txn",
 	"first_record_s", "drain_s", "peak_rss_mb", "cpu_percent",
 	"first_new_record_s", "delivered_twice",
-	"spans_per_event", "tracing_cpu_us_per_event", "rate_ratio", "load1",
+	"spans_per_event", "tracing_cpu_us_per_event", "rate_ratio",
+	"effects_per_s", "compare_effects_per_s", "speedup", "floor_effects_per_s", "floor_ratio", "floor_savepoint_effects_per_s", "cpu_us_per_effect", "compare_cpu_us_per_effect",
+	"load1",
 }
 
 func formatValue(k string, v float64) string {
 	switch {
-	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio" || k == "rate_ratio" || k == "spans_per_event" || k == "value_rate_ratio" || k == "primary_cpu_ratio" || k == "both_cpu_ratio":
+	case k == "ratio" || k == "relay_decode_ratio" || k == "eos_ratio" || k == "rate_ratio" || k == "spans_per_event" || k == "value_rate_ratio" || k == "primary_cpu_ratio" || k == "both_cpu_ratio" ||
+		k == "speedup" || k == "floor_ratio":
 		return fmt.Sprintf("%.2f", v)
 	case v >= 1000:
 		return fmt.Sprintf("%.0f", v)
