@@ -330,6 +330,10 @@ func (a *aclEnv) revokeRestore(eos bool, acl *kadm.ACLBuilder, topic string, wri
 			t.Errorf("holding the event: streaming %v, Ready() = %v; want streaming and not ready naming %s", rr.relay.Streaming(), err, a.principal())
 		}
 	}
+	// What holds delivery is named as the authorizer's, with its reason.
+	if g := gathered(reg, "walrelay_delivery_held"); g["kafka_authorization,Denied"] != 1 {
+		t.Errorf("walrelay_delivery_held %v while revoked: want kafka_authorization,Denied = 1", g)
+	}
 	// The relay met the refusal and waits: the slot stays before the
 	// first row written while revoked, and none of those rows is out.
 	if c := a.confirmed(); c > before {
@@ -351,6 +355,9 @@ func (a *aclEnv) revokeRestore(eos bool, acl *kadm.ACLBuilder, topic string, wri
 	write(30, 10)
 	waitRows(40)
 	a.waitFor("ready again", 60*time.Second, func() (bool, error) { return rr.relay.Ready() == nil, rr.relay.Ready() })
+	if g := gathered(reg, "walrelay_delivery_held"); len(g) != 0 {
+		t.Errorf("walrelay_delivery_held %v once granted: want nothing held", g)
+	}
 	a.waitFor("the slot confirmed past the rows", 60*time.Second, func() (bool, error) {
 		return a.confirmed() > before, nil
 	})
