@@ -359,14 +359,16 @@ func reasonOf(err error) string {
 // clock is the time as the cache sees it (tests move it by hand).
 type clock interface {
 	Now() time.Time
-	// After is a channel that receives once d passed.
-	After(d time.Duration) <-chan time.Time
+	// At is a channel that receives once the time is t. An absolute
+	// moment, not a duration: the refresher reads the time, then arms
+	// its timer, and time moved in between must not push the moment on.
+	At(t time.Time) <-chan time.Time
 }
 
 type realClock struct{}
 
-func (realClock) Now() time.Time                         { return time.Now() }
-func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+func (realClock) Now() time.Time                  { return time.Now() }
+func (realClock) At(t time.Time) <-chan time.Time { return time.After(time.Until(t)) }
 
 // tokenCache holds the newest token, replaces it in the background
 // (refresh) and hands it to authentications (token). Fetches happen one
@@ -649,7 +651,7 @@ func (c *tokenCache) refresh(ctx context.Context) {
 		c.mu.Unlock()
 		var timer <-chan time.Time
 		if !next.IsZero() {
-			timer = c.clock.After(next.Sub(now))
+			timer = c.clock.At(next)
 		}
 		select {
 		case <-ctx.Done():

@@ -51,14 +51,14 @@ func (f *fakeClock) Now() time.Time {
 	return f.now
 }
 
-func (f *fakeClock) After(d time.Duration) <-chan time.Time {
+func (f *fakeClock) At(t time.Time) <-chan time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ch := make(chan time.Time, 1)
-	if d <= 0 {
+	if !t.After(f.now) {
 		ch <- f.now
 	} else {
-		f.timers = append(f.timers, fakeTimer{f.now.Add(d), ch})
+		f.timers = append(f.timers, fakeTimer{t, ch})
 	}
 	select {
 	case f.armed <- struct{}{}:
