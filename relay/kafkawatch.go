@@ -64,6 +64,9 @@ var errKafkaUnreachable = errors.New("reach kafka brokers")
 type kafkaProgress interface {
 	Answered() uint64
 	Inflight() int64
+	// Preparing counts topic preparations under way: the first event
+	// for a topic waits on one with nothing in flight.
+	Preparing() int64
 }
 
 // look is the session's housekeeping's look at rt at now.
@@ -71,12 +74,13 @@ func (w *kafkaWatch) look(rt kafkaProgress, now time.Time) {
 	if rt == nil {
 		return
 	}
-	n, inflight := rt.Answered(), rt.Inflight()
+	n, inflight, preparing := rt.Answered(), rt.Inflight(), rt.Preparing()
 	answered := rt == w.rt && n != w.answered
-	if rt != w.rt || answered || inflight == 0 {
+	waiting := inflight > 0 || preparing > 0
+	if rt != w.rt || answered || !waiting {
 		w.rt, w.answered, w.since = rt, n, now
 	}
-	if inflight > 0 {
+	if waiting {
 		w.idle = time.Time{}
 	} else if w.idle.IsZero() {
 		w.idle = now
@@ -84,13 +88,17 @@ func (w *kafkaWatch) look(rt kafkaProgress, now time.Time) {
 	switch {
 	case answered:
 		w.cond.Clear()
-	case inflight == 0:
+	case !waiting:
 		if now.Sub(w.idle) >= kafkaSilentAfter {
 			w.cond.Clear()
 		}
 	case now.Sub(w.since) >= kafkaSilentAfter:
-		w.cond.Hold("NotAcknowledging", fmt.Sprintf("%d events in flight and no answer from Kafka for %s: the brokers are stopped, frozen or cut off; delivery resumes by itself once they answer",
-			inflight, now.Sub(w.since).Round(time.Second)))
+		what := fmt.Sprintf("%d events in flight", inflight)
+		if inflight == 0 {
+			what = "events waiting for their topic's metadata"
+		}
+		w.cond.Hold("NotAcknowledging", fmt.Sprintf("%s and no answer from Kafka for %s: the brokers are stopped, frozen or cut off; delivery resumes by itself once they answer",
+			what, now.Sub(w.since).Round(time.Second)))
 	}
 }
 

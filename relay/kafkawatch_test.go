@@ -18,12 +18,14 @@ import (
 
 // fakeProgress is a router as the Kafka watch reads it.
 type fakeProgress struct {
-	answered uint64
-	inflight int64
+	answered  uint64
+	inflight  int64
+	preparing int64
 }
 
 func (f *fakeProgress) Answered() uint64 { return f.answered }
 func (f *fakeProgress) Inflight() int64  { return f.inflight }
+func (f *fakeProgress) Preparing() int64 { return f.preparing }
 
 func newKafkaWatch() (*kafkaWatch, *holds.Board) {
 	b := holds.New(zap.NewNop(), metrics.NewUnregistered())
@@ -57,6 +59,26 @@ func TestKafkaWatchHoldsWhileNothingIsAnswered(t *testing.T) {
 	}
 	if err := b.Err(); err != nil {
 		t.Fatalf("held while Kafka answered every second: %v", err)
+	}
+}
+
+// TestKafkaWatchHoldsWhileATopicIsPrepared: the first event for a topic
+// waits on the topic's preparation with no record in flight; a broker
+// that does not answer it holds delivery as one that does not acknowledge.
+func TestKafkaWatchHoldsWhileATopicIsPrepared(t *testing.T) {
+	w, b := newKafkaWatch()
+	rt := &fakeProgress{preparing: 1}
+	t0 := time.Now()
+	w.look(rt, t0)
+	w.look(rt, t0.Add(kafkaSilentAfter))
+	hs := b.Holds()
+	if len(hs) != 1 || hs[0].Reason != "NotAcknowledging" || !strings.Contains(hs[0].Message, "topic's metadata") {
+		t.Fatalf("holds %+v: want kafka NotAcknowledging naming the topic's preparation", hs)
+	}
+	rt.answered++
+	w.look(rt, t0.Add(kafkaSilentAfter+time.Second))
+	if err := b.Err(); err != nil {
+		t.Fatalf("still held after Kafka answered: %v", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 
 	"github.com/walrelay/walrelay/router/internal/topics"
@@ -35,13 +36,26 @@ func (r *Router) startPrepare(ctx context.Context, t *topic) {
 	t.ready = make(chan struct{})
 	res := &prepared{}
 	t.result = res
+	r.preparing.Add(1)
 	r.bg.Go(func() {
 		defer close(t.ready)
+		defer r.preparing.Add(-1)
 		ctx, cancel := context.WithTimeout(ctx, prepareTimeout)
 		defer cancel()
 		defer context.AfterFunc(r.closing, cancel)()
 		res.limits, res.err = r.prep.Prepare(ctx, t.name)
+		if kafkaAnswered(res.err) {
+			r.gate.answered.Add(1)
+		}
 	})
+}
+
+// kafkaAnswered reports whether err, a request's outcome, is an answer
+// of Kafka's (success, or an error code it sent), not a timeout or a
+// connection that failed.
+func kafkaAnswered(err error) bool {
+	var code *kerr.Error
+	return err == nil || errors.As(err, &code)
 }
 
 // settle applies the outcome of a finished preparation. A denial is left

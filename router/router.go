@@ -349,6 +349,9 @@ type Router struct {
 	closing context.Context
 	close   context.CancelFunc
 	bg      sync.WaitGroup
+	// preparing counts the preparations under way: requests Kafka has
+	// not answered, on which an event may wait with nothing in flight.
+	preparing atomic.Int64
 
 	connOpts []kgo.Opt // the caller's connection options, for the checkpoint reader
 	// txn is the transactional producer's state (txn.go); nil with
@@ -841,9 +844,15 @@ func (r *Router) Flush(ctx context.Context) error {
 // Inflight returns how many records are produced and not yet acknowledged.
 func (r *Router) Inflight() int64 { return r.gate.events.Load() }
 
-// Answered returns how many records Kafka has answered for since the
-// router was made, acknowledged or refused: while records are in flight,
-// a count that stops moving is a broker that does not answer.
+// Preparing returns how many topic preparations (metadata, creation,
+// configuration) are under way: the first event for a topic waits on one
+// with no record in flight.
+func (r *Router) Preparing() int64 { return r.preparing.Load() }
+
+// Answered returns how many records, and topic preparations, Kafka has
+// answered for since the router was made, acknowledged or refused: while
+// records are in flight or topics prepared, a count that stops moving is
+// a broker that does not answer.
 func (r *Router) Answered() uint64 { return r.gate.answered.Load() }
 
 // Ping reaches a broker with the producer's connection settings: an
