@@ -61,6 +61,7 @@ func (c *Command) Password(ctx context.Context, host string, port uint16, user s
 	var out limitedBuffer
 	cmd.Stdout = &out
 	cmd.WaitDelay = time.Second
+	run := c.begin()
 	err := cmd.Run()
 	switch {
 	case ctx.Err() == context.DeadlineExceeded:
@@ -78,11 +79,11 @@ func (c *Command) Password(ctx context.Context, host string, port uint16, user s
 	}
 	if err != nil {
 		if ctx.Err() == nil || ctx.Err() == context.DeadlineExceeded {
-			c.failed(c.Log, c, err)
+			c.failed(run, c.Log, c, err)
 		}
 		return "", err
 	}
-	c.succeeded(c.Log, c)
+	c.succeeded(run, c.Log, c)
 	return pw, nil
 }
 
@@ -107,15 +108,42 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 }
 
 // warnOnce logs a source's failure at WARN once per failing streak, and
-// its recovery at INFO.
+// its recovery at INFO. Connections ask the source concurrently (the
+// stream, the publication watch, the heartbeat), so an answer can arrive
+// after a newer one: the run begun last decides whether the source is
+// failing. A slow success begun before a failure would otherwise end the
+// streak it predates, and the next failure would WARN again.
 type warnOnce struct {
 	mu      sync.Mutex
+	runs    uint64 // runs begun
+	decided uint64 // the newest run whose outcome counted
 	failing bool
 }
 
-func (w *warnOnce) failed(log *zap.Logger, src fmt.Stringer, err error) {
+// begin numbers a run of the source; its outcome is reported with it.
+func (w *warnOnce) begin() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.runs++
+	return w.runs
+}
+
+// newest reports whether run is newer than every run already decided,
+// recording it as decided; w.mu is held.
+func (w *warnOnce) newest(run uint64) bool {
+	if run <= w.decided {
+		return false
+	}
+	w.decided = run
+	return true
+}
+
+func (w *warnOnce) failed(run uint64, log *zap.Logger, src fmt.Stringer, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.newest(run) {
+		return
+	}
 	if w.failing || log == nil {
 		w.failing = true
 		return
@@ -124,9 +152,12 @@ func (w *warnOnce) failed(log *zap.Logger, src fmt.Stringer, err error) {
 	log.Warn("no PostgreSQL password from its source: connections wait for it, retried with backoff", zap.String("source", src.String()), zap.Error(err))
 }
 
-func (w *warnOnce) succeeded(log *zap.Logger, src fmt.Stringer) {
+func (w *warnOnce) succeeded(run uint64, log *zap.Logger, src fmt.Stringer) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !w.newest(run) {
+		return
+	}
 	if w.failing && log != nil {
 		log.Info("PostgreSQL password available again", zap.String("source", src.String()))
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"go.uber.org/zap"
@@ -75,6 +76,66 @@ func TestCommand(t *testing.T) {
 				t.Errorf("log field %s holds the output", k)
 			}
 		}
+	}
+}
+
+// TestCommandSlowSuccessKeepsTheStreak: a run that began before the
+// source started failing and succeeds after a newer run failed does not
+// end the failing streak (the newest run decides), so the failures after
+// it do not WARN a second time. The relay asks the source from several
+// connections at once (the stream, the publication watch, the heartbeat).
+func TestCommandSlowSuccessKeepsTheStreak(t *testing.T) {
+	dir := t.TempDir()
+	script, fail, started, release := filepath.Join(dir, "pw"), filepath.Join(dir, "fail"), filepath.Join(dir, "started"), filepath.Join(dir, "release")
+	// The first run (no fail file yet) says it started and waits for the
+	// release; runs after the fail file exists fail at once.
+	body := "#!/bin/sh\n[ -e " + fail + " ] && exit 1\ntouch " + started + "\nwhile [ ! -e " + release + " ]; do sleep 0.01; done\necho pw\n"
+	if err := os.WriteFile(script, []byte(body), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	c := &Command{Argv: []string{script}, Log: zap.New(core)}
+	slow := make(chan error, 1)
+	go func() {
+		_, err := c.Password(context.Background(), "db", 5432, "relay")
+		slow <- err
+	}()
+	waitFile(t, started)
+	if err := os.WriteFile(fail, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Password(context.Background(), "db", 5432, "relay"); err == nil {
+		t.Fatal("the failing run succeeded")
+	}
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-slow; err != nil {
+		t.Fatalf("the slow run: %v", err)
+	}
+	if _, err := c.Password(context.Background(), "db", 5432, "relay"); err == nil {
+		t.Fatal("the failing run succeeded")
+	}
+	if n := logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != 1 {
+		t.Errorf("%d WARN lines for one failing streak, want 1", n)
+	}
+	if logs.FilterMessage("PostgreSQL password available again").Len() != 0 {
+		t.Error("recovery logged for a run older than the failure")
+	}
+}
+
+// waitFile waits until path exists.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -49,12 +49,13 @@ func (r *RDSIAM) Load(ctx context.Context) error {
 
 // Password makes a token for user at host:port.
 func (r *RDSIAM) Password(ctx context.Context, host string, port uint16, user string) (string, error) {
+	run := r.begin()
 	tok, err := r.token(ctx, host, port, user)
 	if err != nil {
-		r.failed(r.Log, r, err)
+		r.failed(run, r.Log, r, err)
 		return "", err
 	}
-	r.succeeded(r.Log, r)
+	r.succeeded(run, r.Log, r)
 	return tok, nil
 }
 
