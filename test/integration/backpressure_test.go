@@ -184,10 +184,10 @@ func TestFrozenBrokerReplicationTimeoutNoticedAtOnce(t *testing.T) {
 	defer thaw()
 	frozenAt := time.Now()
 
-	// Kept for 20 wal_sender_timeouts, or ended: either is the server's
+	// Kept for 10 wal_sender_timeouts, or ended: either is the server's
 	// doing; what the relay makes of an end is the subject.
 	var cut bool
-	e.waitFor("the walsender to end or to outlast 20 x wal_sender_timeout", 120*time.Second, func() (bool, error) {
+	e.waitFor("the walsender to end or to outlast 10 x wal_sender_timeout", 120*time.Second, func() (bool, error) {
 		var now int32
 		var reply *time.Time
 		err := conn.QueryRow(e.ctx, `SELECT coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0),
@@ -199,11 +199,11 @@ func TestFrozenBrokerReplicationTimeoutNoticedAtOnce(t *testing.T) {
 			cut = true
 			return true, nil
 		}
-		if time.Since(frozenAt) < 20*senderTimeout {
+		if time.Since(frozenAt) < 10*senderTimeout {
 			return false, nil
 		}
 		if reply == nil || time.Since(*reply) > senderTimeout {
-			return false, fmt.Errorf("the walsender outlasted 20 x wal_sender_timeout without hearing the relay (reply_time %v)", reply)
+			return false, fmt.Errorf("the walsender outlasted 10 x wal_sender_timeout without hearing the relay (reply_time %v)", reply)
 		}
 		return true, nil
 	})

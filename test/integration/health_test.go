@@ -26,12 +26,15 @@ import (
 )
 
 // quietSeconds is how long the quiet-outbox tests load the database
-// (WALRELAY_TEST_QUIET_SECONDS, default 60).
+// (WALRELAY_TEST_QUIET_SECONDS, default 35): more than two of the 15 s
+// between PostgreSQL's running-transactions records, at which alone
+// restart_lsn can advance, so the slot is seen to let WAL go more than
+// once; the test runs on four servers in CI, where each second counts.
 func quietSeconds() time.Duration {
 	if s, err := strconv.Atoi(os.Getenv("WALRELAY_TEST_QUIET_SECONDS")); err == nil && s > 0 {
 		return time.Duration(s) * time.Second
 	}
-	return 60 * time.Second
+	return 35 * time.Second
 }
 
 // noise writes to a table of its own in database url until ctx ends: the
