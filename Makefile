@@ -246,7 +246,7 @@ deps-debezium-avro:
 # real schema registry: test/schemaregistry), as Maven Central carries
 # it built: Maven unpacks apicurio-registry-app's "all" archive (the
 # Quarkus application, ~160 MB) once into the user's cache directory, under
-# the name schemaregistry.Dir reads, keyed by the pom's hash; no Quarkus
+# the name test/mavencp's Project.Dir reads, keyed by the pom's hash; no Quarkus
 # build runs. Running it needs Java 21 or later (a second JDK under
 # /usr/lib/jvm is found). Like deps-kafka it installs nothing, and fails
 # only make test-kafka.

@@ -17,11 +17,8 @@ package keycloak
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -35,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/walrelay/walrelay/test/mavencp"
 	"github.com/walrelay/walrelay/test/schemaregistry"
 )
 
@@ -51,60 +49,15 @@ const (
 	adminPassword = "admin-Pa55-test"
 )
 
-// Dir is where Keycloak is unpacked:
-// <user cache dir>/walrelay/keycloak-<first 8 bytes of the pom's SHA-256, hex>.
-func Dir() (string, error) {
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("find the cache directory for Keycloak (set XDG_CACHE_HOME): %w", err)
-	}
-	sum := sha256.Sum256(pom)
-	return filepath.Join(dir, "walrelay", "keycloak-"+hex.EncodeToString(sum[:8])), nil
-}
+// project is Keycloak's archive on Maven Central, unpacked into
+// <user cache dir>/walrelay/keycloak-<first 8 bytes of the pom's SHA-256,
+// hex>.
+var project = mavencp.Project{Name: "keycloak", What: "Keycloak", Pom: pom}
 
 // Home returns Keycloak's directory (holding bin/kc.sh), unpacking the
 // archive with Maven first when it is not there (downloading it into
 // ~/.m2 if need be).
-func Home() (string, error) {
-	dir, err := Dir()
-	if err != nil {
-		return "", err
-	}
-	if home, err := home(dir); err == nil {
-		return home, nil
-	}
-	if _, err := exec.LookPath("mvn"); err != nil {
-		return "", errors.New("mvn not found: the Keycloak tests need Maven to fetch Keycloak (apt-get install maven)")
-	}
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return "", err
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), "keycloak-unpack-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
-	pomFile := filepath.Join(tmp, "pom.xml")
-	if err := os.WriteFile(pomFile, pom, 0o644); err != nil {
-		return "", err
-	}
-	out := filepath.Join(tmp, "app")
-	cmd := exec.Command("mvn", "-q", "-B", "-f", pomFile, "dependency:unpack-dependencies", "-DoutputDirectory="+out)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("unpack Keycloak with Maven (is Maven Central reachable?): %w\n%s", err, log.String())
-	}
-	if _, err := home(out); err != nil {
-		return "", err
-	}
-	if err := os.Rename(out, dir); err != nil {
-		if _, err2 := home(dir); err2 != nil { // (another process may have unpacked it meanwhile)
-			return "", err
-		}
-	}
-	return home(dir)
-}
+func Home() (string, error) { return project.Unpack(home) }
 
 // home is the one keycloak-* directory under dir holding bin/kc.sh.
 func home(dir string) (string, error) {

@@ -1,12 +1,15 @@
-// Package mavencp resolves the Java classpath of an embedded Maven project
-// (a pom.xml naming jars on Maven Central) and caches it, for the test and
-// benchmark infrastructure that runs Java programs: Apache Kafka's broker
-// (test/kafkacluster) and Kafka Connect with Debezium
-// (test/debezium). walrelay itself never needs Java.
+// Package mavencp fetches what an embedded Maven project (a pom.xml naming
+// artifacts on Maven Central) names and caches it, for the test and
+// benchmark infrastructure that runs Java programs: the classpath of jars
+// (Classpath: Apache Kafka's broker in test/kafkacluster, Kafka Connect
+// with Debezium in test/debezium), or a distribution archive unpacked
+// (Unpack: Apicurio Registry in test/schemaregistry, Keycloak in
+// test/keycloak). walrelay itself never needs Java.
 //
-// The cache file lives under the user's cache directory and is named after
-// the pom's hash, so a changed pom resolves again and an unchanged one never
-// does; the Makefile's deps-* targets compute the same name with sha256sum.
+// The cache lives under the user's cache directory and is named after the
+// pom's hash, so a changed pom resolves again and an unchanged one never
+// does; the Makefile's deps-* targets compute the same names with
+// sha256sum.
 package mavencp
 
 import (
@@ -23,9 +26,10 @@ import (
 
 // Project is one embedded Maven project.
 type Project struct {
-	// Name prefixes the cache file ("kafka", "debezium").
+	// Name prefixes the cache file or directory ("kafka", "apicurio").
 	Name string
-	// What names the jars in errors ("the Kafka broker's jars").
+	// What names the jars or the archive in errors ("the Kafka broker's
+	// jars", "Keycloak").
 	What string
 	// Pom is the pom.xml's content.
 	Pom []byte
@@ -40,6 +44,64 @@ func (p Project) File() (string, error) {
 	}
 	sum := sha256.Sum256(p.Pom)
 	return filepath.Join(dir, "walrelay", p.Name+"-"+hex.EncodeToString(sum[:8])+".classpath"), nil
+}
+
+// Dir is where the project's archive is unpacked:
+// <user cache dir>/walrelay/<Name>-<first 8 bytes of the pom's SHA-256, hex>.
+func (p Project) Dir() (string, error) {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("find the cache directory for %s (set XDG_CACHE_HOME): %w", p.What, err)
+	}
+	sum := sha256.Sum256(p.Pom)
+	return filepath.Join(dir, "walrelay", p.Name+"-"+hex.EncodeToString(sum[:8])), nil
+}
+
+// Unpack returns found(Dir()), unpacking the archives the pom names into
+// Dir first (Maven's dependency:unpack-dependencies, downloading into
+// ~/.m2 if need be) when found does not find what it looks for there.
+// found names the path wanted inside an unpacked directory, or says what
+// is missing. The archive is unpacked beside Dir and renamed into place,
+// so a process that finds Dir finds it whole.
+func (p Project) Unpack(found func(dir string) (string, error)) (string, error) {
+	dir, err := p.Dir()
+	if err != nil {
+		return "", err
+	}
+	if path, err := found(dir); err == nil {
+		return path, nil
+	}
+	if _, err := exec.LookPath("mvn"); err != nil {
+		return "", fmt.Errorf("mvn not found: the tests need Maven to fetch %s (apt-get install maven)", p.What)
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), p.Name+"-unpack-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	pomFile := filepath.Join(tmp, "pom.xml")
+	if err := os.WriteFile(pomFile, p.Pom, 0o644); err != nil {
+		return "", err
+	}
+	out := filepath.Join(tmp, "app")
+	cmd := exec.Command("mvn", "-q", "-B", "-f", pomFile, "dependency:unpack-dependencies", "-DoutputDirectory="+out)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("unpack %s with Maven (is Maven Central reachable?): %w\n%s", p.What, err, log.String())
+	}
+	if _, err := found(out); err != nil {
+		return "", fmt.Errorf("the archive of %s unpacked: %w", p.What, err)
+	}
+	if err := os.Rename(out, dir); err != nil {
+		if _, err2 := found(dir); err2 != nil { // (another process may have unpacked it meanwhile)
+			return "", err
+		}
+	}
+	return found(dir)
 }
 
 // Tools reports which of java and mvn is missing, or nil.

@@ -13,12 +13,8 @@ package schemaregistry
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -31,6 +27,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/walrelay/walrelay/test/mavencp"
 )
 
 // pom is the Maven project naming the registry's archive; embedded so
@@ -43,64 +41,21 @@ var pom []byte
 // before Java looks for one.
 const JavaEnv = "WALRELAY_REGISTRY_JAVA"
 
-// Dir is where the registry's application is unpacked:
-// <user cache dir>/walrelay/apicurio-<first 8 bytes of the pom's SHA-256, hex>.
-func Dir() (string, error) {
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("find the cache directory for the schema registry (set XDG_CACHE_HOME): %w", err)
-	}
-	sum := sha256.Sum256(pom)
-	return filepath.Join(dir, "walrelay", "apicurio-"+hex.EncodeToString(sum[:8])), nil
-}
+// project is the registry's archive on Maven Central, unpacked into
+// <user cache dir>/walrelay/apicurio-<first 8 bytes of the pom's SHA-256,
+// hex> (make deps-schema-registry computes the same name).
+var project = mavencp.Project{Name: "apicurio", What: "Apicurio Registry", Pom: pom}
 
 // App returns the directory holding quarkus-run.jar, unpacking the
 // registry's archive with Maven first when it is not there (downloading
 // it into ~/.m2 if need be).
 func App() (string, error) {
-	dir, err := Dir()
-	if err != nil {
-		return "", err
-	}
-	if _, err := os.Stat(filepath.Join(dir, "quarkus-run.jar")); err == nil {
+	return project.Unpack(func(dir string) (string, error) {
+		if _, err := os.Stat(filepath.Join(dir, "quarkus-run.jar")); err != nil {
+			return "", fmt.Errorf("no quarkus-run.jar: %w", err)
+		}
 		return dir, nil
-	}
-	if _, err := exec.LookPath("mvn"); err != nil {
-		return "", errors.New("mvn not found: the schema registry's tests need Maven to fetch Apicurio Registry (apt-get install maven), or run make deps-schema-registry")
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), "apicurio-unpack-")
-	if err != nil {
-		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-			return "", err
-		}
-		if tmp, err = os.MkdirTemp(filepath.Dir(dir), "apicurio-unpack-"); err != nil {
-			return "", err
-		}
-	}
-	defer os.RemoveAll(tmp)
-	pomFile := filepath.Join(tmp, "pom.xml")
-	if err := os.WriteFile(pomFile, pom, 0o644); err != nil {
-		return "", err
-	}
-	out := filepath.Join(tmp, "app")
-	cmd := exec.Command("mvn", "-q", "-B", "-f", pomFile, "dependency:unpack-dependencies", "-DoutputDirectory="+out)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("unpack Apicurio Registry with Maven (is Maven Central reachable?): %w\n%s", err, log.String())
-	}
-	if _, err := os.Stat(filepath.Join(out, "quarkus-run.jar")); err != nil {
-		return "", fmt.Errorf("schemaregistry: the Apicurio Registry archive holds no quarkus-run.jar: %w", err)
-	}
-	if err := os.Rename(out, dir); err != nil && !exists(filepath.Join(dir, "quarkus-run.jar")) {
-		return "", err // (another process may have unpacked it meanwhile)
-	}
-	return dir, nil
-}
-
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
+	})
 }
 
 // Java returns a java binary of version 21 or later: $WALRELAY_REGISTRY_JAVA,
