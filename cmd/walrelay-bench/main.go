@@ -63,6 +63,7 @@ type benchCmd struct {
 	BigRows         []int         `default:"100000,1000000" help:"big: rows of the one transaction; one run per value."`
 	Idle            time.Duration `default:"30s" help:"idle: how long to measure the idle relay's CPU."`
 	Tracing         []string      `default:"off,1.0,0.01" help:"tracing: the modes each round drains in, in this order: off, or the ratio of traces sampled (e.g. 1.0, 0.01); each ratio's row against off when off is among them."`
+	TracingProtocol string        `default:"http/protobuf" enum:"http/protobuf,grpc" help:"tracing: the OTLP protocol the traced relays export to the bench's receiver with (OTEL_EXPORTER_OTLP_PROTOCOL): http/protobuf, walrelay's default, or grpc."`
 	TracingEnv      []string      `placeholder:"NAME=VALUE" help:"tracing: an OpenTelemetry variable for the traced relays (repeatable), e.g. --tracing-env OTEL_BSP_MAX_QUEUE_SIZE=65536; by default the export queue is at walrelay's defaults."`
 	Repeat          int           `default:"1" help:"Runs of each measurement."`
 	RelayBinary     string        `help:"The walrelay binary under test (default: walrelay next to this executable, else the first on PATH)."`
@@ -120,7 +121,7 @@ func (c *benchCmd) run(ctx context.Context) int {
 	}
 	results, err := bench.Run(ctx, bench.Config{
 		Scenarios: c.Scenario, Events: c.Events, TxnSizes: c.TxnSize, PayloadBytes: c.PayloadBytes,
-		Brokers: c.Broker, Deliveries: c.Delivery, ValueFormats: c.ValueFormat, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, FloorVariants: c.Floor, LatencyFloor: c.LatencyFloor, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle, TracingModes: c.Tracing, TracingEnv: c.TracingEnv,
+		Brokers: c.Broker, Deliveries: c.Delivery, ValueFormats: c.ValueFormat, Rates: c.Rate, PeerRates: c.PeerRate, Peers: c.PeerRun, PeerMeasures: c.PeerMeasure, FloorVariants: c.Floor, LatencyFloor: c.LatencyFloor, Duration: c.Duration, BigRows: c.BigRows, IdleFor: c.Idle, TracingModes: c.Tracing, TracingProtocol: c.TracingProtocol, TracingEnv: c.TracingEnv,
 		InboxPartitions: c.InboxPartitions, InboxEvents: c.InboxEvents, InboxRates: c.InboxRate, InboxCompareRef: c.InboxCompareRef, InboxSet: c.InboxSet,
 		Repeat: c.Repeat, RelayArgs: c.RelayArg, CompareBinary: c.CompareBinary, CompareArgs: c.CompareArg, ColdCheckpoints: c.ColdCkpt, Binary: bin, PGURL: c.PGURL, KafkaBrokers: c.Brokers, Log: os.Stderr,
 	})

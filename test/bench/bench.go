@@ -55,6 +55,9 @@ type Config struct {
 	// TracingModes: tracing, the modes each round drains in, in order:
 	// "off", or a sampling ratio ("1.0", "0.01"); empty: off, 1.0, 0.01.
 	TracingModes []string
+	// TracingProtocol: tracing, the OTLP protocol to the bench's receiver:
+	// "http/protobuf" (walrelay's default) or "grpc"; empty: http/protobuf.
+	TracingProtocol string
 	// TracingEnv: tracing, more OpenTelemetry variables (NAME=value) for
 	// the traced relays, e.g. the export queue's OTEL_BSP_MAX_QUEUE_SIZE.
 	TracingEnv []string

@@ -23,8 +23,9 @@ type tracingMode struct {
 // every trace sampled and on with 1%
 // (OTEL_TRACES_SAMPLER=parentbased_traceidratio; the backlog's rows carry
 // no trace context, so each event's span is a root sampled at that
-// ratio), exporting over OTLP/gRPC to a receiver in the bench process
-// that counts spans (spans_per_event: 1 when none was dropped), with the
+// ratio), exporting over OTLP (Config.TracingProtocol: HTTP as walrelay
+// does by default, or gRPC) to a receiver in the bench process that
+// counts spans (spans_per_event: 1 when none was dropped), with the
 // export queue at walrelay's defaults (Config.TracingEnv sets others).
 // Besides the relay's CPU to the end of the drain, its CPU to its exit
 // (relay_cpu_total_us_per_event: the spans exported after the drain
@@ -44,7 +45,11 @@ func (b *bencher) tracingAll(ctx context.Context) ([]Result, error) {
 		// The export queue and batches at walrelay's defaults unless
 		// TracingEnv says otherwise: spans the receiver does not take in
 		// time are dropped, and spans_per_event shows it.
-		return append([]string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rcv.GRPCEndpoint(), "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+		endpoint, protocol := rcv.HTTPEndpoint(), "http/protobuf"
+		if b.cfg.TracingProtocol == "grpc" {
+			endpoint, protocol = rcv.GRPCEndpoint(), "grpc"
+		}
+		return append([]string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL=" + protocol,
 			"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=" + ratio}, b.cfg.TracingEnv...)
 	}
 	names := b.cfg.TracingModes
