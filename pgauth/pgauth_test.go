@@ -139,6 +139,37 @@ func waitFile(t *testing.T, path string) {
 	}
 }
 
+// TestCommandHangs: a command that never answers fails at its Timeout
+// (with the kill's WaitDelay), naming the timeout, and WARNs once for
+// the streak of hung runs.
+func TestCommandHangs(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "pw")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 600\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	c := &Command{Argv: []string{script}, Timeout: 100 * time.Millisecond, Log: zap.New(core)}
+	for range 2 {
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Password(context.Background(), "db", 5432, "relay")
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "did not finish within 100ms") {
+				t.Errorf("hung command: %v, want an error naming its timeout", err)
+			}
+		case <-time.After(time.Minute): // a deadlock guard, not a timing assertion
+			t.Fatal("Password did not return for a hung command")
+		}
+	}
+	if n := logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != 1 {
+		t.Errorf("%d WARN lines for two hung runs, want 1", n)
+	}
+}
+
 // TestRDSIAMToken: a token is a presigned rds-db:connect URL for the host,
 // port and user, signed for the region in the host name, with the access
 // key id but never the secret key.
